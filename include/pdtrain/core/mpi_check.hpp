@@ -1,0 +1,20 @@
+#pragma once
+// MPI_CHECK wraps every MPI call: a failure reports file, line, rank and MPI's own message
+// and ends the whole job (MPI_ERRORS_RETURN is set on the communicators we create).
+#include <mpi.h>
+
+#include <string>
+
+#include "pdtrain/core/error.hpp"
+
+namespace pdtrain {
+[[noreturn]] void mpi_fail(int rc, const char* call, const char* file, int line);
+int world_rank();  // rank in MPI_COMM_WORLD, or -1 before MPI_Init / after MPI_Finalize
+}  // namespace pdtrain
+
+#define MPI_CHECK(call)                                                   \
+  do {                                                                    \
+    int pdt_mpi_rc_ = (call);                                             \
+    if (pdt_mpi_rc_ != MPI_SUCCESS)                                       \
+      ::pdtrain::mpi_fail(pdt_mpi_rc_, #call, __FILE__, __LINE__);        \
+  } while (0)

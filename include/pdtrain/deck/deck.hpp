@@ -1,0 +1,101 @@
+#pragma once
+// The validated, typed form of an input deck. deck/ is the only part that reads TOML; every
+// other part receives these structs. All fields carry their defaults here and in
+// docs/deck.md; the schema in src/deck/schema.cpp is the single source of truth for names,
+// types, ranges and documentation.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pdtrain {
+
+struct RunConfig {
+  std::string name = "default";
+  std::int64_t seed = 1337;
+  std::int64_t steps = 200;
+  std::string out_dir;  // empty in the deck means "runs/<name>"; resolved by parse_deck
+  std::int64_t log_every = 1;
+};
+
+struct ModelConfig {
+  std::int64_t n_layer = 2;
+  std::int64_t n_head = 4;
+  std::int64_t d_model = 64;
+  std::int64_t vocab_size = 64;
+  std::int64_t padded_vocab_size = 0;  // 0: vocab_size rounded up to a multiple of 128 (llm.c)
+  std::int64_t seq_len = 64;
+  std::int64_t max_seq_len = 0;  // rows of the position table; 0: seq_len
+  double init_std = 0.02;
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | text | tokens
+  std::string path;                  // required for text and tokens
+  std::string val_path;              // optional held-out file; else the tail of `path`
+  double val_fraction = 0.1;         // tail share of `path` held out when val_path is empty
+  std::int64_t copy_lag = 8;         // synthetic: distance of the copied token
+  double copy_prob = 0.75;           // synthetic: probability a token copies lag back
+};
+
+struct ParallelConfig {
+  std::int64_t holders = 1;  // 0: replicated data-parallel baseline
+  std::int64_t dp = 0;       // 0: all compute ranks the world leaves after holders / (tp*pp)
+  std::int64_t tp = 1;
+  std::int64_t pp = 1;
+};
+
+struct TrainConfig {
+  std::int64_t batch_size = 8;     // sequences per optimizer step, global
+  std::int64_t eval_every = 50;    // validation every N steps (and at the end); 0: end only
+  std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
+};
+
+struct OptimizerConfig {
+  double lr = 3e-3;
+  double min_lr = 3e-4;            // cosine decays to this at run.steps
+  std::int64_t warmup_steps = 20;
+  double weight_decay = 0.1;       // decoupled, matrices only (not LayerNorm, not biases)
+  double grad_clip = 1.0;          // global-norm clip; 0 disables
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+};
+
+struct Deck {
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  ParallelConfig parallel;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+
+  std::string source_name;   // deck file path, or "<default deck>"
+  std::string source_text;   // the deck text as read (before --set)
+  // Where each key was set: "deck.toml:12", "--set", or "default". Used by later checks
+  // (layout, data) to name the line that caused an error.
+  std::map<std::string, std::string> origin;
+
+  // "FILE:LINE: key" (or "--set key" / "default value of key") for messages.
+  std::string where(const std::string& dotted_key) const;
+  // The fully resolved deck as TOML text (every key, defaults included).
+  std::string resolved_toml() const;
+};
+
+// Parses and validates a deck. `text` is the TOML, `source_name` names it in messages.
+// `overrides` are "section.key=value" strings from --set, applied after the file and checked
+// the same way. Throws pdtrain::Error(ExitCode::deck, message) on any problem; the message
+// names the file, line and key and, for unknown keys, suggests the nearest valid key.
+Deck parse_deck(const std::string& text, const std::string& source_name,
+                const std::vector<std::string>& overrides);
+
+// Reads the file (Error(ExitCode::deck) naming it when unreadable) and calls parse_deck.
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
+
+// The embedded default deck (input/default.toml compiled in).
+const char* default_deck_text();
+
+// Markdown reference of every key (type, default, range, meaning), generated from the schema.
+std::string deck_reference_markdown();
+
+}  // namespace pdtrain
