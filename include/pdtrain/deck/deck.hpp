@@ -16,6 +16,8 @@ struct RunConfig {
   std::int64_t steps = 200;
   std::string out_dir;  // empty in the deck means "runs/<name>"; resolved by parse_deck
   std::int64_t log_every = 1;
+
+  friend bool operator==(const RunConfig&, const RunConfig&) = default;
 };
 
 struct ModelConfig {
@@ -27,6 +29,8 @@ struct ModelConfig {
   std::int64_t seq_len = 64;
   std::int64_t max_seq_len = 0;  // rows of the position table; 0: seq_len
   double init_std = 0.02;
+
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
 struct DataConfig {
@@ -36,6 +40,8 @@ struct DataConfig {
   double val_fraction = 0.1;         // tail share of `path` held out when val_path is empty
   std::int64_t copy_lag = 8;         // synthetic: distance of the copied token
   double copy_prob = 0.75;           // synthetic: probability a token copies lag back
+
+  friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 
 struct ParallelConfig {
@@ -43,12 +49,16 @@ struct ParallelConfig {
   std::int64_t dp = 0;       // 0: all compute ranks the world leaves after holders / (tp*pp)
   std::int64_t tp = 1;
   std::int64_t pp = 1;
+
+  friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
 
 struct TrainConfig {
   std::int64_t batch_size = 8;     // sequences per optimizer step, global
   std::int64_t eval_every = 50;    // validation every N steps (and at the end); 0: end only
   std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
+
+  friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
 struct OptimizerConfig {
@@ -60,6 +70,8 @@ struct OptimizerConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
+
+  friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
 
 struct Deck {
@@ -94,6 +106,9 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
 
 // The embedded default deck (input/default.toml compiled in).
 const char* default_deck_text();
+
+// True when two decks configure the same run: every key equal, origins and source ignored.
+bool same_settings(const Deck& a, const Deck& b);
 
 // Markdown reference of every key (type, default, range, meaning), generated from the schema.
 std::string deck_reference_markdown();

@@ -1,0 +1,33 @@
+#pragma once
+// One training run on a communicator: the whole job in the binary, a sub-communicator in the
+// tests. Holders serve; compute ranks run the step loop; the reporter prints and writes metrics.
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/deck/deck.hpp"
+
+namespace pdtrain {
+
+struct RunOptions {
+  bool dry_run = false;   // print the layout and exit
+  bool verbose = true;    // per-step lines and the header on stdout
+};
+
+struct TrainResult {
+  bool reporter = false;            // the fields below are filled on the reporting rank only
+  std::vector<double> losses;       // training loss of steps 1..N
+  std::vector<double> val_losses;   // NaN where not evaluated
+  std::uint32_t params_crc32c = 0;  // CRC32C of all parameters in canonical order
+  double wall_seconds = 0.0;
+};
+
+// Throws pdtrain::Error (the same on every rank of `world`) for bad layouts or data.
+TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opts);
+
+// If any rank of `comm` caught an error, every rank throws the lowest such rank's Error.
+void rethrow_collectively(MPI_Comm comm, const Error* local);
+
+}  // namespace pdtrain

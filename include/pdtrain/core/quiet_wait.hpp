@@ -1,0 +1,26 @@
+#pragma once
+// Waiting for MPI without burning a core. Open MPI's blocking calls busy-poll; with more ranks
+// than cores an idle holder or a compute rank waiting for a reply takes cycles from the ranks
+// doing GEMMs. These helpers poll with MPI_Test and back off with short sleeps.
+#include <mpi.h>
+
+namespace pdtrain {
+
+// Waits for one request.
+void wait_quietly(MPI_Request* req, MPI_Status* status = MPI_STATUS_IGNORE);
+// Waits for all requests.
+void wait_all_quietly(int n, MPI_Request* reqs);
+// Waits until a message matching (source, tag) on comm is available; returns its status.
+MPI_Status probe_quietly(int source, int tag, MPI_Comm comm);
+
+// The backoff used by the loops above, for callers with their own polling loop.
+class Backoff {
+ public:
+  void reset() { idle_polls_ = 0; }
+  void pause();  // spins briefly, then sleeps for growing intervals up to ~200 us
+
+ private:
+  int idle_polls_ = 0;
+};
+
+}  // namespace pdtrain

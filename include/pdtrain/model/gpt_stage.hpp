@@ -1,0 +1,77 @@
+#pragma once
+// Forward and backward of one pipeline stage of GPT-2 (llm.c's architecture) over its layers,
+// on this rank's tensor-parallel shard. A single rank with one stage is the whole model.
+//
+// Tensor parallelism reaches the model only through TensorParallelOps (one all-reduce after each
+// row-parallel layer in forward, one before each column-parallel layer's input gradient in
+// backward), so the same code runs on one rank with the no-op version.
+#include <cstdint>
+#include <vector>
+
+#include "pdtrain/model/stage_params.hpp"
+
+namespace pdtrain {
+
+class TensorParallelOps {
+ public:
+  virtual ~TensorParallelOps() = default;
+  virtual void allreduce_sum(float* data, std::int64_t n) = 0;
+};
+
+class NoTensorParallel final : public TensorParallelOps {
+ public:
+  void allreduce_sum(float*, std::int64_t) override {}
+};
+
+class GptStage {
+ public:
+  // `micro_batch` sequences of `seq_len` tokens per forward; `slots` activation sets kept for
+  // micro-batches whose backward is still pending (1 without pipelining).
+  GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
+           TensorParallelOps& tp, int slots = 1);
+
+  // Forward of one micro-batch into activation slot `slot`. The first stage reads `tokens`
+  // [B*T]; other stages read `input` [B*T*C]. The last stage also needs `targets` and returns
+  // the sum of per-token losses (0 on other stages).
+  double forward(int slot, const std::int32_t* tokens, const float* input,
+                 const std::int32_t* targets);
+  // Backward of the micro-batch in `slot`, accumulating parameter gradients. The last stage
+  // seeds d(loss_i)/d(logits) with `dloss` per token (1 / tokens in the global batch); other
+  // stages receive `doutput` [B*T*C] from the next stage.
+  void backward(int slot, float dloss, const float* doutput);
+
+  const float* output(int slot) const;  // residual stream after the last layer [B*T*C]
+  const float* dinput() const { return g_.dresidual.data(); }  // d(input) after backward
+  const float* probs(int slot) const { return slot_[slot].probs.data(); }
+  std::int64_t activation_bytes() const;
+
+ private:
+  struct LayerActs {
+    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2;
+    std::vector<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3;
+  };
+  struct SlotActs {
+    std::vector<std::int32_t> tokens, targets;
+    std::vector<float> input;  // embedding output or the previous stage's output
+    std::vector<LayerActs> layers;
+    std::vector<float> lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+  };
+  struct GradScratch {
+    std::vector<float> dresidual, dln, dqkv, datty, dpreatt, datt, dfch, dfch_gelu, dlogits,
+        dlosses;
+  };
+
+  void layer_forward(std::int64_t l, const float* residual, LayerActs& a);
+  void layer_backward(std::int64_t l, const float* residual, LayerActs& a);
+  void head_forward(SlotActs& s, const float* residual);
+  void head_backward(SlotActs& s, const float* residual, float dloss);
+
+  StageParams& p_;
+  TensorParallelOps& tp_;
+  std::int64_t B_, T_, C_, Cl_, NHl_, V_, layers_;
+  std::vector<SlotActs> slot_;
+  std::vector<float> preatt_;  // scratch: attention scores before softmax
+  GradScratch g_;
+};
+
+}  // namespace pdtrain

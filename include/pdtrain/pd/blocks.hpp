@@ -1,0 +1,51 @@
+#pragma once
+// What the PD layer knows about parameters: blocks by id, their sizes, whether they take
+// weight decay, and a name for messages. Nothing about the model's shapes.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace pdtrain {
+
+struct BlockDesc {
+  std::int64_t numel = 0;
+  bool decay = false;
+  std::string name;
+};
+
+struct BlockTable {
+  std::vector<BlockDesc> blocks;
+  // Fills the initial values of block `id` (deterministic, layout-independent).
+  std::function<void(int id, float* out)> init;
+  // CRC32C of all parameters in canonical order, given every block's data by id.
+  std::function<std::uint32_t(const std::vector<const float*>& block_data)> canonical_crc;
+};
+
+// What the compute side learns with each fetched version: the update that produced it.
+struct UpdateInfo {
+  std::int64_t version = 0;  // number of optimizer steps applied
+  double grad_norm = 0.0;    // global gradient norm of that step (before clipping)
+  double lr = 0.0;           // learning rate of that step
+};
+
+// The compute side's view of the parameters, whoever holds them: remote holders (PD) or this
+// rank itself (the replicated baseline). Same calls, same numerics.
+class ParameterService {
+ public:
+  virtual ~ParameterService() = default;
+  using BlockSink = std::function<void(int id, const float* data)>;
+  // Gets `blocks` at exactly `version` (waiting until it exists) and hands each to `sink`.
+  virtual UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
+                           const BlockSink& sink) = 0;
+  // Gives the gradients of 1-based step `step` (summed over data-parallel replicas) for
+  // `blocks`, packed back to back in block order.
+  virtual void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) = 0;
+  // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.
+  virtual std::uint32_t finish() = 0;
+  // Bytes this rank moved through the service so far (fetched, pushed).
+  virtual std::int64_t bytes_fetched() const = 0;
+  virtual std::int64_t bytes_pushed() const = 0;
+};
+
+}  // namespace pdtrain

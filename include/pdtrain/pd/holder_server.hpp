@@ -1,0 +1,63 @@
+#pragma once
+// The holder side of parameter/compute decoupling: a server loop that owns a shard of the
+// canonical parameters and their AdamW state, serves fetches for the current version, takes
+// gradient pushes from any rank in any order, and, once every expected gradient of a step has
+// arrived, applies AdamW (with the global-norm clip agreed among holders) and advances the
+// version clock. Fetches for a version not yet reached wait in a queue.
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "pdtrain/core/timer.hpp"
+#include "pdtrain/layout/layout.hpp"
+#include "pdtrain/optim/adamw.hpp"
+#include "pdtrain/pd/blocks.hpp"
+
+namespace pdtrain {
+
+class HolderServer {
+ public:
+  // `owner[b]` is the holder index of block b; `contributions[b]` how many pushes of block b
+  // make up one step (1, or 2 for the tied embedding on two pipeline stages).
+  HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
+               std::vector<int> contributions, const AdamWConfig& opt);
+
+  // Serves until every compute rank has said it is done, then gathers the canonical CRC.
+  void run();
+
+  std::int64_t version() const { return version_; }
+  const PhaseTimers& timers() const { return timers_; }
+
+ private:
+  struct Pending {
+    int source;
+    std::vector<char> msg;
+  };
+  struct Owned {
+    BlockState state;
+    std::uint32_t crc = 0;  // of state.param at version_
+    std::map<int, std::vector<float>> pushes;  // source world rank -> gradient of this step
+  };
+
+  void handle(int source, int tag, std::vector<char>& msg);
+  void serve_fetch(int source, const std::vector<char>& msg);
+  void take_push(int source, const std::vector<char>& msg);
+  void finish_step();
+  void serve_deferred();
+  void send_final_crc();
+
+  const Layout& layout_;
+  const BlockTable& table_;
+  std::vector<int> owner_, contributions_;
+  AdamWConfig opt_;
+  std::map<int, Owned> owned_;  // by block id, ascending
+  std::int64_t version_ = 0;
+  std::int64_t pushes_missing_ = 0;  // gradients still expected for the current step
+  UpdateInfo last_update_;
+  std::deque<Pending> deferred_;
+  int done_ranks_ = 0;
+  PhaseTimers timers_;
+};
+
+}  // namespace pdtrain

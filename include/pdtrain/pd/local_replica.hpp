@@ -1,0 +1,29 @@
+#pragma once
+// The replicated data-parallel baseline (parallel.holders = 0): this rank keeps every block
+// and its AdamW state and applies the (already all-reduced) gradients itself, with exactly
+// the arithmetic the holders use.
+#include <vector>
+
+#include "pdtrain/optim/adamw.hpp"
+#include "pdtrain/pd/blocks.hpp"
+
+namespace pdtrain {
+
+class LocalReplica final : public ParameterService {
+ public:
+  LocalReplica(const BlockTable& table, const AdamWConfig& opt);
+  UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
+                   const BlockSink& sink) override;
+  void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
+  std::uint32_t finish() override;
+  std::int64_t bytes_fetched() const override { return 0; }
+  std::int64_t bytes_pushed() const override { return 0; }
+
+ private:
+  const BlockTable& table_;
+  AdamWConfig opt_;
+  std::vector<BlockState> state_;
+  UpdateInfo last_;
+};
+
+}  // namespace pdtrain

@@ -1,0 +1,39 @@
+#pragma once
+// Message formats between compute ranks and holders. Every block travels with its id, version
+// and the CRC32C of its bytes; receivers check all three.
+#include <cstdint>
+
+namespace pdtrain::wire {
+
+enum Tag : int {
+  kFetchRequest = 101,  // compute -> holder: FetchRequest + int32 ids[n]
+  kFetchReply = 102,    // holder -> compute: ReplyHeader + BlockHeader[n] + float data
+  kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n] + float data
+  kDone = 104,          // compute -> holder: this rank has finished the run
+  kFinalCrc = 105,      // holder 0 -> reporter: uint32 canonical CRC
+};
+
+struct FetchRequest {
+  std::int64_t version;
+  std::int64_t n;
+};
+
+struct ReplyHeader {
+  std::int64_t version;
+  double grad_norm;
+  double lr;
+  std::int64_t n;
+};
+
+struct PushHeader {
+  std::int64_t step;
+  std::int64_t n;
+};
+
+struct BlockHeader {
+  std::int32_t id;
+  std::uint32_t crc;
+  std::int64_t version;  // fetch: version of the data; push: the step it belongs to
+};
+
+}  // namespace pdtrain::wire

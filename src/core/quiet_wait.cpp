@@ -1,0 +1,53 @@
+#include "pdtrain/core/quiet_wait.hpp"
+
+#include <time.h>
+
+#include <algorithm>
+
+#include "pdtrain/core/mpi_check.hpp"
+
+namespace pdtrain {
+
+void Backoff::pause() {
+  // A few immediate re-polls keep latency low when the answer is imminent; after that the
+  // sleep grows to 200 us, which costs little latency against millisecond steps and frees the
+  // core for the ranks that compute.
+  ++idle_polls_;
+  if (idle_polls_ < 16) return;
+  const long ns = std::min(200000L, 1000L * (1L << std::min(idle_polls_ - 16, 8)));
+  timespec ts{0, ns};
+  nanosleep(&ts, nullptr);
+}
+
+void wait_quietly(MPI_Request* req, MPI_Status* status) {
+  Backoff backoff;
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(req, &done, status));
+    if (done) return;
+    backoff.pause();
+  }
+}
+
+void wait_all_quietly(int n, MPI_Request* reqs) {
+  Backoff backoff;
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    backoff.pause();
+  }
+}
+
+MPI_Status probe_quietly(int source, int tag, MPI_Comm comm) {
+  Backoff backoff;
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_CHECK(MPI_Iprobe(source, tag, comm, &flag, &st));
+    if (flag) return st;
+    backoff.pause();
+  }
+}
+
+}  // namespace pdtrain

@@ -1,0 +1,375 @@
+// The single table of deck keys, plus the small helpers every user of the table needs:
+// value checks, TOML literals and "did you mean" suggestions.
+#include "pdtrain/deck/schema.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <type_traits>
+
+namespace pdtrain::deck {
+namespace {
+
+template <class T>
+constexpr KeyType type_of() {
+  if constexpr (std::is_same_v<T, std::int64_t>) return KeyType::integer;
+  else if constexpr (std::is_same_v<T, double>) return KeyType::floating;
+  else if constexpr (std::is_same_v<T, bool>) return KeyType::boolean;
+  else {
+    static_assert(std::is_same_v<T, std::string>, "unsupported deck field type");
+    return KeyType::string;
+  }
+}
+
+// One key stored at deck.*section.*field; the type comes from the field itself so the table
+// cannot disagree with deck.hpp.
+template <class S, class T>
+KeySpec key(S Deck::*section, T S::*field, std::string dotted, std::string doc) {
+  KeySpec k;
+  const auto dot = dotted.find('.');
+  k.section = dotted.substr(0, dot);
+  k.name = dotted.substr(dot + 1);
+  k.key = std::move(dotted);
+  k.type = type_of<T>();
+  k.doc = std::move(doc);
+  k.get = [section, field](const Deck& d) { return Value{(d.*section).*field}; };
+  k.set = [section, field](Deck& d, const Value& v) { (d.*section).*field = std::get<T>(v); };
+  return k;
+}
+
+std::vector<KeySpec> build_schema() {
+  using D = Deck;
+  return {
+      key(&D::run, &RunConfig::name, "run.name",
+          "Name of the run; the output directory is runs/<name> unless run.out_dir is set.")
+          .required(),
+      key(&D::run, &RunConfig::seed, "run.seed",
+          "Seed of every random stream (initialization, data order, synthetic data)."),
+      key(&D::run, &RunConfig::steps, "run.steps", "Optimizer steps to train.").at_least(1),
+      key(&D::run, &RunConfig::out_dir, "run.out_dir",
+          "Directory for logs, checkpoints and the resolved deck; empty: runs/<run.name>."),
+      key(&D::run, &RunConfig::log_every, "run.log_every",
+          "Log the training loss every N steps.")
+          .at_least(1),
+
+      key(&D::model, &ModelConfig::n_layer, "model.n_layer", "Transformer blocks.").at_least(1),
+      key(&D::model, &ModelConfig::n_head, "model.n_head", "Attention heads per block.")
+          .at_least(1),
+      key(&D::model, &ModelConfig::d_model, "model.d_model",
+          "Width of the residual stream (embedding size).")
+          .at_least(1)
+          .with_rule("divisible by model.n_head"),
+      key(&D::model, &ModelConfig::vocab_size, "model.vocab_size",
+          "Number of token ids the data may use (0 .. vocab_size-1).")
+          .at_least(2),
+      key(&D::model, &ModelConfig::padded_vocab_size, "model.padded_vocab_size",
+          "Rows of the token embedding; 0: vocab_size rounded up to a multiple of 128.")
+          .at_least(0)
+          .with_rule("0 or >= model.vocab_size"),
+      key(&D::model, &ModelConfig::seq_len, "model.seq_len",
+          "Tokens per training sequence (context length).")
+          .at_least(2),
+      key(&D::model, &ModelConfig::max_seq_len, "model.max_seq_len",
+          "Rows of the position table; 0: model.seq_len.")
+          .at_least(0)
+          .with_rule("0 or >= model.seq_len"),
+      key(&D::model, &ModelConfig::init_std, "model.init_std",
+          "Standard deviation of the normal weight initialization.")
+          .above(0),
+
+      key(&D::data, &DataConfig::source, "data.source",
+          "Training data: the built-in synthetic copy task, a text file, or a token file.")
+          .one_of({"synthetic", "text", "tokens"}),
+      key(&D::data, &DataConfig::path, "data.path",
+          "File to train on; required when data.source is text or tokens.")
+          .with_rule("required when data.source is text or tokens"),
+      key(&D::data, &DataConfig::val_path, "data.val_path",
+          "Optional held-out validation file; empty: the tail of data.path."),
+      key(&D::data, &DataConfig::val_fraction, "data.val_fraction",
+          "Share of data.path held out for validation when data.val_path is empty.")
+          .above(0)
+          .below(1),
+      key(&D::data, &DataConfig::copy_lag, "data.copy_lag",
+          "Synthetic data: distance back of the token that is copied.")
+          .at_least(1)
+          .with_rule("< model.seq_len when data.source is synthetic"),
+      key(&D::data, &DataConfig::copy_prob, "data.copy_prob",
+          "Synthetic data: probability that a token copies the one data.copy_lag back.")
+          .at_least(0)
+          .at_most(1),
+
+      key(&D::parallel, &ParallelConfig::holders, "parallel.holders",
+          "Parameter-holder ranks; 0: replicated data-parallel baseline.")
+          .at_least(0),
+      key(&D::parallel, &ParallelConfig::dp, "parallel.dp",
+          "Data-parallel groups; 0: every compute rank left after holders, / (tp*pp).")
+          .at_least(0),
+      key(&D::parallel, &ParallelConfig::tp, "parallel.tp", "Tensor-parallel ranks per group.")
+          .at_least(1),
+      key(&D::parallel, &ParallelConfig::pp, "parallel.pp", "Pipeline stages per group.")
+          .at_least(1),
+
+      key(&D::train, &TrainConfig::batch_size, "train.batch_size",
+          "Sequences per optimizer step, over all data-parallel ranks.")
+          .at_least(1),
+      key(&D::train, &TrainConfig::eval_every, "train.eval_every",
+          "Validate every N steps and at the end; 0: at the end only.")
+          .at_least(0),
+      key(&D::train, &TrainConfig::eval_batches, "train.eval_batches",
+          "Validation batches of train.batch_size sequences each.")
+          .at_least(1),
+
+      key(&D::optimizer, &OptimizerConfig::lr, "optimizer.lr",
+          "Peak learning rate, reached after the warmup.")
+          .above(0),
+      key(&D::optimizer, &OptimizerConfig::min_lr, "optimizer.min_lr",
+          "Learning rate the cosine schedule reaches at run.steps.")
+          .at_least(0)
+          .with_rule("<= optimizer.lr"),
+      key(&D::optimizer, &OptimizerConfig::warmup_steps, "optimizer.warmup_steps",
+          "Steps of linear warmup from 0 to optimizer.lr.")
+          .at_least(0),
+      key(&D::optimizer, &OptimizerConfig::weight_decay, "optimizer.weight_decay",
+          "Decoupled AdamW weight decay, applied to matrices only.")
+          .at_least(0),
+      key(&D::optimizer, &OptimizerConfig::grad_clip, "optimizer.grad_clip",
+          "Clip the global gradient norm to this; 0: no clipping.")
+          .at_least(0),
+      key(&D::optimizer, &OptimizerConfig::beta1, "optimizer.beta1",
+          "AdamW first-moment decay.")
+          .at_least(0)
+          .below(1),
+      key(&D::optimizer, &OptimizerConfig::beta2, "optimizer.beta2",
+          "AdamW second-moment decay.")
+          .at_least(0)
+          .below(1),
+      key(&D::optimizer, &OptimizerConfig::eps, "optimizer.eps",
+          "AdamW denominator epsilon.")
+          .above(0),
+  };
+}
+
+// Shortest text that reads back to the same double, exponent without leading zeros
+// ("3e-4", not "3e-04"). May look like an integer ("1"); toml_literal fixes that up.
+std::string shortest(double d) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, d);
+  std::string s(buf, res.ptr);
+  if (auto e = s.find('e'); e != std::string::npos) {
+    std::size_t digits = e + 1 + ((s[e + 1] == '-' || s[e + 1] == '+') ? 1 : 0);
+    while (digits + 1 < s.size() && s[digits] == '0') s.erase(digits, 1);
+  }
+  return s;
+}
+
+// Numbers in messages and docs read as a person writes them: "> 0", "got -1".
+std::string number_text(const Value& v) {
+  if (const auto* d = std::get_if<double>(&v)) {
+    return std::isfinite(*d) ? shortest(*d) : toml_literal(v);
+  }
+  return toml_literal(v);
+}
+
+std::string format_bound(double v, KeyType t) {
+  if (t == KeyType::integer) return std::to_string(static_cast<std::int64_t>(v));
+  return number_text(Value{v});
+}
+
+double as_double(const Value& v) {
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return static_cast<double>(*i);
+  return std::get<double>(v);
+}
+
+std::string check_number(const KeySpec& spec, const Value& v) {
+  const double x = as_double(v);
+  // DBL_MAX is what toml11 yields for overflowing floats such as 1e999.
+  if (spec.type == KeyType::floating &&
+      (!std::isfinite(x) || std::fabs(x) == std::numeric_limits<double>::max()))
+    return "must be a finite number, got " + number_text(v);
+  const bool low_ok = !spec.min || (spec.min->open ? x > spec.min->value : x >= spec.min->value);
+  const bool high_ok = !spec.max || (spec.max->open ? x < spec.max->value : x <= spec.max->value);
+  if (low_ok && high_ok) return "";
+  const bool interval = spec.min && spec.max;
+  return std::string("must be ") + (interval ? "in " : "") + range_text(spec) + ", got " +
+         number_text(v);
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// How far a mistyped name may be from a suggestion: about one edit per three characters.
+bool close_enough(std::size_t distance, std::string_view typed) {
+  return distance <= std::clamp<std::size_t>(typed.size() / 3, 1, 3);
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> table = build_schema();
+  return table;
+}
+
+const std::vector<SectionSpec>& sections() {
+  static const std::vector<SectionSpec> table = {
+      {"run", "What the run is called, how long it trains and where it writes."},
+      {"model", "The GPT-2 model shape."},
+      {"data", "Where training and validation tokens come from."},
+      {"parallel", "How the MPI ranks are split into holders and compute groups."},
+      {"train", "Batch size and validation."},
+      {"optimizer", "AdamW with linear warmup and cosine decay."},
+  };
+  return table;
+}
+
+const KeySpec* find_key(std::string_view dotted) {
+  for (const auto& k : schema())
+    if (k.key == dotted) return &k;
+  return nullptr;
+}
+
+bool is_section(std::string_view name) {
+  return std::any_of(sections().begin(), sections().end(),
+                     [&](const SectionSpec& s) { return s.name == name; });
+}
+
+Value default_value(const KeySpec& spec) { return spec.get(Deck{}); }
+
+std::string check_value(const KeySpec& spec, const Value& v) {
+  switch (spec.type) {
+    case KeyType::integer:
+      // toml11 saturates integers that overflow, so the extremes mean "too large".
+      if (const auto i = std::get<std::int64_t>(v); i == std::numeric_limits<std::int64_t>::max() ||
+                                                    i == std::numeric_limits<std::int64_t>::min())
+        return "does not fit in a 64-bit integer";
+      return check_number(spec, v);
+    case KeyType::floating: return check_number(spec, v);
+    case KeyType::boolean: return "";
+    case KeyType::string:
+      if (spec.non_empty && std::get<std::string>(v).empty()) return "must not be empty";
+      return "";
+    case KeyType::choice: {
+      const auto& s = std::get<std::string>(v);
+      if (std::find(spec.choices.begin(), spec.choices.end(), s) != spec.choices.end()) return "";
+      std::string list;
+      for (const auto& c : spec.choices) list += (list.empty() ? "" : ", ") + toml_literal(Value{c});
+      return "must be one of " + list + ", got " + toml_literal(v);
+    }
+  }
+  return "";
+}
+
+std::string toml_literal(const Value& v) {
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return std::to_string(*i);
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  if (const auto* d = std::get_if<double>(&v)) {
+    if (std::isnan(*d)) return "nan";
+    if (std::isinf(*d)) return *d > 0 ? "inf" : "-inf";
+    std::string s = shortest(*d);
+    // TOML needs a '.' or exponent to read a float back as a float.
+    if (s.find_first_of(".e") == std::string::npos) s += ".0";
+    return s;
+  }
+  std::string out = "\"";
+  for (const char c : std::get<std::string>(v)) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned char>(c));
+          out += esc;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string type_phrase(KeyType t) {
+  switch (t) {
+    case KeyType::integer: return "an integer";
+    case KeyType::floating: return "a number";
+    case KeyType::boolean: return "a boolean (true or false)";
+    case KeyType::string: return "a string";
+    case KeyType::choice: return "a string";
+  }
+  return "a value";
+}
+
+std::string range_text(const KeySpec& spec) {
+  const auto& lo = spec.min;
+  const auto& hi = spec.max;
+  if (lo && hi)
+    return std::string(lo->open ? "(" : "[") + format_bound(lo->value, spec.type) + ", " +
+           format_bound(hi->value, spec.type) + (hi->open ? ")" : "]");
+  if (lo) return std::string(lo->open ? "> " : ">= ") + format_bound(lo->value, spec.type);
+  if (hi) return std::string(hi->open ? "< " : "<= ") + format_bound(hi->value, spec.type);
+  return "";
+}
+
+std::size_t edit_distance(std::string_view a_in, std::string_view b_in) {
+  const std::string a = lower(a_in), b = lower(b_in);
+  // Full table: names are short, and the adjacent-swap rule needs two rows back.
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::optional<std::string> suggest_key(std::string_view typed) {
+  const auto dot = typed.find('.');
+  const std::string_view section = dot == std::string_view::npos ? "" : typed.substr(0, dot);
+  const std::string_view bare = dot == std::string_view::npos ? typed : typed.substr(dot + 1);
+  std::optional<std::string> best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  auto consider = [&](const KeySpec& k, std::size_t d, std::string_view compared) {
+    if (d < best_d && close_enough(d, compared)) {
+      best_d = d;
+      best = k.key;
+    }
+  };
+  for (const auto& k : schema()) {
+    consider(k, edit_distance(typed, k.key), typed);
+    // A bare name is compared within its own section; a bare name with no section, or the
+    // exact name of a key in another section, is compared against every section.
+    if (section == k.section || section.empty())
+      consider(k, edit_distance(bare, k.name), bare);
+    else if (lower(bare) == k.name)
+      consider(k, 1, bare);
+  }
+  return best;
+}
+
+std::optional<std::string> suggest_section(std::string_view typed) {
+  std::optional<std::string> best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& s : sections()) {
+    const auto d = edit_distance(typed, s.name);
+    if (d < best_d && close_enough(d, typed)) {
+      best_d = d;
+      best = s.name;
+    }
+  }
+  return best;
+}
+
+}  // namespace pdtrain::deck

@@ -1,0 +1,122 @@
+#include "pdtrain/layout/layout.hpp"
+
+#include <sstream>
+
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+
+namespace pdtrain {
+
+namespace {
+[[noreturn]] void layout_error(const Deck& deck, const std::string& key, const std::string& why) {
+  throw Error(ExitCode::layout, deck.where(key) + ": " + why);
+}
+}  // namespace
+
+LayoutShape resolve_layout(const Deck& deck, int world_size) {
+  const ParallelConfig& p = deck.parallel;
+  LayoutShape s;
+  s.holders = static_cast<int>(p.holders);
+  s.tp = static_cast<int>(p.tp);
+  s.pp = static_cast<int>(p.pp);
+  if (s.tp != 1)
+    layout_error(deck, "parallel.tp", "tensor parallelism (tp > 1) is not available yet; use tp = 1");
+  if (s.pp != 1)
+    layout_error(deck, "parallel.pp", "pipeline parallelism (pp > 1) is not available yet; use pp = 1");
+  const int compute = world_size - s.holders;
+  if (compute < 1) {
+    std::ostringstream m;
+    m << "parallel.holders = " << s.holders << " leaves no compute rank in a job of " << world_size
+      << " rank(s); launch at least " << s.holders + s.tp * s.pp
+      << " ranks (e.g. mpirun -np " << s.holders + 2 << ") or set parallel.holders = 0";
+    layout_error(deck, "parallel.holders", m.str());
+  }
+  if (p.dp == 0) {
+    if (compute % (s.tp * s.pp) != 0) {
+      std::ostringstream m;
+      m << "parallel.dp = 0 (auto): the " << compute << " compute rank(s) left after "
+        << s.holders << " holder(s) are not a multiple of tp*pp = " << s.tp * s.pp;
+      layout_error(deck, "parallel.dp", m.str());
+    }
+    s.dp = compute / (s.tp * s.pp);
+  } else {
+    s.dp = static_cast<int>(p.dp);
+  }
+  if (s.world() != world_size) {
+    std::ostringstream m;
+    m << "the layout needs holders + dp*tp*pp = " << s.holders << " + " << s.dp << "*" << s.tp
+      << "*" << s.pp << " = " << s.world() << " ranks but the job has " << world_size
+      << "; change the rank count or parallel.dp (0 = auto)";
+    layout_error(deck, "parallel.dp", m.str());
+  }
+  if (deck.train.batch_size % s.dp != 0) {
+    std::ostringstream m;
+    m << "train.batch_size = " << deck.train.batch_size << " is not divisible by dp = " << s.dp;
+    layout_error(deck, "train.batch_size", m.str());
+  }
+  return s;
+}
+
+Layout::Layout(const LayoutShape& shape, MPI_Comm world) : shape_(shape) {
+  MPI_CHECK(MPI_Comm_dup(world, &world_));
+  MPI_CHECK(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(world_, &world_rank_));
+  const bool holder = world_rank_ < shape.holders;
+  MPI_Comm role_comm;
+  MPI_CHECK(MPI_Comm_split(world_, holder ? 0 : 1, world_rank_, &role_comm));
+  if (holder) {
+    holder_index_ = world_rank_;
+    holders_comm_ = role_comm;
+    return;
+  }
+  compute_index_ = world_rank_ - shape.holders;
+  const int dims[3] = {shape.dp, shape.pp, shape.tp};
+  const int periods[3] = {0, 0, 0};
+  MPI_CHECK(MPI_Cart_create(role_comm, 3, dims, periods, 0, &compute_comm_));
+  MPI_CHECK(MPI_Comm_free(&role_comm));
+  MPI_CHECK(MPI_Cart_coords(compute_comm_, compute_index_, 3, coords_));
+  const int keep_dp[3] = {1, 0, 0}, keep_pp[3] = {0, 1, 0}, keep_tp[3] = {0, 0, 1};
+  MPI_CHECK(MPI_Cart_sub(compute_comm_, keep_dp, &dp_comm_));
+  MPI_CHECK(MPI_Cart_sub(compute_comm_, keep_pp, &pp_comm_));
+  MPI_CHECK(MPI_Cart_sub(compute_comm_, keep_tp, &tp_comm_));
+}
+
+Layout::~Layout() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&holders_comm_, &compute_comm_, &dp_comm_, &pp_comm_, &tp_comm_, &world_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+std::string Layout::describe_rank(int r) const {
+  std::ostringstream s;
+  s << "rank " << r << ": ";
+  if (r < shape_.holders) {
+    s << "holder " << r;
+    return s.str();
+  }
+  const int c = r - shape_.holders;
+  const int tp = c % shape_.tp, pp = (c / shape_.tp) % shape_.pp, dp = c / (shape_.tp * shape_.pp);
+  s << "compute " << c << " (dp " << dp << ", pp " << pp << ", tp " << tp << ")";
+  if (shape_.holders == 0) s << ", replicated parameters + optimizer state";
+  return s.str();
+}
+
+std::vector<int> place_blocks(const std::vector<std::int64_t>& block_bytes, int holders) {
+  std::vector<int> owner(block_bytes.size(), 0);
+  if (holders <= 1) return owner;
+  std::int64_t total = 0;
+  for (auto b : block_bytes) total += b;
+  // Block i goes to the holder whose byte range contains the middle of the block: contiguous,
+  // balanced to within one block, and deterministic.
+  std::int64_t before = 0;
+  for (std::size_t i = 0; i < block_bytes.size(); ++i) {
+    const std::int64_t mid2 = 2 * before + block_bytes[i];  // 2 x midpoint, avoids halves
+    owner[i] = static_cast<int>(std::min<std::int64_t>(holders - 1, mid2 * holders / (2 * total)));
+    before += block_bytes[i];
+  }
+  return owner;
+}
+
+}  // namespace pdtrain

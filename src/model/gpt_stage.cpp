@@ -1,0 +1,217 @@
+#include "pdtrain/model/gpt_stage.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+
+#include "pdtrain/kernels/gpt_kernels.hpp"
+
+namespace pdtrain {
+
+namespace k = kernels;
+using Exec = Kokkos::DefaultExecutionSpace;
+using T_ = TensorId;
+
+namespace {
+template <class V>
+void resize(V& v, std::int64_t n) {
+  v.assign(static_cast<std::size_t>(n), typename V::value_type{});
+}
+}  // namespace
+
+GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
+                   TensorParallelOps& tp, int slots)
+    : p_(params), tp_(tp), B_(micro_batch), T_(seq_len) {
+  const ModelShape& m = params.catalog().shape();
+  const StageSpec& s = params.spec();
+  C_ = m.d_model;
+  NHl_ = m.n_head / s.tp_size;
+  Cl_ = NHl_ * m.head_size();
+  V_ = m.vocab_size;
+  layers_ = s.layer_end - s.layer_begin;
+  const std::int64_t N = B_ * T_, att = B_ * NHl_ * T_ * T_;
+  slot_.resize(static_cast<std::size_t>(slots));
+  for (SlotActs& a : slot_) {
+    resize(a.tokens, N);
+    resize(a.targets, N);
+    resize(a.input, N * C_);
+    a.layers.resize(static_cast<std::size_t>(layers_));
+    for (LayerActs& l : a.layers) {
+      resize(l.ln1, N * C_), resize(l.ln1_mean, N), resize(l.ln1_rstd, N);
+      resize(l.qkv, N * 3 * Cl_), resize(l.atty, N * Cl_), resize(l.att, att);
+      resize(l.attproj, N * C_), resize(l.residual2, N * C_);
+      resize(l.ln2, N * C_), resize(l.ln2_mean, N), resize(l.ln2_rstd, N);
+      resize(l.fch, N * 4 * Cl_), resize(l.fch_gelu, N * 4 * Cl_);
+      resize(l.fcproj, N * C_), resize(l.residual3, N * C_);
+    }
+    if (s.has_head) {
+      resize(a.lnf, N * C_), resize(a.lnf_mean, N), resize(a.lnf_rstd, N);
+      resize(a.logits, N * V_), resize(a.probs, N * V_), resize(a.losses, N);
+    }
+  }
+  resize(preatt_, att);
+  resize(g_.dresidual, N * C_), resize(g_.dln, N * C_), resize(g_.dqkv, N * 3 * Cl_);
+  resize(g_.datty, N * Cl_), resize(g_.dpreatt, att), resize(g_.datt, att);
+  resize(g_.dfch, N * 4 * Cl_), resize(g_.dfch_gelu, N * 4 * Cl_);
+  if (s.has_head) resize(g_.dlogits, N * V_), resize(g_.dlosses, N);
+}
+
+std::int64_t GptStage::activation_bytes() const {
+  std::int64_t n = 0;
+  auto add = [&n](const auto& v) { n += static_cast<std::int64_t>(v.size()) * 4; };
+  for (const SlotActs& a : slot_) {
+    add(a.input), add(a.lnf), add(a.logits), add(a.probs);
+    for (const LayerActs& l : a.layers)
+      add(l.ln1), add(l.qkv), add(l.atty), add(l.att), add(l.attproj), add(l.residual2),
+          add(l.ln2), add(l.fch), add(l.fch_gelu), add(l.fcproj), add(l.residual3);
+  }
+  return n;
+}
+
+const float* GptStage::output(int slot) const {
+  const SlotActs& a = slot_[slot];
+  return layers_ > 0 ? a.layers.back().residual3.data() : a.input.data();
+}
+
+double GptStage::forward(int slot, const std::int32_t* tokens, const float* input,
+                         const std::int32_t* targets) {
+  SlotActs& a = slot_[slot];
+  const std::int64_t N = B_ * T_;
+  Exec exec;
+  if (p_.spec().has_embedding) {
+    std::copy_n(tokens, N, a.tokens.begin());
+    k::encoder_forward(exec, a.input.data(), a.tokens.data(), p_.param(T_::wte), p_.param(T_::wpe),
+                       B_, T_, C_);
+  } else {
+    std::copy_n(input, N * C_, a.input.begin());
+  }
+  const float* residual = a.input.data();
+  for (std::int64_t i = 0; i < layers_; ++i) {
+    layer_forward(p_.spec().layer_begin + i, residual, a.layers[i]);
+    residual = a.layers[i].residual3.data();
+  }
+  if (!p_.spec().has_head) {
+    exec.fence();
+    return 0.0;
+  }
+  std::copy_n(targets, N, a.targets.begin());
+  head_forward(a, residual);
+  exec.fence();  // losses are read on the host
+  double sum = 0.0;
+  for (float l : a.losses) sum += l;
+  return sum;
+}
+
+void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a) {
+  const std::int64_t N = B_ * T_;
+  Exec exec;
+  k::layernorm_forward(exec, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
+                       p_.param(T_::ln1w, l), p_.param(T_::ln1b, l), N, C_);
+  k::matmul_forward(exec, a.qkv.data(), a.ln1.data(), p_.param(T_::qkvw, l),
+                    p_.param(T_::qkvb, l), N, C_, 3 * Cl_);
+  k::attention_forward(exec, a.atty.data(), preatt_.data(), a.att.data(), a.qkv.data(), B_, T_,
+                       Cl_, NHl_);
+  // Row-parallel projection: partial sums over this shard's heads, summed across the tp group.
+  // Its bias is added once, after the sum.
+  k::matmul_forward(exec, a.attproj.data(), a.atty.data(), p_.param(T_::attprojw, l),
+                    static_cast<const float*>(nullptr), N, Cl_, C_);
+  tp_.allreduce_sum(a.attproj.data(), N * C_);
+  k::bias_add_forward(exec, a.attproj.data(), p_.param(T_::attprojb, l), N, C_);
+  k::residual_forward(exec, a.residual2.data(), residual, a.attproj.data(), N * C_);
+  k::layernorm_forward(exec, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                       a.residual2.data(), p_.param(T_::ln2w, l), p_.param(T_::ln2b, l), N, C_);
+  k::matmul_forward(exec, a.fch.data(), a.ln2.data(), p_.param(T_::fcw, l), p_.param(T_::fcb, l),
+                    N, C_, 4 * Cl_);
+  k::gelu_forward(exec, a.fch_gelu.data(), a.fch.data(), N * 4 * Cl_);
+  k::matmul_forward(exec, a.fcproj.data(), a.fch_gelu.data(), p_.param(T_::fcprojw, l),
+                    static_cast<const float*>(nullptr), N, 4 * Cl_, C_);
+  tp_.allreduce_sum(a.fcproj.data(), N * C_);
+  k::bias_add_forward(exec, a.fcproj.data(), p_.param(T_::fcprojb, l), N, C_);
+  k::residual_forward(exec, a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C_);
+}
+
+void GptStage::head_forward(SlotActs& s, const float* residual) {
+  const std::int64_t N = B_ * T_;
+  Exec exec;
+  k::layernorm_forward(exec, s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
+                       p_.param(T_::lnfw), p_.param(T_::lnfb), N, C_);
+  // Tied head: logits over the real vocabulary only; padded wte rows never enter (llm.c masks
+  // them out of the softmax; skipping them is the same and cheaper).
+  k::matmul_forward(exec, s.logits.data(), s.lnf.data(), p_.param(T_::wte),
+                    static_cast<const float*>(nullptr), N, C_, V_);
+  k::softmax_crossentropy_forward(exec, s.losses.data(), s.probs.data(), s.logits.data(),
+                                  s.targets.data(), N, V_);
+}
+
+void GptStage::backward(int slot, float dloss, const float* doutput) {
+  SlotActs& a = slot_[slot];
+  const std::int64_t N = B_ * T_;
+  Exec exec;
+  const float* last = layers_ > 0 ? a.layers.back().residual3.data() : a.input.data();
+  if (p_.spec().has_head) {
+    head_backward(a, last, dloss);  // leaves d(last residual) in g_.dresidual
+  } else {
+    std::copy_n(doutput, N * C_, g_.dresidual.begin());
+  }
+  for (std::int64_t i = layers_ - 1; i >= 0; --i) {
+    const float* residual = i > 0 ? a.layers[i - 1].residual3.data() : a.input.data();
+    layer_backward(p_.spec().layer_begin + i, residual, a.layers[i]);
+  }
+  if (p_.spec().has_embedding)
+    k::encoder_backward(exec, p_.grad(T_::wte), p_.grad(T_::wpe), g_.dresidual.data(),
+                        a.tokens.data(), B_, T_, C_);
+  exec.fence();  // gradients are packed on the host
+}
+
+void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
+  const std::int64_t N = B_ * T_;
+  Exec exec;
+  std::fill(g_.dlosses.begin(), g_.dlosses.end(), dloss);
+  std::fill(g_.dlogits.begin(), g_.dlogits.end(), 0.0f);
+  k::softmax_crossentropy_backward(exec, g_.dlogits.data(), s.probs.data(), s.targets.data(),
+                                   g_.dlosses.data(), N, V_);
+  std::fill(g_.dln.begin(), g_.dln.end(), 0.0f);
+  k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::wte), static_cast<float*>(nullptr),
+                     g_.dlogits.data(), s.lnf.data(), p_.param(T_::wte), N, C_, V_);
+  std::fill(g_.dresidual.begin(), g_.dresidual.end(), 0.0f);
+  k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::lnfw), p_.grad(T_::lnfb),
+                        g_.dln.data(), residual, p_.param(T_::lnfw), s.lnf_mean.data(),
+                        s.lnf_rstd.data(), N, C_);
+}
+
+// On entry g_.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
+// gradient flows through unchanged and each LayerNorm backward adds its branch into it.
+void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& a) {
+  const std::int64_t N = B_ * T_;
+  Exec exec;
+  auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
+  zero(g_.dfch_gelu);
+  k::matmul_backward(exec, g_.dfch_gelu.data(), p_.grad(T_::fcprojw, l), p_.grad(T_::fcprojb, l),
+                     g_.dresidual.data(), a.fch_gelu.data(), p_.param(T_::fcprojw, l), N, 4 * Cl_,
+                     C_);
+  zero(g_.dfch);
+  k::gelu_backward(exec, g_.dfch.data(), a.fch.data(), g_.dfch_gelu.data(), N * 4 * Cl_);
+  zero(g_.dln);
+  k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::fcw, l), p_.grad(T_::fcb, l), g_.dfch.data(),
+                     a.ln2.data(), p_.param(T_::fcw, l), N, C_, 4 * Cl_);
+  tp_.allreduce_sum(g_.dln.data(), N * C_);  // column-parallel input gradient
+  k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln2w, l), p_.grad(T_::ln2b, l),
+                        g_.dln.data(), a.residual2.data(), p_.param(T_::ln2w, l),
+                        a.ln2_mean.data(), a.ln2_rstd.data(), N, C_);
+  zero(g_.datty);
+  k::matmul_backward(exec, g_.datty.data(), p_.grad(T_::attprojw, l), p_.grad(T_::attprojb, l),
+                     g_.dresidual.data(), a.atty.data(), p_.param(T_::attprojw, l), N, Cl_, C_);
+  zero(g_.dqkv);
+  zero(g_.dpreatt);
+  zero(g_.datt);
+  k::attention_backward(exec, g_.dqkv.data(), g_.dpreatt.data(), g_.datt.data(), g_.datty.data(),
+                        a.qkv.data(), a.att.data(), B_, T_, Cl_, NHl_);
+  zero(g_.dln);
+  k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::qkvw, l), p_.grad(T_::qkvb, l),
+                     g_.dqkv.data(), a.ln1.data(), p_.param(T_::qkvw, l), N, C_, 3 * Cl_);
+  tp_.allreduce_sum(g_.dln.data(), N * C_);
+  k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln1w, l), p_.grad(T_::ln1b, l),
+                        g_.dln.data(), residual, p_.param(T_::ln1w, l), a.ln1_mean.data(),
+                        a.ln1_rstd.data(), N, C_);
+}
+
+}  // namespace pdtrain

@@ -1,0 +1,101 @@
+#include "pdtrain/model/stage_params.hpp"
+
+#include <algorithm>
+
+#include "pdtrain/core/error.hpp"
+
+namespace pdtrain {
+
+namespace {
+std::int64_t split_bound(std::int64_t n, std::int64_t k, std::int64_t i) { return n * i / k; }
+
+bool tensor_on_stage(TensorId id, const TensorInfo& t, const StageSpec& s) {
+  if (t.per_layer) return s.layer_end > s.layer_begin;
+  switch (id) {
+    case TensorId::wte: return s.has_embedding || s.has_head;  // tied: both ends use it
+    case TensorId::wpe: return s.has_embedding;
+    default: return s.has_head;                                // lnfw, lnfb
+  }
+}
+}  // namespace
+
+StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec) : cat_(cat), spec_(spec) {
+  const std::int64_t nh = cat.shape().n_head;
+  for (const TensorInfo& t : cat.tensors()) {
+    LocalTensor& lt = local_[static_cast<int>(t.id)];
+    lt.present = tensor_on_stage(t.id, t, spec);
+    if (!lt.present) continue;
+    lt.layers = t.per_layer ? spec.layer_end - spec.layer_begin : 1;
+    lt.unit_begin = spec.tp_rank * nh / spec.tp_size;
+    lt.unit_end = (spec.tp_rank + 1) * nh / spec.tp_size;
+    lt.rows = t.rows;
+    lt.cols = t.cols;
+    if (t.split == TpSplit::rows) {
+      const std::int64_t part_rows = t.rows / t.parts;
+      lt.rows = t.parts * (split_bound(part_rows, nh, lt.unit_end) -
+                           split_bound(part_rows, nh, lt.unit_begin));
+    } else if (t.split == TpSplit::cols) {
+      lt.cols = split_bound(t.cols, nh, lt.unit_end) - split_bound(t.cols, nh, lt.unit_begin);
+    }
+    lt.offset = numel_;
+    numel_ += lt.layers * lt.rows * lt.cols;
+  }
+  for (const BlockInfo& b : cat.blocks())
+    if (owns(b)) needed_.push_back(b.id);
+  params_.assign(static_cast<std::size_t>(numel_), 0.0f);
+  grads_.assign(static_cast<std::size_t>(numel_), 0.0f);
+}
+
+bool StageParams::owns(const BlockInfo& b) const {
+  const LocalTensor& lt = local_[static_cast<int>(b.tensor)];
+  if (!lt.present) return false;
+  if (b.layer >= 0 && (b.layer < spec_.layer_begin || b.layer >= spec_.layer_end)) return false;
+  return b.unit < 0 || (b.unit >= lt.unit_begin && b.unit < lt.unit_end);
+}
+
+std::int64_t StageParams::where(TensorId id, std::int64_t layer) const {
+  const LocalTensor& lt = local_[static_cast<int>(id)];
+  PDT_CHECK(lt.present, "tensor not on this stage");
+  const TensorInfo& t = cat_.tensor(id);
+  const std::int64_t l = t.per_layer ? layer - spec_.layer_begin : 0;
+  PDT_CHECK(l >= 0 && l < lt.layers, "layer not on this stage");
+  return lt.offset + l * lt.rows * lt.cols;
+}
+
+void StageParams::block_origin(const BlockInfo& b, std::int64_t* row, std::int64_t* col) const {
+  const TensorInfo& t = cat_.tensor(b.tensor);
+  const LocalTensor& lt = local_[static_cast<int>(b.tensor)];
+  const std::int64_t nh = cat_.shape().n_head;
+  *row = b.row0;
+  *col = b.col0;
+  if (t.split == TpSplit::rows) {
+    const std::int64_t part_rows = t.rows / t.parts;
+    const std::int64_t local_part_rows = lt.rows / t.parts;
+    const std::int64_t shard_first_row = split_bound(part_rows, nh, lt.unit_begin);
+    *row = b.part * local_part_rows + (b.row0 - b.part * part_rows - shard_first_row);
+  } else if (t.split == TpSplit::cols) {
+    *col = b.col0 - split_bound(t.cols, nh, lt.unit_begin);
+  }
+}
+
+void StageParams::unpack_param(const BlockInfo& b, const float* packed) {
+  std::int64_t r0, c0;
+  block_origin(b, &r0, &c0);
+  const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
+  float* base = params_.data() + where(b.tensor, b.layer);
+  for (std::int64_t r = 0; r < b.rows; ++r)
+    std::copy_n(packed + r * b.cols, b.cols, base + (r0 + r) * ld + c0);
+}
+
+void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
+  std::int64_t r0, c0;
+  block_origin(b, &r0, &c0);
+  const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
+  const float* base = grads_.data() + where(b.tensor, b.layer);
+  for (std::int64_t r = 0; r < b.rows; ++r)
+    std::copy_n(base + (r0 + r) * ld + c0, b.cols, packed + r * b.cols);
+}
+
+void StageParams::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+}  // namespace pdtrain

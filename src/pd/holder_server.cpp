@@ -1,0 +1,223 @@
+#include "pdtrain/pd/holder_server.hpp"
+
+#include <cstring>
+
+#include "pdtrain/core/crc32c.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/pd/wire.hpp"
+
+namespace pdtrain {
+
+HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
+                           std::vector<int> contributions, const AdamWConfig& opt)
+    : layout_(layout), table_(table), owner_(std::move(owner)),
+      contributions_(std::move(contributions)), opt_(opt) {
+  const int me = layout.holder_index();
+  for (std::size_t b = 0; b < owner_.size(); ++b) {
+    if (owner_[b] != me) continue;
+    Owned& o = owned_[static_cast<int>(b)];
+    const auto n = static_cast<std::size_t>(table.blocks[b].numel);
+    o.state.param.resize(n);
+    o.state.m.assign(n, 0.0f);
+    o.state.v.assign(n, 0.0f);
+    o.state.decay = table.blocks[b].decay;
+    table.init(static_cast<int>(b), o.state.param.data());
+    o.crc = crc32c(o.state.param.data(), n * sizeof(float));
+    pushes_missing_ += contributions_[b];
+  }
+}
+
+void HolderServer::run() {
+  const int n_compute = layout_.shape().compute();
+  Backoff backoff;
+  std::vector<char> msg;
+  while (done_ranks_ < n_compute) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, layout_.world(), &flag, &st));
+    if (!flag) {
+      backoff.pause();
+      continue;
+    }
+    backoff.reset();
+    int bytes = 0;
+    MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+    msg.resize(static_cast<std::size_t>(bytes));
+    MPI_CHECK(MPI_Recv(msg.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, layout_.world(),
+                       MPI_STATUS_IGNORE));
+    handle(st.MPI_SOURCE, st.MPI_TAG, msg);
+  }
+  send_final_crc();
+}
+
+void HolderServer::handle(int source, int tag, std::vector<char>& msg) {
+  switch (tag) {
+    case wire::kFetchRequest: {
+      wire::FetchRequest req;
+      std::memcpy(&req, msg.data(), sizeof(req));
+      if (req.version > version_) {
+        deferred_.push_back({source, msg});
+      } else {
+        PDT_CHECK(req.version == version_,
+                  "rank " + std::to_string(source) + " asked for parameter version " +
+                      std::to_string(req.version) + " but holder " +
+                      std::to_string(layout_.holder_index()) + " is at version " +
+                      std::to_string(version_) + " (synchronous training keeps one version)");
+        serve_fetch(source, msg);
+      }
+      break;
+    }
+    case wire::kPush:
+      take_push(source, msg);
+      break;
+    case wire::kDone:
+      ++done_ranks_;
+      break;
+    default:
+      PDT_CHECK(false, "holder received unexpected message tag " + std::to_string(tag) +
+                           " from rank " + std::to_string(source));
+  }
+}
+
+void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
+  ScopedPhase t(timers_, "serve");
+  wire::FetchRequest req;
+  std::memcpy(&req, msg.data(), sizeof(req));
+  const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
+  std::size_t data_bytes = 0;
+  for (std::int64_t i = 0; i < req.n; ++i) data_bytes += owned_.at(ids[i]).state.param.size() * 4;
+  const std::size_t head = sizeof(wire::ReplyHeader) + req.n * sizeof(wire::BlockHeader);
+  std::vector<char> reply(head + data_bytes);
+  wire::ReplyHeader rh{version_, last_update_.grad_norm, last_update_.lr, req.n};
+  std::memcpy(reply.data(), &rh, sizeof(rh));
+  char* hdr = reply.data() + sizeof(rh);
+  char* data = reply.data() + head;
+  for (std::int64_t i = 0; i < req.n; ++i) {
+    const Owned& o = owned_.at(ids[i]);
+    const wire::BlockHeader bh{ids[i], o.crc, version_};
+    std::memcpy(hdr + i * sizeof(bh), &bh, sizeof(bh));
+    const std::size_t nb = o.state.param.size() * 4;
+    std::memcpy(data, o.state.param.data(), nb);
+    data += nb;
+  }
+  MPI_Request r;
+  MPI_CHECK(MPI_Isend(reply.data(), static_cast<int>(reply.size()), MPI_BYTE, source,
+                      wire::kFetchReply, layout_.world(), &r));
+  wait_quietly(&r);
+}
+
+void HolderServer::take_push(int source, const std::vector<char>& msg) {
+  wire::PushHeader ph;
+  std::memcpy(&ph, msg.data(), sizeof(ph));
+  PDT_CHECK(ph.step == version_ + 1, "holder " + std::to_string(layout_.holder_index()) +
+                                         " got gradients of step " + std::to_string(ph.step) +
+                                         " from rank " + std::to_string(source) +
+                                         " while expecting step " + std::to_string(version_ + 1));
+  const char* hdr = msg.data() + sizeof(ph);
+  const auto* data = reinterpret_cast<const float*>(hdr + ph.n * sizeof(wire::BlockHeader));
+  for (std::int64_t i = 0; i < ph.n; ++i) {
+    wire::BlockHeader bh;
+    std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
+    auto it = owned_.find(bh.id);
+    PDT_CHECK(it != owned_.end(), "rank " + std::to_string(source) + " pushed block " +
+                                      std::to_string(bh.id) + " to a holder that does not own it");
+    const auto n = static_cast<std::size_t>(table_.blocks[bh.id].numel);
+    PDT_CHECK(crc32c(data, n * 4) == bh.crc,
+              "CRC mismatch in the gradient of block " + table_.blocks[bh.id].name +
+                  " pushed by rank " + std::to_string(source) + " for step " +
+                  std::to_string(ph.step));
+    auto& slot = it->second.pushes[source];
+    PDT_CHECK(slot.empty(), "rank " + std::to_string(source) + " pushed block " +
+                                table_.blocks[bh.id].name + " twice in step " +
+                                std::to_string(ph.step));
+    slot.assign(data, data + n);
+    data += n;
+    --pushes_missing_;
+  }
+  if (pushes_missing_ == 0) finish_step();
+}
+
+// All holders reach this point once per step; they agree on the global gradient norm by
+// exchanging per-block sums of squares and adding them in block order, so the norm (and the
+// clip) is the same for any number of holders.
+void HolderServer::finish_step() {
+  ScopedPhase t(timers_, "update");
+  const std::int64_t step = version_ + 1;
+  std::vector<std::vector<float>> grads;  // per owned block, contributions summed by source rank
+  std::vector<double> my_sumsq;
+  for (auto& [id, o] : owned_) {
+    std::vector<float> g = std::move(o.pushes.begin()->second);
+    for (auto it = std::next(o.pushes.begin()); it != o.pushes.end(); ++it)
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] += it->second[i];
+    o.pushes.clear();
+    my_sumsq.push_back(sum_of_squares(g.data(), static_cast<std::int64_t>(g.size())));
+    grads.push_back(std::move(g));
+  }
+  // Gather every holder's per-block sums into block order.
+  const int H = layout_.shape().holders;
+  std::vector<int> counts(H, 0), displs(H, 0);
+  for (int owner : owner_) ++counts[owner];
+  for (int h = 1; h < H; ++h) displs[h] = displs[h - 1] + counts[h - 1];
+  std::vector<double> all(owner_.size());
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallgatherv(my_sumsq.data(), static_cast<int>(my_sumsq.size()), MPI_DOUBLE,
+                            all.data(), counts.data(), displs.data(), MPI_DOUBLE,
+                            layout_.holders_comm(), &r));
+  wait_quietly(&r);
+  // place_blocks() assigns contiguous runs in block order, so holder order is block order.
+  const double norm = global_norm(all);
+  const double lr = learning_rate(opt_, step);
+  const auto scale = static_cast<float>(clip_factor(opt_, norm));
+  std::size_t i = 0;
+  for (auto& [id, o] : owned_) {
+    adamw_update(opt_, step, lr, scale, grads[i++].data(), o.state);
+    o.crc = crc32c(o.state.param.data(), o.state.param.size() * 4);
+    pushes_missing_ += contributions_[id];
+  }
+  version_ = step;
+  last_update_ = UpdateInfo{version_, norm, lr};
+  serve_deferred();
+}
+
+void HolderServer::serve_deferred() {
+  std::deque<Pending> still;
+  for (Pending& p : deferred_) {
+    wire::FetchRequest req;
+    std::memcpy(&req, p.msg.data(), sizeof(req));
+    if (req.version == version_)
+      serve_fetch(p.source, p.msg);
+    else
+      still.push_back(std::move(p));
+  }
+  deferred_.swap(still);
+}
+
+void HolderServer::send_final_crc() {
+  // Holder 0 gathers all blocks (in block order) and computes the canonical CRC.
+  std::vector<float> mine;
+  for (auto& [id, o] : owned_) mine.insert(mine.end(), o.state.param.begin(), o.state.param.end());
+  const int H = layout_.shape().holders;
+  std::vector<int> counts(H, 0), displs(H, 0);
+  for (std::size_t b = 0; b < owner_.size(); ++b)
+    counts[owner_[b]] += static_cast<int>(table_.blocks[b].numel);
+  for (int h = 1; h < H; ++h) displs[h] = displs[h - 1] + counts[h - 1];
+  const bool root = layout_.holder_index() == 0;
+  std::vector<float> all(root ? static_cast<std::size_t>(displs[H - 1] + counts[H - 1]) : 0);
+  MPI_Request r;
+  MPI_CHECK(MPI_Igatherv(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(),
+                         counts.data(), displs.data(), MPI_FLOAT, 0, layout_.holders_comm(), &r));
+  wait_quietly(&r);
+  if (!root) return;
+  std::vector<const float*> ptrs(owner_.size());
+  const float* p = all.data();
+  for (std::size_t b = 0; b < owner_.size(); ++b) {
+    ptrs[b] = p;
+    p += table_.blocks[b].numel;
+  }
+  std::uint32_t crc = table_.canonical_crc(ptrs);
+  MPI_CHECK(MPI_Send(&crc, 1, MPI_UINT32_T, layout_.reporter_world_rank(), wire::kFinalCrc,
+                     layout_.world()));
+}
+
+}  // namespace pdtrain
