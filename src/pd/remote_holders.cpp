@@ -1,5 +1,6 @@
 #include "pdtrain/pd/remote_holders.hpp"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "pdtrain/core/crc32c.hpp"
@@ -10,7 +11,11 @@
 namespace pdtrain {
 
 RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner)
-    : layout_(layout), table_(table), owner_(std::move(owner)) {}
+    : layout_(layout), table_(table), owner_(std::move(owner)) {
+  // Test hook: PDTRAIN_TEST_FLIP_FETCH_BIT=<version> flips one bit of the first block this
+  // rank receives at that version, so tests can check that corruption is caught and named.
+  if (const char* v = std::getenv("PDTRAIN_TEST_FLIP_FETCH_BIT")) flip_at_version_ = std::atoll(v);
+}
 
 std::vector<std::vector<int>> RemoteHolders::by_holder(const std::vector<int>& blocks) const {
   std::vector<std::vector<int>> out(static_cast<std::size_t>(layout_.shape().holders));
@@ -59,7 +64,11 @@ UpdateInfo RemoteHolders::fetch(std::int64_t version, const std::vector<int>& bl
                                          std::to_string(version));
     info = UpdateInfo{rh.version, rh.grad_norm, rh.lr};
     const char* hdr = replies[h].data() + sizeof(rh);
-    const char* data = hdr + groups[h].size() * sizeof(wire::BlockHeader);
+    char* data = replies[h].data() + sizeof(rh) + groups[h].size() * sizeof(wire::BlockHeader);
+    if (version == flip_at_version_) {
+      data[0] ^= 0x10;
+      flip_at_version_ = -1;
+    }
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       wire::BlockHeader bh;
       std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));

@@ -164,7 +164,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
 
 TEST(DeckValid, EmbeddedDefaultDeckParses) {
   const Deck d = parse_deck(default_deck_text(), "<default deck>", {});
-  EXPECT_EQ(d.run.steps, 300);  // the default deck sets this; the struct default is 200
+  EXPECT_EQ(d.run.steps, 600);  // the default deck sets this; the struct default is 200
   EXPECT_EQ(d.train.batch_size, 16);
   EXPECT_EQ(d.run.out_dir, "runs/default");
   EXPECT_TRUE(starts_with(d.origin.at("run.steps"), "<default deck>:")) << d.origin.at("run.steps");

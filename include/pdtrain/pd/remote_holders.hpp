@@ -26,6 +26,7 @@ class RemoteHolders final : public ParameterService {
   const BlockTable& table_;
   std::vector<int> owner_;
   std::int64_t fetched_ = 0, pushed_ = 0;
+  std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
 };
 
 }  // namespace pdtrain
