@@ -26,6 +26,10 @@
 #include "pdtrain/pd/local_replica.hpp"
 #include "pdtrain/pd/remote_holders.hpp"
 #include "pdtrain/schedule/grad_reduce.hpp"
+#include "pdtrain/schedule/pipeline_executor.hpp"
+#include "pdtrain/layout/fixed_order_allreduce.hpp"
+#include "pdtrain/io/trace.hpp"
+#include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/version.hpp"
 
 namespace pdtrain {
@@ -151,24 +155,105 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   }
 }
 
+// This compute rank's stage: its contiguous, balanced range of layers, the embedding on the
+// first stage, the final LayerNorm and tied head on the last, and its tensor-parallel shard.
+StageSpec stage_spec(const Deck& deck, const Layout& layout) {
+  const std::int64_t L = deck.model.n_layer, pp = layout.shape().pp, p = layout.pp_rank();
+  return StageSpec{p * L / pp, (p + 1) * L / pp, p == 0, p == pp - 1, layout.shape().tp,
+                   layout.tp_rank()};
+}
+
+// How many gradient pushes of each block make up one step: the tied embedding is used (and
+// pushed) by both the first and the last pipeline stage; every other block by one stage.
+std::vector<int> push_contributions(const ParamCatalog& cat, int pp) {
+  std::vector<int> n(cat.blocks().size(), 1);
+  for (const BlockInfo& b : cat.blocks())
+    if (b.tensor == TensorId::wte && pp > 1) n[b.id] = 2;
+  return n;
+}
+
+// Binds the model stage to the pipeline executor: which tokens a micro-batch holds (training
+// step or validation batch), which activation slot it uses, and the loss it adds up.
+class StageRunner final : public PipelineStageOps {
+ public:
+  StageRunner(GptStage& stage, const data::TokenSource& source, std::int64_t first_sequence,
+              std::int64_t micro_batch, std::int64_t seq_len, int slots, bool has_head)
+      : stage_(stage), source_(source), first_(first_sequence), Bm_(micro_batch), T_(seq_len),
+        slots_(slots), has_head_(has_head), seq_(static_cast<std::size_t>(Bm_ * (T_ + 1))),
+        inputs_(static_cast<std::size_t>(Bm_ * T_)), targets_(inputs_.size()) {}
+
+  // Micro-batch mb of training step `step`, d(loss)/d(token loss) = dloss.
+  void train(std::int64_t step, float dloss) {
+    step_ = step, val_batches_per_pass_ = 0, dloss_ = dloss, loss_sum_ = 0.0;
+  }
+  // Micro-batch q = b * micro_batches + j of validation batch b.
+  void eval(int micro_batches, std::int64_t batch_size) {
+    val_batches_per_pass_ = micro_batches, val_batch_size_ = batch_size, loss_sum_ = 0.0;
+  }
+  double loss_sum() const { return loss_sum_; }
+
+  void forward(int mb, const float* input) override {
+    load_tokens(mb);
+    const double loss = stage_.forward(mb % slots_, inputs_.data(), input, targets_.data());
+    if (has_head_) loss_sum_ += loss;
+  }
+  const float* output(int mb) override { return stage_.output(mb % slots_); }
+  void backward(int mb, const float* doutput) override {
+    stage_.backward(mb % slots_, dloss_, doutput);
+  }
+  const float* dinput() override { return stage_.dinput(); }
+
+ private:
+  void load_tokens(int mb) {
+    if (val_batches_per_pass_ == 0) {
+      source_.train_sequences(step_, first_ + mb * Bm_, Bm_, seq_.data());
+    } else {
+      const std::int64_t b = mb / val_batches_per_pass_, j = mb % val_batches_per_pass_;
+      source_.val_sequences(b, val_batch_size_, first_ + j * Bm_, Bm_, seq_.data());
+    }
+    for (std::int64_t i = 0; i < Bm_; ++i)
+      for (std::int64_t t = 0; t < T_; ++t) {
+        inputs_[i * T_ + t] = seq_[i * (T_ + 1) + t];
+        targets_[i * T_ + t] = seq_[i * (T_ + 1) + t + 1];
+      }
+  }
+
+  GptStage& stage_;
+  const data::TokenSource& source_;
+  std::int64_t first_, Bm_, T_;
+  int slots_;
+  bool has_head_;
+  std::vector<std::int32_t> seq_, inputs_, targets_;
+  std::int64_t step_ = 0, val_batch_size_ = 0;
+  int val_batches_per_pass_ = 0;
+  float dloss_ = 0.0f;
+  double loss_sum_ = 0.0;
+};
+
 // The compute ranks' step loop.
 class ComputeLoop {
  public:
-  ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout, const RunOptions& opts)
-      : deck_(deck), setup_(setup), layout_(layout), opts_(opts),
-        stage_params_(*setup.catalog, StageSpec{0, deck.model.n_layer, true, true, 1, 0}),
-        local_batch_(deck.train.batch_size / layout.shape().dp),
+  ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout, const RunOptions& opts,
+              TraceRecorder* trace)
+      : deck_(deck), setup_(setup), layout_(layout), opts_(opts), trace_(trace),
+        tp_(layout.tp_comm()),
+        stage_params_(*setup.catalog, stage_spec(deck, layout)),
+        micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
+        kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
+        micro_batch_(deck.train.batch_size / (layout.shape().dp * micro_batches_)),
         T_(deck.model.seq_len),
-        stage_(stage_params_, local_batch_, T_, no_tp_),
-        reducer_(layout.dp_comm(), stage_params_.needed_blocks(), block_sizes()) {
+        slots_(pipeline_in_flight(kind_, layout.shape().pp, layout.pp_rank(), micro_batches_)),
+        stage_(stage_params_, micro_batch_, T_, tp_, slots_),
+        runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
+                micro_batch_, T_, slots_, stage_params_.spec().has_head),
+        pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
+                  trace),
+        reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())) {
     if (layout.replicated())
       service_ = std::make_unique<LocalReplica>(setup.table, adamw_config(deck));
     else
       service_ = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner);
     packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
-    seq_.resize(static_cast<std::size_t>(local_batch_ * (T_ + 1)));
-    inputs_.resize(static_cast<std::size_t>(local_batch_ * T_));
-    targets_.resize(inputs_.size());
   }
 
   TrainResult run() {
@@ -176,15 +261,16 @@ class ComputeLoop {
     result.reporter = layout_.is_reporter();
     if (result.reporter) open_outputs();
     const std::int64_t steps = deck_.run.steps;
+    const double tokens_per_step = static_cast<double>(deck_.train.batch_size * T_);
     const double t_start = now_seconds();
     fetch(0);
     double t_prev = now_seconds();
     for (std::int64_t s = 1; s <= steps; ++s) {
       StepRecord rec;
       rec.step = s;
-      const double loss_sum = forward_backward(s, rec);
+      forward_backward(s, rec);
       reduce_and_push(s, rec);
-      rec.loss = reducer_.sum(loss_sum) / static_cast<double>(deck_.train.batch_size * T_);
+      rec.loss = reducer_.sum(runner_.loss_sum()) / tokens_per_step;
       const double t_fetch = now_seconds();
       const UpdateInfo info = fetch(s);  // parameters after step s
       rec.fetch_ms += 1e3 * (now_seconds() - t_fetch);
@@ -193,7 +279,7 @@ class ComputeLoop {
       if (eval_due(s)) rec.val_loss = evaluate();
       const double t = now_seconds();
       rec.step_ms = 1e3 * (t - t_prev);
-      rec.tokens_per_s = static_cast<double>(deck_.train.batch_size * T_) / (t - t_prev);
+      rec.tokens_per_s = tokens_per_step / (t - t_prev);
       t_prev = t;
       if (result.reporter) report(rec, (t - t_start) / static_cast<double>(s) * (steps - s));
       result.losses.push_back(rec.loss);
@@ -206,42 +292,51 @@ class ComputeLoop {
   }
 
  private:
-  std::vector<std::int64_t> block_sizes() const {
+  // Blocks whose reduced gradient this rank's data-parallel group pushes: its stage's blocks,
+  // less those replicated over the tensor-parallel group on tp ranks other than 0.
+  std::vector<int> pushed_blocks() const {
+    std::vector<int> out;
+    for (int b : stage_params_.needed_blocks())
+      if (stage_params_.pushes(setup_.catalog->block(b))) out.push_back(b);
+    return out;
+  }
+
+  std::vector<std::int64_t> block_sizes(const std::vector<int>& blocks) const {
     std::vector<std::int64_t> n;
-    for (int b : stage_params_.needed_blocks()) n.push_back(setup_.catalog->block(b).numel());
+    for (int b : blocks) n.push_back(setup_.catalog->block(b).numel());
     return n;
   }
 
   UpdateInfo fetch(std::int64_t version) {
     ScopedPhase t(timers_, "fetch");
+    TraceSpan span(trace_, "fetch v" + std::to_string(version), "pd");
     const ParamCatalog& cat = *setup_.catalog;
     return service_->fetch(version, stage_params_.needed_blocks(), [&](int id, const float* d) {
       stage_params_.unpack_param(cat.block(id), d);
     });
   }
 
-  // Splits `count` sequences of seq_len+1 tokens into inputs and targets.
-  void split_sequences() {
-    for (std::int64_t b = 0; b < local_batch_; ++b)
-      for (std::int64_t t = 0; t < T_; ++t) {
-        inputs_[b * T_ + t] = seq_[b * (T_ + 1) + t];
-        targets_[b * T_ + t] = seq_[b * (T_ + 1) + t + 1];
-      }
-  }
-
-  double forward_backward(std::int64_t step, StepRecord& rec) {
+  void forward_backward(std::int64_t step, StepRecord& rec) {
     ScopedPhase t(timers_, "compute");
     const double t0 = now_seconds();
-    setup_.source->train_sequences(step, layout_.dp_rank() * local_batch_, local_batch_,
-                                   seq_.data());
-    split_sequences();
     stage_params_.zero_grads();
-    const double loss = stage_.forward(0, inputs_.data(), nullptr, targets_.data());
-    // The loss is the mean over every token of the global batch, so each replica's gradient
-    // is a partial sum and replicas' gradients simply add.
-    stage_.backward(0, 1.0f / static_cast<float>(deck_.train.batch_size * T_), nullptr);
-    rec.compute_ms = 1e3 * (now_seconds() - t0);
-    return loss;
+    // The loss is the mean over every token of the global batch, so each micro-batch's and
+    // each replica's gradient is a partial sum and they simply add.
+    runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
+    const double waited = pipeline_.run_step(runner_);
+    const double elapsed = now_seconds() - t0;
+    rec.compute_ms = 1e3 * elapsed;
+    rec.bubble = mean_over_stages(elapsed > 0 ? waited / elapsed : 0.0);
+  }
+
+  // The measured bubble: the share of the pipeline phase each stage spent waiting for its
+  // neighbours, averaged over the stages.
+  double mean_over_stages(double x) {
+    if (layout_.shape().pp == 1) return 0.0;
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, layout_.pp_comm(), &r));
+    wait_quietly(&r);
+    return x / layout_.shape().pp;
   }
 
   void reduce_and_push(std::int64_t step, StepRecord& rec) {
@@ -257,12 +352,19 @@ class ComputeLoop {
     const double t1 = now_seconds();
     rec.reduce_ms = 1e3 * (t1 - t0);
     timers_.add("reduce", t1 - t0);
+    trace_event("reduce", "dp", t0, t1);
     if (layout_.replicated())
       service_->push(step, reducer_.blocks(), packed_.data());
     else
       service_->push(step, reducer_.my_blocks(), mine);
-    rec.push_ms = 1e3 * (now_seconds() - t1);
-    timers_.add("push", now_seconds() - t1);
+    const double t2 = now_seconds();
+    rec.push_ms = 1e3 * (t2 - t1);
+    timers_.add("push", t2 - t1);
+    trace_event("push", "pd", t1, t2);
+  }
+
+  void trace_event(const char* name, const char* cat, double t0, double t1) {
+    if (trace_) trace_->event(name, cat, t0, t1);
   }
 
   bool eval_due(std::int64_t s) const {
@@ -270,37 +372,37 @@ class ComputeLoop {
     return s == deck_.run.steps || (every > 0 && s % every == 0);
   }
 
-  // Mean loss over the first eval_batches validation batches, each split over the replicas.
+  // Mean loss over the first eval_batches validation batches, each split over the replicas and
+  // into micro-batches, run forward through the pipeline.
   double evaluate() {
     ScopedPhase t(timers_, "eval");
-    double sum = 0.0;
-    for (std::int64_t b = 0; b < deck_.train.eval_batches; ++b) {
-      setup_.source->val_sequences(b, deck_.train.batch_size, layout_.dp_rank() * local_batch_,
-                                   local_batch_, seq_.data());
-      split_sequences();
-      sum += stage_.forward(0, inputs_.data(), nullptr, targets_.data());
-    }
+    TraceSpan span(trace_, "eval", "compute");
+    runner_.eval(micro_batches_, deck_.train.batch_size);
+    pipeline_.run_forward(runner_, static_cast<int>(deck_.train.eval_batches) * micro_batches_);
     const double tokens =
         static_cast<double>(deck_.train.eval_batches * deck_.train.batch_size * T_);
-    return reducer_.sum(sum) / tokens;
+    return reducer_.sum(runner_.loss_sum()) / tokens;
   }
 
   void open_outputs() {
     metrics_ = std::make_unique<MetricsWriter>(deck_.run.out_dir + "/metrics.csv");
     if (!opts_.verbose) return;
     const ModelShape& m = setup_.catalog->shape();
-    std::printf("pdtrain %s | %s | %d ranks: %d holder(s) + %d compute (dp %d)%s\n",
-                PDTRAIN_VERSION, deck_.source_name.c_str(), layout_.shape().world(),
-                layout_.shape().holders, layout_.shape().compute(), layout_.shape().dp,
+    const LayoutShape& ls = layout_.shape();
+    std::printf("pdtrain %s | %s | %d ranks: %d holder(s) + %d compute (dp %d x pp %d x tp %d)%s\n",
+                PDTRAIN_VERSION, deck_.source_name.c_str(), ls.world(), ls.holders, ls.compute(),
+                ls.dp, ls.pp, ls.tp,
                 layout_.replicated() ? " | replicated baseline" : " | parameter/compute decoupled");
     std::printf("model: GPT-2 %lld layers, d_model %lld, %lld heads, vocab %lld (padded %lld), "
-                "seq %lld | %lld parameters | batch %lld x %lld tokens\n",
+                "seq %lld | %lld parameters | batch %lld x %lld tokens",
                 static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model),
                 static_cast<long long>(m.n_head), static_cast<long long>(m.vocab_size),
                 static_cast<long long>(m.padded_vocab), static_cast<long long>(m.seq_len),
                 static_cast<long long>(setup_.catalog->total_numel()),
                 static_cast<long long>(deck_.train.batch_size), static_cast<long long>(T_));
-    std::printf("data: %s\n", setup_.source->describe().c_str());
+    if (ls.pp > 1)
+      std::printf(" | %d micro-batches, %s schedule", micro_batches_, to_string(kind_));
+    std::printf("\ndata: %s\n", setup_.source->describe().c_str());
     std::printf("output: %s\n", deck_.run.out_dir.c_str());
     std::fflush(stdout);
   }
@@ -333,14 +435,19 @@ class ComputeLoop {
   const Setup& setup_;
   const Layout& layout_;
   RunOptions opts_;
-  NoTensorParallel no_tp_;
+  TraceRecorder* trace_;
+  TensorParallelGroup tp_;
   StageParams stage_params_;
-  std::int64_t local_batch_, T_;
+  int micro_batches_;
+  PipelineKind kind_;
+  std::int64_t micro_batch_, T_;
+  int slots_;
   GptStage stage_;
+  StageRunner runner_;
+  PipelineExecutor pipeline_;
   GradReducer reducer_;
   std::unique_ptr<ParameterService> service_;
   std::vector<float> packed_;
-  std::vector<std::int32_t> seq_, inputs_, targets_;
   std::unique_ptr<MetricsWriter> metrics_;
   PhaseTimers timers_;
 };
@@ -350,6 +457,21 @@ void write_resolved_deck(const Deck& deck) {
   std::ofstream f(deck.run.out_dir + "/deck.resolved.toml");
   f << deck.resolved_toml();
   if (!f) throw Error(ExitCode::runtime, "cannot write " + deck.run.out_dir + "/deck.resolved.toml");
+}
+
+// OUT/trace/rank-<r>.json from every rank, then OUT/trace/trace.json merged by rank 0.
+void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world) {
+  int rank = 0, size = 0;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  MPI_CHECK(MPI_Comm_size(world, &size));
+  const std::string dir = deck.run.out_dir + "/trace";
+  std::filesystem::create_directories(dir);
+  trace.write(dir + "/rank-" + std::to_string(rank) + ".json");
+  MPI_CHECK(MPI_Barrier(world));
+  if (rank != 0) return;
+  std::vector<std::string> files;
+  for (int r = 0; r < size; ++r) files.push_back(dir + "/rank-" + std::to_string(r) + ".json");
+  TraceRecorder::merge(files, dir + "/trace.json");
 }
 
 }  // namespace
@@ -377,14 +499,24 @@ TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opt
     const std::string hint = kernels::blas_misdetection_hint();
     if (!hint.empty()) std::printf("hint: %s\n", hint.c_str());
   }
+  // One epoch for every rank's trace, so the timelines line up in the merged file.
+  double epoch = now_seconds();
+  MPI_CHECK(MPI_Bcast(&epoch, 1, MPI_DOUBLE, 0, world));
+  TraceRecorder trace;
+  if (deck.output.trace)
+    trace = TraceRecorder(rank, layout.is_holder() ? "holder" : "compute", epoch);
+  TrainResult result;
   if (layout.is_holder()) {
     HolderServer server(layout, setup.table, setup.owner,
-                        std::vector<int>(setup.catalog->blocks().size(), 1), adamw_config(deck));
+                        push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
+                        &trace);
     server.run();
-    return {};
+  } else {
+    ComputeLoop loop(deck, setup, layout, opts, &trace);
+    result = loop.run();
   }
-  ComputeLoop loop(deck, setup, layout, opts);
-  return loop.run();
+  if (deck.output.trace) write_traces(deck, trace, world);
+  return result;
 }
 
 }  // namespace pdtrain

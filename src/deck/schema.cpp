@@ -110,6 +110,13 @@ std::vector<KeySpec> build_schema() {
           .at_least(1),
       key(&D::parallel, &ParallelConfig::pp, "parallel.pp", "Pipeline stages per group.")
           .at_least(1),
+      key(&D::parallel, &ParallelConfig::micro_batches, "parallel.micro_batches",
+          "Micro-batches each replica splits its share of the batch into (pipeline fill).")
+          .at_least(1)
+          .with_rule("divides train.batch_size / dp"),
+      key(&D::parallel, &ParallelConfig::schedule, "parallel.schedule",
+          "Pipeline schedule; both give identical losses, 1f1b holds fewer activations.")
+          .one_of({"1f1b", "gpipe"}),
 
       key(&D::train, &TrainConfig::batch_size, "train.batch_size",
           "Sequences per optimizer step, over all data-parallel ranks.")
@@ -148,6 +155,9 @@ std::vector<KeySpec> build_schema() {
       key(&D::optimizer, &OptimizerConfig::eps, "optimizer.eps",
           "AdamW denominator epsilon.")
           .above(0),
+
+      key(&D::output, &OutputConfig::trace, "output.trace",
+          "Write a Chrome trace per rank (OUT/trace/rank-<r>.json) and a merged one."),
   };
 }
 
@@ -223,6 +233,7 @@ const std::vector<SectionSpec>& sections() {
       {"parallel", "How the MPI ranks are split into holders and compute groups."},
       {"train", "Batch size and validation."},
       {"optimizer", "AdamW with linear warmup and cosine decay."},
+      {"output", "What the run writes besides metrics.csv."},
   };
   return table;
 }

@@ -14,7 +14,7 @@ MetricsWriter::MetricsWriter(const std::string& path) {
   if (!f_) throw Error(ExitCode::runtime, "cannot write " + path + ": " + std::strerror(errno));
   std::fprintf(f_,
                "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,fetch_ms,compute_ms,"
-               "reduce_ms,push_ms\n");
+               "reduce_ms,push_ms,bubble\n");
   std::fflush(f_);
 }
 
@@ -25,9 +25,9 @@ MetricsWriter::~MetricsWriter() {
 void MetricsWriter::append(const StepRecord& r) {
   char val[32] = "";
   if (!std::isnan(r.val_loss)) std::snprintf(val, sizeof(val), "%.9g", r.val_loss);
-  std::fprintf(f_, "%lld,%.9g,%s,%.9g,%.9g,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
+  std::fprintf(f_, "%lld,%.9g,%s,%.9g,%.9g,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f\n",
                static_cast<long long>(r.step), r.loss, val, r.lr, r.grad_norm, r.tokens_per_s,
-               r.step_ms, r.fetch_ms, r.compute_ms, r.reduce_ms, r.push_ms);
+               r.step_ms, r.fetch_ms, r.compute_ms, r.reduce_ms, r.push_ms, r.bubble);
   std::fflush(f_);
 }
 

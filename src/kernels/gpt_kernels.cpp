@@ -11,8 +11,10 @@ using I32 = std::int32_t;
 #define PDTRAIN_INSTANTIATE_KERNELS(R)                                                             \
   template void fill_value(const Exec&, R*, Index, R);                                             \
   template void fill_zero(const Exec&, R*, Index);                                                 \
-  template void encoder_forward(const Exec&, R*, const I32*, const R*, const R*, int, int, int);   \
-  template void encoder_backward(const Exec&, R*, R*, const R*, const I32*, int, int, int);        \
+  template void encoder_forward(const Exec&, R*, const I32*, const R*, const R*, int, int, int,    \
+                                int, int);                                                         \
+  template void encoder_backward(const Exec&, R*, R*, const R*, const I32*, int, int, int, int,    \
+                                 int);                                                             \
   template void layernorm_forward(const Exec&, R*, R*, R*, const R*, const R*, const R*, int,      \
                                   int);                                                            \
   template void layernorm_backward(const Exec&, R*, R*, R*, const R*, const R*, const R*,          \
@@ -30,7 +32,11 @@ using I32 = std::int32_t;
   template void add_inplace(const Exec&, R*, const R*, Index);                                     \
   template void softmax_crossentropy_forward(const Exec&, R*, R*, const R*, const I32*, int, int); \
   template void softmax_crossentropy_backward(const Exec&, R*, const R*, const I32*, const R*,     \
-                                              int, int);
+                                              int, int, int);                                      \
+  template void crossentropy_rowmax(const Exec&, R*, const R*, int, int);                          \
+  template void crossentropy_partials(const Exec&, R*, R*, const R*, const R*, const I32*, int,    \
+                                      int, int);                                                   \
+  template void crossentropy_finish(const Exec&, R*, R*, const R*, int, int);
 
 PDTRAIN_INSTANTIATE_KERNELS(float)
 PDTRAIN_INSTANTIATE_KERNELS(double)

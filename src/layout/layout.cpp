@@ -19,10 +19,22 @@ LayoutShape resolve_layout(const Deck& deck, int world_size) {
   s.holders = static_cast<int>(p.holders);
   s.tp = static_cast<int>(p.tp);
   s.pp = static_cast<int>(p.pp);
-  if (s.tp != 1)
-    layout_error(deck, "parallel.tp", "tensor parallelism (tp > 1) is not available yet; use tp = 1");
-  if (s.pp != 1)
-    layout_error(deck, "parallel.pp", "pipeline parallelism (pp > 1) is not available yet; use pp = 1");
+  if (deck.model.n_head % s.tp != 0) {
+    std::ostringstream m;
+    m << "parallel.tp = " << s.tp << " does not divide model.n_head = " << deck.model.n_head
+      << " (tensor parallelism splits attention heads)";
+    layout_error(deck, "parallel.tp", m.str());
+  }
+  if (s.pp > deck.model.n_layer) {
+    std::ostringstream m;
+    m << "parallel.pp = " << s.pp << " stages for model.n_layer = " << deck.model.n_layer
+      << " layers: every stage needs at least one layer";
+    layout_error(deck, "parallel.pp", m.str());
+  }
+  if (s.holders == 0 && (s.tp > 1 || s.pp > 1))
+    layout_error(deck, "parallel.holders",
+                 "the replicated baseline (holders = 0) is data-parallel only; use holders >= 1 "
+                 "for tensor or pipeline parallelism");
   const int compute = world_size - s.holders;
   if (compute < 1) {
     std::ostringstream m;
@@ -49,9 +61,12 @@ LayoutShape resolve_layout(const Deck& deck, int world_size) {
       << "; change the rank count or parallel.dp (0 = auto)";
     layout_error(deck, "parallel.dp", m.str());
   }
-  if (deck.train.batch_size % s.dp != 0) {
+  const std::int64_t split = s.dp * deck.parallel.micro_batches;
+  if (deck.train.batch_size % split != 0) {
     std::ostringstream m;
     m << "train.batch_size = " << deck.train.batch_size << " is not divisible by dp = " << s.dp;
+    if (deck.parallel.micro_batches > 1)
+      m << " x parallel.micro_batches = " << deck.parallel.micro_batches << " (= " << split << ")";
     layout_error(deck, "train.batch_size", m.str());
   }
   return s;

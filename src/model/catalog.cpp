@@ -22,7 +22,7 @@ ModelShape resolve_model_shape(const ModelConfig& m) {
 ParamCatalog::ParamCatalog(const ModelShape& s) : shape_(s) {
   const std::int64_t C = s.d_model, L = s.n_layer;
   using T = TensorId;
-  add_tensor(T::wte, "wte", 1, s.padded_vocab, C, TpSplit::replicated, 1, true, false);
+  add_tensor(T::wte, "wte", 1, s.padded_vocab, C, TpSplit::rows, 1, true, false);  // vocab-parallel
   add_tensor(T::wpe, "wpe", 1, s.max_seq_len, C, TpSplit::replicated, 1, true, false);
   add_tensor(T::ln1w, "ln1w", L, C, 1, TpSplit::replicated, 1, false, true);
   add_tensor(T::ln1b, "ln1b", L, C, 1, TpSplit::replicated, 1, false, true);
@@ -73,8 +73,8 @@ void ParamCatalog::cut_blocks(const TensorInfo& t) {
         const std::int64_t c0 = split_bound(t.cols, units, u);
         add(0, t.rows, c0, split_bound(t.cols, units, u + 1) - c0, 0, u);
       }
-    } else if (t.id == TensorId::wte || t.id == TensorId::wpe) {
-      // Large replicated tables are cut into row chunks so no single block dominates a holder.
+    } else if (t.id == TensorId::wpe) {
+      // The position table is replicated but large: row chunks keep any one block small.
       for (std::int64_t u = 0; u < units; ++u) {
         const std::int64_t r0 = split_bound(t.rows, units, u);
         add(r0, split_bound(t.rows, units, u + 1) - r0, 0, t.cols, 0, -1);

@@ -26,7 +26,11 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
   C_ = m.d_model;
   NHl_ = m.n_head / s.tp_size;
   Cl_ = NHl_ * m.head_size();
-  V_ = m.vocab_size;
+  // This rank's vocabulary shard: wte rows [v0_, v1_), of which the first V_ are real tokens
+  // (the rest are padding rows; a shard may hold padding only, V_ = 0).
+  v0_ = params.vocab_begin();
+  v1_ = params.vocab_end();
+  V_ = std::max<std::int64_t>(0, std::min(v1_, m.vocab_size) - v0_);
   layers_ = s.layer_end - s.layer_begin;
   const std::int64_t N = B_ * T_, att = B_ * NHl_ * T_ * T_;
   slot_.resize(static_cast<std::size_t>(slots));
@@ -46,6 +50,7 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
     if (s.has_head) {
       resize(a.lnf, N * C_), resize(a.lnf_mean, N), resize(a.lnf_rstd, N);
       resize(a.logits, N * V_), resize(a.probs, N * V_), resize(a.losses, N);
+      resize(a.rowmax, N), resize(a.ce_stats, 2 * N);
     }
   }
   resize(preatt_, att);
@@ -78,9 +83,14 @@ double GptStage::forward(int slot, const std::int32_t* tokens, const float* inpu
   const std::int64_t N = B_ * T_;
   Exec exec;
   if (p_.spec().has_embedding) {
+    // Vocabulary-parallel lookup: each shard embeds its own tokens (0 elsewhere), one shard adds
+    // the positions, and the sum over the group is the full embedding.
     std::copy_n(tokens, N, a.tokens.begin());
-    k::encoder_forward(exec, a.input.data(), a.tokens.data(), p_.param(T_::wte), p_.param(T_::wpe),
-                       B_, T_, C_);
+    const float* wpe = tp_.rank() == 0 ? p_.param(T_::wpe) : nullptr;
+    k::encoder_forward(exec, a.input.data(), a.tokens.data(), p_.param(T_::wte), wpe, B_, T_, C_,
+                       static_cast<int>(v0_), static_cast<int>(v1_));
+    exec.fence();
+    tp_.allreduce_sum(a.input.data(), N * C_);
   } else {
     std::copy_n(input, N * C_, a.input.begin());
   }
@@ -114,6 +124,7 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   // Its bias is added once, after the sum.
   k::matmul_forward(exec, a.attproj.data(), a.atty.data(), p_.param(T_::attprojw, l),
                     static_cast<const float*>(nullptr), N, Cl_, C_);
+  exec.fence();
   tp_.allreduce_sum(a.attproj.data(), N * C_);
   k::bias_add_forward(exec, a.attproj.data(), p_.param(T_::attprojb, l), N, C_);
   k::residual_forward(exec, a.residual2.data(), residual, a.attproj.data(), N * C_);
@@ -124,6 +135,7 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   k::gelu_forward(exec, a.fch_gelu.data(), a.fch.data(), N * 4 * Cl_);
   k::matmul_forward(exec, a.fcproj.data(), a.fch_gelu.data(), p_.param(T_::fcprojw, l),
                     static_cast<const float*>(nullptr), N, 4 * Cl_, C_);
+  exec.fence();
   tp_.allreduce_sum(a.fcproj.data(), N * C_);
   k::bias_add_forward(exec, a.fcproj.data(), p_.param(T_::fcprojb, l), N, C_);
   k::residual_forward(exec, a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C_);
@@ -134,12 +146,20 @@ void GptStage::head_forward(SlotActs& s, const float* residual) {
   Exec exec;
   k::layernorm_forward(exec, s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
                        p_.param(T_::lnfw), p_.param(T_::lnfb), N, C_);
-  // Tied head: logits over the real vocabulary only; padded wte rows never enter (llm.c masks
-  // them out of the softmax; skipping them is the same and cheaper).
-  k::matmul_forward(exec, s.logits.data(), s.lnf.data(), p_.param(T_::wte),
-                    static_cast<const float*>(nullptr), N, C_, V_);
-  k::softmax_crossentropy_forward(exec, s.losses.data(), s.probs.data(), s.logits.data(),
-                                  s.targets.data(), N, V_);
+  // Tied head over this rank's vocabulary shard, real tokens only: padded wte rows never enter
+  // (llm.c masks them out of the softmax; skipping them is the same and cheaper).
+  if (V_ > 0)
+    k::matmul_forward(exec, s.logits.data(), s.lnf.data(), p_.param(T_::wte),
+                      static_cast<const float*>(nullptr), N, C_, V_);
+  // Parallel cross-entropy: only per-row statistics cross the group, never logits.
+  k::crossentropy_rowmax(exec, s.rowmax.data(), s.logits.data(), N, V_);
+  exec.fence();
+  tp_.allreduce_max(s.rowmax.data(), N);
+  k::crossentropy_partials(exec, s.ce_stats.data(), s.probs.data(), s.logits.data(),
+                           s.rowmax.data(), s.targets.data(), static_cast<int>(v0_), N, V_);
+  exec.fence();
+  tp_.allreduce_sum(s.ce_stats.data(), 2 * N);
+  k::crossentropy_finish(exec, s.losses.data(), s.probs.data(), s.ce_stats.data(), N, V_);
 }
 
 void GptStage::backward(int slot, float dloss, const float* doutput) {
@@ -158,7 +178,8 @@ void GptStage::backward(int slot, float dloss, const float* doutput) {
   }
   if (p_.spec().has_embedding)
     k::encoder_backward(exec, p_.grad(T_::wte), p_.grad(T_::wpe), g_.dresidual.data(),
-                        a.tokens.data(), B_, T_, C_);
+                        a.tokens.data(), B_, T_, C_, static_cast<int>(v0_),
+                        static_cast<int>(v1_));
   exec.fence();  // gradients are packed on the host
 }
 
@@ -168,10 +189,13 @@ void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
   std::fill(g_.dlosses.begin(), g_.dlosses.end(), dloss);
   std::fill(g_.dlogits.begin(), g_.dlogits.end(), 0.0f);
   k::softmax_crossentropy_backward(exec, g_.dlogits.data(), s.probs.data(), s.targets.data(),
-                                   g_.dlosses.data(), N, V_);
+                                   g_.dlosses.data(), N, V_, static_cast<int>(v0_));
   std::fill(g_.dln.begin(), g_.dln.end(), 0.0f);
-  k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::wte), static_cast<float*>(nullptr),
-                     g_.dlogits.data(), s.lnf.data(), p_.param(T_::wte), N, C_, V_);
+  if (V_ > 0)
+    k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::wte), static_cast<float*>(nullptr),
+                       g_.dlogits.data(), s.lnf.data(), p_.param(T_::wte), N, C_, V_);
+  exec.fence();
+  tp_.allreduce_sum(g_.dln.data(), N * C_);  // partial over the vocabulary shards
   std::fill(g_.dresidual.begin(), g_.dresidual.end(), 0.0f);
   k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::lnfw), p_.grad(T_::lnfb),
                         g_.dln.data(), residual, p_.param(T_::lnfw), s.lnf_mean.data(),
@@ -193,6 +217,7 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
   zero(g_.dln);
   k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::fcw, l), p_.grad(T_::fcb, l), g_.dfch.data(),
                      a.ln2.data(), p_.param(T_::fcw, l), N, C_, 4 * Cl_);
+  exec.fence();
   tp_.allreduce_sum(g_.dln.data(), N * C_);  // column-parallel input gradient
   k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln2w, l), p_.grad(T_::ln2b, l),
                         g_.dln.data(), a.residual2.data(), p_.param(T_::ln2w, l),
@@ -208,6 +233,7 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
   zero(g_.dln);
   k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::qkvw, l), p_.grad(T_::qkvb, l),
                      g_.dqkv.data(), a.ln1.data(), p_.param(T_::qkvw, l), N, C_, 3 * Cl_);
+  exec.fence();
   tp_.allreduce_sum(g_.dln.data(), N * C_);
   k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln1w, l), p_.grad(T_::ln1b, l),
                         g_.dln.data(), residual, p_.param(T_::ln1w, l), a.ln1_mean.data(),

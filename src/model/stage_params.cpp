@@ -96,6 +96,16 @@ void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
     std::copy_n(base + (r0 + r) * ld + c0, b.cols, packed + r * b.cols);
 }
 
+std::int64_t StageParams::vocab_begin() const {
+  const LocalTensor& lt = local_[static_cast<int>(TensorId::wte)];
+  return split_bound(cat_.shape().padded_vocab, cat_.shape().n_head, lt.unit_begin);
+}
+
+std::int64_t StageParams::vocab_end() const {
+  const LocalTensor& lt = local_[static_cast<int>(TensorId::wte)];
+  return split_bound(cat_.shape().padded_vocab, cat_.shape().n_head, lt.unit_end);
+}
+
 void StageParams::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 }  // namespace pdtrain

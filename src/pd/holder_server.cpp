@@ -10,9 +10,10 @@
 namespace pdtrain {
 
 HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-                           std::vector<int> contributions, const AdamWConfig& opt)
+                           std::vector<int> contributions, const AdamWConfig& opt,
+                           TraceRecorder* trace)
     : layout_(layout), table_(table), owner_(std::move(owner)),
-      contributions_(std::move(contributions)), opt_(opt) {
+      contributions_(std::move(contributions)), opt_(opt), trace_(trace) {
   const int me = layout.holder_index();
   for (std::size_t b = 0; b < owner_.size(); ++b) {
     if (owner_[b] != me) continue;
@@ -82,6 +83,7 @@ void HolderServer::handle(int source, int tag, std::vector<char>& msg) {
 
 void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
   ScopedPhase t(timers_, "serve");
+  TraceSpan span(trace_, "serve fetch", "pd");
   wire::FetchRequest req;
   std::memcpy(&req, msg.data(), sizeof(req));
   const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
@@ -143,6 +145,7 @@ void HolderServer::take_push(int source, const std::vector<char>& msg) {
 // clip) is the same for any number of holders.
 void HolderServer::finish_step() {
   ScopedPhase t(timers_, "update");
+  TraceSpan span(trace_, "update v" + std::to_string(version_ + 1), "holder");
   const std::int64_t step = version_ + 1;
   std::vector<std::vector<float>> grads;  // per owned block, contributions summed by source rank
   std::vector<double> my_sumsq;

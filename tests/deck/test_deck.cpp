@@ -84,19 +84,23 @@ const std::vector<std::string> kFullDeck = {
     "dp = 4",                            // 26
     "tp = 2",                            // 27
     "pp = 3",                            // 28
-    "[train]",                           // 29
-    "batch_size = 64",                   // 30
-    "eval_every = 0",                    // 31
-    "eval_batches = 10",                 // 32
-    "[optimizer]",                       // 33
-    "lr = 6e-4",                         // 34
-    "min_lr = 6e-5",                     // 35
-    "warmup_steps = 700",                // 36
-    "weight_decay = 0.0",                // 37
-    "grad_clip = 0.5",                   // 38
-    "beta1 = 0.85",                      // 39
-    "beta2 = 0.999",                     // 40
-    "eps = 1e-6",                        // 41
+    "micro_batches = 4",                 // 29
+    "schedule = \"gpipe\"",              // 30
+    "[train]",                           // 31
+    "batch_size = 64",                   // 32
+    "eval_every = 0",                    // 33
+    "eval_batches = 10",                 // 34
+    "[optimizer]",                       // 35
+    "lr = 6e-4",                         // 36
+    "min_lr = 6e-5",                     // 37
+    "warmup_steps = 700",                // 38
+    "weight_decay = 0.0",                // 39
+    "grad_clip = 0.5",                   // 40
+    "beta1 = 0.85",                      // 41
+    "beta2 = 0.999",                     // 42
+    "eps = 1e-6",                        // 43
+    "[output]",                          // 44
+    "trace = true",                      // 45
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -159,7 +163,10 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:41");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:43");
+  EXPECT_EQ(d.parallel.micro_batches, 4);
+  EXPECT_EQ(d.parallel.schedule, "gpipe");
+  EXPECT_TRUE(d.output.trace);
 }
 
 TEST(DeckValid, EmbeddedDefaultDeckParses) {
@@ -509,8 +516,8 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 8 model + 6 data + 4 parallel + 3 train + 8 optimizer fields in deck.hpp.
-  EXPECT_EQ(deck::schema().size(), 34u);
+  // 5 run + 8 model + 6 data + 6 parallel + 3 train + 8 optimizer + 1 output fields in deck.hpp.
+  EXPECT_EQ(deck::schema().size(), 37u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -494,6 +495,65 @@ TEST(KernelForward, FillAndResidual) {
   std::vector<float> sum(a.size());
   residual_forward(host(), sum.data(), a.data(), a.data(), Index(a.size()));
   for (double s : to_vec(sum)) EXPECT_EQ(s, 5.0);
+}
+
+
+// Vocabulary parallelism: the lookup and the cross-entropy computed on shards of the vocabulary
+// and combined (sum of lookups; max, then sums of statistics) equal the one-shard results, and
+// each shard's logit gradient is its slice of the full one. Shard 2 holds only padding rows.
+TEST(KernelVocabParallel, ShardsCombineToTheFullResult) {
+  const int bounds[] = {0, 4, 11, 16};  // three shards of a 16-row (padded) vocabulary of 11
+  const Vec logits = random_vec(N * V, 21, 3.0);
+  const Tokens targets = random_tokens(N, V, 22);
+  std::vector<double> losses(N), probs(N * V);
+  softmax_crossentropy_forward(host(), losses.data(), probs.data(), logits.data(), targets.data(),
+                               N, V);
+  std::vector<double> rowmax(N, std::numeric_limits<double>::lowest()), stats(2 * N, 0.0);
+  std::vector<std::vector<double>> shard_logits(3), shard_probs(3);
+  for (int s = 0; s < 3; ++s) {
+    const int w = std::max(0, std::min(bounds[s + 1], V) - bounds[s]);
+    shard_logits[s].resize(static_cast<std::size_t>(N * w));
+    shard_probs[s].resize(shard_logits[s].size());
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < w; ++v) shard_logits[s][n * w + v] = logits[n * V + bounds[s] + v];
+    std::vector<double> m(N);
+    crossentropy_rowmax(host(), m.data(), shard_logits[s].data(), N, w);
+    for (int n = 0; n < N; ++n) rowmax[n] = std::max(rowmax[n], m[n]);  // the max combine
+  }
+  for (int s = 0; s < 3; ++s) {
+    const int w = static_cast<int>(shard_logits[s].size()) / N;
+    std::vector<double> part(2 * N);
+    crossentropy_partials(host(), part.data(), shard_probs[s].data(), shard_logits[s].data(),
+                          rowmax.data(), targets.data(), bounds[s], N, w);
+    for (int i = 0; i < 2 * N; ++i) stats[i] += part[i];  // the sum combine
+  }
+  std::vector<double> shard_losses(N);
+  for (int s = 0; s < 3; ++s) {
+    const int w = static_cast<int>(shard_logits[s].size()) / N;
+    crossentropy_finish(host(), shard_losses.data(), shard_probs[s].data(), stats.data(), N, w);
+    const Vec dl = random_vec(N, 23);
+    std::vector<double> dfull(N * V, 0.0), dshard(shard_logits[s].size(), 0.0);
+    softmax_crossentropy_backward(host(), dfull.data(), probs.data(), targets.data(), dl.data(), N, V);
+    softmax_crossentropy_backward(host(), dshard.data(), shard_probs[s].data(), targets.data(),
+                                  dl.data(), N, w, bounds[s]);
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < w; ++v)
+        EXPECT_NEAR(dshard[n * w + v], dfull[n * V + bounds[s] + v], 1e-12);
+  }
+  expect_close("sharded losses", Vec(shard_losses.begin(), shard_losses.end()),
+               Vec(losses.begin(), losses.end()), 1e-12);
+
+  // The lookup: shards' partial embeddings (positions added on shard 0 only) sum to the full one.
+  const Vec wte = random_vec(16 * C, 24), wpe = random_vec(kMaxT * C, 25);
+  const Tokens tokens = random_tokens(N, V, 26);
+  std::vector<double> full(N * C), sum(N * C, 0.0), part(N * C);
+  encoder_forward(host(), full.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  for (int s = 0; s < 3; ++s) {
+    encoder_forward(host(), part.data(), tokens.data(), wte.data() + bounds[s] * C,
+                    s == 0 ? wpe.data() : nullptr, B, T, C, bounds[s], bounds[s + 1]);
+    for (int i = 0; i < N * C; ++i) sum[i] += part[i];
+  }
+  for (int i = 0; i < N * C; ++i) EXPECT_EQ(sum[i], full[i]) << i;
 }
 
 }  // namespace

@@ -49,6 +49,8 @@ struct ParallelConfig {
   std::int64_t dp = 0;       // 0: all compute ranks the world leaves after holders / (tp*pp)
   std::int64_t tp = 1;
   std::int64_t pp = 1;
+  std::int64_t micro_batches = 1;  // per replica and step; the pipeline fills with these
+  std::string schedule = "1f1b";   // pipeline schedule: 1f1b | gpipe
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };
@@ -74,6 +76,11 @@ struct OptimizerConfig {
   friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
 
+struct OutputConfig {
+  bool trace = false;  // Chrome trace JSON per rank (OUT/trace/rank-<r>.json) and merged
+  friend bool operator==(const OutputConfig&, const OutputConfig&) = default;
+};
+
 struct Deck {
   RunConfig run;
   ModelConfig model;
@@ -81,6 +88,7 @@ struct Deck {
   ParallelConfig parallel;
   TrainConfig train;
   OptimizerConfig optimizer;
+  OutputConfig output;
 
   std::string source_name;   // deck file path, or "<default deck>"
   std::string source_text;   // the deck text as read (before --set)

@@ -20,6 +20,7 @@ struct StepRecord {
   double compute_ms = 0.0;  // forward + backward
   double reduce_ms = 0.0;   // data-parallel gradient reduction
   double push_ms = 0.0;     // gradient push (or local update in the baseline)
+  double bubble = 0.0;      // measured pipeline bubble: share of the pipeline phase spent waiting
 };
 
 class MetricsWriter {

@@ -16,7 +16,9 @@
 //  * Pointers documented as "may be null" are skipped when null; all others are required.
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "pdtrain/kernels/gemm.hpp"
 
@@ -70,34 +72,49 @@ void fill_zero(const Exec& exec, Real* ptr, Index n) {
 // ---------------------------------------------------------------------------------------------
 // Encoder: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
 
-// out[B,T,C]; tokens[B,T] in [0, V); wte[V,C]; wpe[maxT,C] with maxT >= T.
+// Vocabulary-parallel: this rank holds wte rows [vocab_begin, vocab_end) (all rows with the
+// defaults); tokens outside that range contribute 0, so summing the outputs of all vocabulary
+// shards gives the full lookup. wpe may be null (only one shard adds the positions).
+// out[B,T,C]; tokens[B,T]; wte[vocab_end - vocab_begin, C]; wpe[maxT,C] with maxT >= T.
 template <class Exec, class Real>
 void encoder_forward(const Exec& exec, Real* out, const std::int32_t* tokens, const Real* wte,
-                     const Real* wpe, int B, int T, int C) {
+                     const Real* wpe, int B, int T, int C, int vocab_begin = 0,
+                     int vocab_end = std::numeric_limits<int>::max()) {
   detail::for_each(
       "pdtrain::encoder_forward", exec, Index(B) * T * C, KOKKOS_LAMBDA(const Index i) {
         const Index bt = i / C, c = i % C, t = bt % T;
-        out[i] = wte[Index(tokens[bt]) * C + c] + wpe[t * C + c];
+        const int tok = tokens[bt];
+        const Real e = tok >= vocab_begin && tok < vocab_end
+                           ? wte[Index(tok - vocab_begin) * C + c] : Real(0);
+        out[i] = wpe != nullptr ? e + wpe[t * C + c] : e;
       });
 }
 
-// dwte[V,C] += scatter of dout by token; dwpe[maxT,C] += dout summed over the batch.
+// dwte[vocab rows,C] += scatter of dout by token (tokens of this shard only; may be null);
+// dwpe[maxT,C] += dout summed over the batch (may be null).
 // Repeated tokens write the same dwte row, so dwte is parallel over channels only and walks
 // (b,t) in order; dwpe is parallel over (t,c) and walks b in order.
 template <class Exec, class Real>
 void encoder_backward(const Exec& exec, Real* dwte, Real* dwpe, const Real* dout,
-                      const std::int32_t* tokens, int B, int T, int C) {
+                      const std::int32_t* tokens, int B, int T, int C, int vocab_begin = 0,
+                      int vocab_end = std::numeric_limits<int>::max()) {
   const Index N = Index(B) * T;
-  detail::for_each(
-      "pdtrain::encoder_backward_wte", exec, C, KOKKOS_LAMBDA(const Index c) {
-        for (Index bt = 0; bt < N; ++bt) dwte[Index(tokens[bt]) * C + c] += dout[bt * C + c];
-      });
-  detail::for_each(
-      "pdtrain::encoder_backward_wpe", exec, Index(T) * C, KOKKOS_LAMBDA(const Index tc) {
-        Real sum = 0;
-        for (Index b = 0; b < B; ++b) sum += dout[b * T * C + tc];
-        dwpe[tc] += sum;
-      });
+  if (dwte != nullptr)
+    detail::for_each(
+        "pdtrain::encoder_backward_wte", exec, C, KOKKOS_LAMBDA(const Index c) {
+          for (Index bt = 0; bt < N; ++bt) {
+            const int tok = tokens[bt];
+            if (tok >= vocab_begin && tok < vocab_end)
+              dwte[Index(tok - vocab_begin) * C + c] += dout[bt * C + c];
+          }
+        });
+  if (dwpe != nullptr)
+    detail::for_each(
+        "pdtrain::encoder_backward_wpe", exec, Index(T) * C, KOKKOS_LAMBDA(const Index tc) {
+          Real sum = 0;
+          for (Index b = 0; b < B; ++b) sum += dout[b * T * C + tc];
+          dwpe[tc] += sum;
+        });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -367,39 +384,78 @@ void add_inplace(const Exec& exec, Real* dst, const Real* src, Index n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Softmax + cross-entropy over V real vocabulary columns (no padding columns).
+// Softmax + cross-entropy, vocabulary-parallel. A rank holds the logits of V vocabulary
+// columns starting at vocab_begin (V may be 0 on a shard that holds only padding rows). Three
+// phases; between them the caller combines per-row statistics over the vocabulary shards (max
+// after phase 1, sum after phase 2), so no rank ever materializes full-vocabulary logits. With
+// one shard the combines are no-ops. The loss is log-sum-exp minus the target logit, so a tiny
+// target probability never becomes log(0).
 
-// losses[N] = -log softmax(logits[i,:])[targets[i]], probs[N,V] = softmax(logits[N,V]);
-// targets[N] in [0, V). Max-subtracted, and the loss is taken as log-sum-exp minus the target
-// logit so a tiny target probability does not become log(0).
+// Phase 1: rowmax[n] = max_v logits[n,v] (lowest float on an empty shard).
 template <class Exec, class Real>
-void softmax_crossentropy_forward(const Exec& exec, Real* losses, Real* probs, const Real* logits,
-                                  const std::int32_t* targets, int N, int V) {
+void crossentropy_rowmax(const Exec& exec, Real* rowmax, const Real* logits, int N, int V) {
   detail::for_each(
-      "pdtrain::softmax_crossentropy_forward", exec, N, KOKKOS_LAMBDA(const Index n) {
-        const Real* z = logits + n * V;
-        Real* p = probs + n * V;
-        Real maxval = z[0];
-        for (int v = 1; v < V; ++v) maxval = z[v] > maxval ? z[v] : maxval;
-        Real sum = 0;
-        for (int v = 0; v < V; ++v) {
-          p[v] = detail::exp(z[v] - maxval);
-          sum += p[v];
-        }
-        const Real inv = Real(1) / sum;
-        for (int v = 0; v < V; ++v) p[v] *= inv;
-        losses[n] = detail::log(sum) - (z[targets[n]] - maxval);
+      "pdtrain::crossentropy_rowmax", exec, N, KOKKOS_LAMBDA(const Index n) {
+        Real m = std::numeric_limits<Real>::lowest();
+        for (int v = 0; v < V; ++v) m = logits[n * V + v] > m ? logits[n * V + v] : m;
+        rowmax[n] = m;
       });
 }
 
-// dlogits[N,V] += (probs - onehot(targets)) * dlosses[n]
+// Phase 2 (rowmax is the global max): probs[n,v] = exp(logits - rowmax) (unnormalized);
+// stats[n] = this shard's sum of those; stats[N + n] = the target's logit minus rowmax if this
+// shard holds the target column, else 0.
+template <class Exec, class Real>
+void crossentropy_partials(const Exec& exec, Real* stats, Real* probs, const Real* logits,
+                           const Real* rowmax, const std::int32_t* targets, int vocab_begin, int N,
+                           int V) {
+  detail::for_each(
+      "pdtrain::crossentropy_partials", exec, N, KOKKOS_LAMBDA(const Index n) {
+        Real sum = 0;
+        for (int v = 0; v < V; ++v) {
+          probs[n * V + v] = detail::exp(logits[n * V + v] - rowmax[n]);
+          sum += probs[n * V + v];
+        }
+        const int t = targets[n] - vocab_begin;
+        stats[n] = sum;
+        stats[N + n] = t >= 0 && t < V ? logits[n * V + t] - rowmax[n] : Real(0);
+      });
+}
+
+// Phase 3 (stats summed over shards): losses[n] = log(sum) - (target logit - max);
+// probs normalized in place.
+template <class Exec, class Real>
+void crossentropy_finish(const Exec& exec, Real* losses, Real* probs, const Real* stats, int N,
+                         int V) {
+  detail::for_each(
+      "pdtrain::crossentropy_finish", exec, N, KOKKOS_LAMBDA(const Index n) {
+        const Real inv = Real(1) / stats[n];
+        for (int v = 0; v < V; ++v) probs[n * V + v] *= inv;
+        losses[n] = detail::log(stats[n]) - stats[N + n];
+      });
+}
+
+// All three phases on one shard holding every column: losses[N], probs[N,V], targets in [0, V).
+template <class Exec, class Real>
+void softmax_crossentropy_forward(const Exec& exec, Real* losses, Real* probs, const Real* logits,
+                                  const std::int32_t* targets, int N, int V) {
+  std::vector<Real> rowmax(static_cast<std::size_t>(N)), stats(2 * static_cast<std::size_t>(N));
+  crossentropy_rowmax(exec, rowmax.data(), logits, N, V);
+  crossentropy_partials(exec, stats.data(), probs, logits, rowmax.data(), targets, 0, N, V);
+  crossentropy_finish(exec, losses, probs, stats.data(), N, V);
+  exec.fence();  // the temporaries die here
+}
+
+// dlogits[N,V] += (probs - onehot(target)) * dlosses[n], with the target's column counted only
+// on the shard that holds it.
 template <class Exec, class Real>
 void softmax_crossentropy_backward(const Exec& exec, Real* dlogits, const Real* probs,
-                                   const std::int32_t* targets, const Real* dlosses, int N, int V) {
+                                   const std::int32_t* targets, const Real* dlosses, int N, int V,
+                                   int vocab_begin = 0) {
   detail::for_each(
       "pdtrain::softmax_crossentropy_backward", exec, Index(N) * V, KOKKOS_LAMBDA(const Index i) {
         const Index n = i / V, v = i % V;
-        const Real onehot = v == targets[n] ? Real(1) : Real(0);
+        const Real onehot = v == targets[n] - vocab_begin ? Real(1) : Real(0);
         dlogits[i] += (probs[i] - onehot) * dlosses[n];
       });
 }

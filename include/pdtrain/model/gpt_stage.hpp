@@ -8,20 +8,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "pdtrain/core/collectives.hpp"
 #include "pdtrain/model/stage_params.hpp"
 
 namespace pdtrain {
-
-class TensorParallelOps {
- public:
-  virtual ~TensorParallelOps() = default;
-  virtual void allreduce_sum(float* data, std::int64_t n) = 0;
-};
-
-class NoTensorParallel final : public TensorParallelOps {
- public:
-  void allreduce_sum(float*, std::int64_t) override {}
-};
 
 class GptStage {
  public:
@@ -55,6 +45,7 @@ class GptStage {
     std::vector<float> input;  // embedding output or the previous stage's output
     std::vector<LayerActs> layers;
     std::vector<float> lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+    std::vector<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp)
   };
   struct GradScratch {
     std::vector<float> dresidual, dln, dqkv, datty, dpreatt, datt, dfch, dfch_gelu, dlogits,
@@ -68,7 +59,8 @@ class GptStage {
 
   StageParams& p_;
   TensorParallelOps& tp_;
-  std::int64_t B_, T_, C_, Cl_, NHl_, V_, layers_;
+  std::int64_t B_, T_, C_, Cl_, NHl_, layers_;
+  std::int64_t v0_ = 0, v1_ = 0, V_ = 0;  // vocabulary shard rows, real-token logits here
   std::vector<SlotActs> slot_;
   std::vector<float> preatt_;  // scratch: attention scores before softmax
   GradScratch g_;

@@ -36,6 +36,13 @@ class StageParams {
   std::int64_t local_rows(TensorId id) const { return local_[static_cast<int>(id)].rows; }
   std::int64_t local_cols(TensorId id) const { return local_[static_cast<int>(id)].cols; }
 
+  // Rows of wte (the vocabulary shard) this rank holds: [vocab_begin, vocab_end).
+  std::int64_t vocab_begin() const;
+  std::int64_t vocab_end() const;
+  // Whether this rank pushes the gradient of block b: blocks replicated across the
+  // tensor-parallel group have identical gradients on every member; only tp rank 0 pushes.
+  bool pushes(const BlockInfo& b) const { return b.unit >= 0 || spec_.tp_rank == 0; }
+
   void unpack_param(const BlockInfo& b, const float* packed);
   void pack_grad(const BlockInfo& b, float* packed) const;
   void zero_grads();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pdtrain/core/timer.hpp"
+#include "pdtrain/io/trace.hpp"
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
@@ -21,7 +22,7 @@ class HolderServer {
   // `owner[b]` is the holder index of block b; `contributions[b]` how many pushes of block b
   // make up one step (1, or 2 for the tied embedding on two pipeline stages).
   HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-               std::vector<int> contributions, const AdamWConfig& opt);
+               std::vector<int> contributions, const AdamWConfig& opt, TraceRecorder* trace);
 
   // Serves until every compute rank has said it is done, then gathers the canonical CRC.
   void run();
@@ -58,6 +59,7 @@ class HolderServer {
   std::deque<Pending> deferred_;
   int done_ranks_ = 0;
   PhaseTimers timers_;
+  TraceRecorder* trace_;
 };
 
 }  // namespace pdtrain
