@@ -125,42 +125,66 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+// The stage of the compute rank at pipeline stage p, tensor-parallel rank t: its contiguous,
+// balanced range of layers, the embedding on the first stage, the final LayerNorm and tied head
+// on the last, and its tensor-parallel shard.
+StageSpec stage_spec(const Deck& deck, const LayoutShape& shape, int p, int t) {
+  const std::int64_t L = deck.model.n_layer, pp = shape.pp;
+  return StageSpec{p * L / pp, (p + 1) * L / pp, p == 0, p == pp - 1, shape.tp, t};
+}
+
+StageSpec stage_spec(const Deck& deck, const Layout& layout) {
+  return stage_spec(deck, layout.shape(), layout.pp_rank(), layout.tp_rank());
+}
+
+std::int64_t micro_batch_size(const Deck& deck, const LayoutShape& shape) {
+  return deck.train.batch_size / (shape.dp * deck.parallel.micro_batches);
+}
+
 void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   const ParamCatalog& cat = *s.catalog;
+  const LayoutShape& ls = s.shape;
   std::printf("pdtrain %s dry run: %d ranks = %d holder(s) + dp %d x pp %d x tp %d compute\n",
-              PDTRAIN_VERSION, s.shape.world(), s.shape.holders, s.shape.dp, s.shape.pp,
-              s.shape.tp);
-  std::printf("model: %lld parameters in %zu blocks (%s)\n",
+              PDTRAIN_VERSION, ls.world(), ls.holders, ls.dp, ls.pp, ls.tp);
+  std::printf("model: %lld parameters in %zu blocks (%s); micro-batch %lld x %lld tokens, "
+              "%lld micro-batch(es) per replica, %s schedule\n",
               static_cast<long long>(cat.total_numel()), cat.blocks().size(),
-              human_bytes(static_cast<double>(cat.total_numel()) * 4).c_str());
-  for (int r = 0; r < s.shape.world(); ++r) {
+              human_bytes(static_cast<double>(cat.total_numel()) * 4).c_str(),
+              static_cast<long long>(micro_batch_size(deck, ls)),
+              static_cast<long long>(deck.model.seq_len),
+              static_cast<long long>(deck.parallel.micro_batches), deck.parallel.schedule.c_str());
+  const auto kind = *pipeline_kind_from_string(deck.parallel.schedule);
+  for (int r = 0; r < ls.world(); ++r) {
     std::printf("  %s", layout.describe_rank(r).c_str());
-    if (r < s.shape.holders) {
+    if (r < ls.holders) {
       std::int64_t n = 0, bytes = 0;
       for (std::size_t b = 0; b < s.owner.size(); ++b)
         if (s.owner[b] == r) ++n, bytes += cat.block(static_cast<int>(b)).bytes();
-      std::printf(": %lld blocks, %s params + %s AdamW state\n", static_cast<long long>(n),
+      std::printf(": owns %lld blocks, %s params + %s AdamW state\n", static_cast<long long>(n),
                   human_bytes(static_cast<double>(bytes)).c_str(),
                   human_bytes(2.0 * static_cast<double>(bytes)).c_str());
-    } else {
-      const double p = static_cast<double>(cat.total_numel()) * 4;
-      const std::int64_t B = deck.train.batch_size / s.shape.dp;
-      std::printf(": layers 0..%lld, fetches %zu blocks (%s), micro-batch %lld x %lld, "
-                  "resident params+grads %s%s\n",
-                  static_cast<long long>(deck.model.n_layer - 1), cat.blocks().size(),
-                  human_bytes(p).c_str(), static_cast<long long>(B),
-                  static_cast<long long>(deck.model.seq_len), human_bytes(2 * p).c_str(),
-                  s.shape.holders == 0 ? (" + AdamW " + human_bytes(2 * p)).c_str() : "");
+      continue;
     }
+    const int c = r - ls.holders, t = c % ls.tp, p = (c / ls.tp) % ls.pp;
+    const StageSpec spec = stage_spec(deck, ls, p, t);
+    const StageParams shard(cat, spec, /*allocate=*/false);
+    std::int64_t bytes = 0;
+    for (int b : shard.needed_blocks()) bytes += cat.block(b).bytes();
+    const int slots = pipeline_in_flight(kind, ls.pp, p, static_cast<int>(deck.parallel.micro_batches));
+    const std::int64_t acts = GptStage::memory_bytes(cat.shape(), spec, micro_batch_size(deck, ls),
+                                                     deck.model.seq_len, slots);
+    std::printf(": layers %lld..%lld%s%s, fetches %zu blocks (%s); memory: params+grads %s, "
+                "activations %s (%d slot(s))%s\n",
+                static_cast<long long>(spec.layer_begin),
+                static_cast<long long>(spec.layer_end - 1),
+                spec.has_embedding ? " + embedding" : "", spec.has_head ? " + head" : "",
+                shard.needed_blocks().size(), human_bytes(static_cast<double>(bytes)).c_str(),
+                human_bytes(2.0 * static_cast<double>(bytes)).c_str(),
+                human_bytes(static_cast<double>(acts)).c_str(), slots,
+                ls.holders == 0
+                    ? (" + AdamW " + human_bytes(2.0 * static_cast<double>(bytes))).c_str()
+                    : "");
   }
-}
-
-// This compute rank's stage: its contiguous, balanced range of layers, the embedding on the
-// first stage, the final LayerNorm and tied head on the last, and its tensor-parallel shard.
-StageSpec stage_spec(const Deck& deck, const Layout& layout) {
-  const std::int64_t L = deck.model.n_layer, pp = layout.shape().pp, p = layout.pp_rank();
-  return StageSpec{p * L / pp, (p + 1) * L / pp, p == 0, p == pp - 1, layout.shape().tp,
-                   layout.tp_rank()};
 }
 
 // How many gradient pushes of each block make up one step: the tied embedding is used (and
@@ -240,7 +264,7 @@ class ComputeLoop {
         stage_params_(*setup.catalog, stage_spec(deck, layout)),
         micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
         kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
-        micro_batch_(deck.train.batch_size / (layout.shape().dp * micro_batches_)),
+        micro_batch_(micro_batch_size(deck, layout.shape())),
         T_(deck.model.seq_len),
         slots_(pipeline_in_flight(kind_, layout.shape().pp, layout.pp_rank(), micro_batches_)),
         stage_(stage_params_, micro_batch_, T_, tp_, slots_),

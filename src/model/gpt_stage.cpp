@@ -60,16 +60,19 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
   if (s.has_head) resize(g_.dlogits, N * V_), resize(g_.dlosses, N);
 }
 
-std::int64_t GptStage::activation_bytes() const {
-  std::int64_t n = 0;
-  auto add = [&n](const auto& v) { n += static_cast<std::int64_t>(v.size()) * 4; };
-  for (const SlotActs& a : slot_) {
-    add(a.input), add(a.lnf), add(a.logits), add(a.probs);
-    for (const LayerActs& l : a.layers)
-      add(l.ln1), add(l.qkv), add(l.atty), add(l.att), add(l.attproj), add(l.residual2),
-          add(l.ln2), add(l.fch), add(l.fch_gelu), add(l.fcproj), add(l.residual3);
-  }
-  return n;
+std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
+                                    std::int64_t micro_batch, std::int64_t seq_len, int slots) {
+  const std::int64_t N = micro_batch * seq_len, C = m.d_model, NHl = m.n_head / s.tp_size;
+  const std::int64_t Cl = NHl * m.head_size(), att = micro_batch * NHl * seq_len * seq_len;
+  const std::int64_t v0 = s.tp_rank * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
+  const std::int64_t v1 = (s.tp_rank + 1) * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
+  const std::int64_t V = std::max<std::int64_t>(0, std::min(v1, m.vocab_size) - v0);
+  const std::int64_t per_layer = 6 * N * C + 4 * N + 9 * N * Cl + att;
+  std::int64_t per_slot = N * C + (s.layer_end - s.layer_begin) * per_layer;
+  if (s.has_head) per_slot += N * C + 2 * N * V + 6 * N;
+  const std::int64_t scratch =
+      2 * N * C + 12 * N * Cl + 3 * att + (s.has_head ? N * V + N : 0);
+  return 4 * (slots * per_slot + scratch);
 }
 
 const float* GptStage::output(int slot) const {

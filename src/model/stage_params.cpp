@@ -19,7 +19,8 @@ bool tensor_on_stage(TensorId id, const TensorInfo& t, const StageSpec& s) {
 }
 }  // namespace
 
-StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec) : cat_(cat), spec_(spec) {
+StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, bool allocate)
+    : cat_(cat), spec_(spec) {
   const std::int64_t nh = cat.shape().n_head;
   for (const TensorInfo& t : cat.tensors()) {
     LocalTensor& lt = local_[static_cast<int>(t.id)];
@@ -42,6 +43,7 @@ StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec) : cat_(
   }
   for (const BlockInfo& b : cat.blocks())
     if (owns(b)) needed_.push_back(b.id);
+  if (!allocate) return;
   params_.assign(static_cast<std::size_t>(numel_), 0.0f);
   grads_.assign(static_cast<std::size_t>(numel_), 0.0f);
 }

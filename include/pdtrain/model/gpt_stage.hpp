@@ -33,7 +33,9 @@ class GptStage {
   const float* output(int slot) const;  // residual stream after the last layer [B*T*C]
   const float* dinput() const { return g_.dresidual.data(); }  // d(input) after backward
   const float* probs(int slot) const { return slot_[slot].probs.data(); }
-  std::int64_t activation_bytes() const;
+  // Bytes of activations (all slots) and backward scratch a stage allocates; for --dry-run.
+  static std::int64_t memory_bytes(const ModelShape& m, const StageSpec& s,
+                                   std::int64_t micro_batch, std::int64_t seq_len, int slots);
 
  private:
   struct LayerActs {

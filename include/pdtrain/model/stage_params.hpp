@@ -19,7 +19,8 @@ struct StageSpec {
 
 class StageParams {
  public:
-  StageParams(const ParamCatalog& cat, const StageSpec& spec);
+  // `allocate = false` computes the shard's blocks and sizes only (for --dry-run).
+  StageParams(const ParamCatalog& cat, const StageSpec& spec, bool allocate = true);
 
   const StageSpec& spec() const { return spec_; }
   const ParamCatalog& catalog() const { return cat_; }
