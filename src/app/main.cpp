@@ -20,9 +20,14 @@ namespace {
 const char* kUsage =
     "usage: pdtrain [DECK.toml] [--set section.key=value]... [--dry-run]\n"
     "               [--print-default-deck] [--help] [--version]\n"
+    "       pdtrain eval [DECK.toml] [--set section.key=value]... --batches N\n"
     "\n"
     "Trains a GPT-2 model. Without DECK, runs the embedded default deck (input/default.toml).\n"
     "Launch with MPI, e.g.  mpirun -np 3 pdtrain   (1 parameter holder + 2 compute ranks).\n"
+    "\n"
+    "eval: the mean loss of the initial model (model.init) over the first N consecutive,\n"
+    "      non-overlapping windows of data.path, each train.batch_size x model.seq_len tokens\n"
+    "      with targets shifted by one (llm.c's validation loss).\n"
     "\n"
     "  --set k=v             override a deck key (checked like the deck), repeatable\n"
     "  --dry-run             print each rank's role, coordinates and blocks, then exit\n"
@@ -33,6 +38,8 @@ const char* kUsage =
     "4 bad data file. Deck keys: docs/deck.md.\n";
 
 struct CommandLine {
+  std::string command = "train";  // train | eval
+  std::int64_t batches = 0;       // eval: windows to evaluate
   std::string deck_path;  // empty: the embedded default deck
   std::vector<std::string> sets;
   bool dry_run = false, help = false, version = false, print_default = false;
@@ -40,9 +47,19 @@ struct CommandLine {
 
 CommandLine parse_command_line(int argc, char** argv) {
   CommandLine c;
-  for (int i = 1; i < argc; ++i) {
+  int first = 1;
+  if (argc > 1 && std::string(argv[1]) == "eval") c.command = "eval", first = 2;
+  for (int i = first; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--set") {
+    if (a == "--batches" && c.command == "eval") {
+      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--batches needs a count");
+      char* end = nullptr;
+      c.batches = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || c.batches < 1)
+        throw pdtrain::Error(pdtrain::ExitCode::deck,
+                             std::string("--batches must be a positive integer, got '") +
+                                 argv[i] + "'");
+    } else if (a == "--set") {
       if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--set needs section.key=value");
       c.sets.push_back(argv[++i]);
     } else if (a.rfind("--set=", 0) == 0) {
@@ -64,6 +81,8 @@ CommandLine parse_command_line(int argc, char** argv) {
                            "more than one deck given ('" + c.deck_path + "', '" + a + "')");
     }
   }
+  if (c.command == "eval" && c.batches == 0)
+    throw pdtrain::Error(pdtrain::ExitCode::deck, "eval needs --batches N");
   return c;
 }
 
@@ -104,6 +123,7 @@ int run(int argc, char** argv, int rank) {
   choose_blas_threads();
   pdtrain::RunOptions opts;
   opts.dry_run = cl.dry_run;
+  opts.eval_batches = cl.batches;
   pdtrain::run_training(deck, MPI_COMM_WORLD, opts);
   return 0;
 }

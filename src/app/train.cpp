@@ -21,6 +21,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/model/llmc_format.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/holder_server.hpp"
 #include "pdtrain/pd/local_replica.hpp"
@@ -73,15 +74,41 @@ data::SourceSpec source_spec(const Deck& d) {
   return s;
 }
 
+std::string llmc_init_path(const Deck& d) {
+  return d.model.init.rfind("llmc:", 0) == 0 ? d.model.init.substr(5) : std::string();
+}
+
+// The deck's model, completed by the header of an llm.c init file (its position table and
+// padded vocabulary when the deck leaves them 0) and checked against it.
+ModelShape model_shape(const Deck& d) {
+  ModelShape s = resolve_model_shape(d.model);
+  const std::string path = llmc_init_path(d);
+  if (path.empty()) return s;
+  const LlmcHeader h = read_llmc_header(path);
+  if (d.model.max_seq_len == 0) s.max_seq_len = h.max_seq_len;
+  if (d.model.padded_vocab_size == 0) s.padded_vocab = h.padded_vocab_size;
+  check_llmc_shape(h, s, path);
+  return s;
+}
+
 BlockTable block_table(const ParamCatalog& cat, const Deck& d) {
   BlockTable t;
   for (const BlockInfo& b : cat.blocks())
     t.blocks.push_back(BlockDesc{b.numel(), cat.tensor(b.tensor).weight_decay, cat.block_name(b)});
   const double init_std = d.model.init_std;
   const auto seed = static_cast<std::uint64_t>(d.run.seed);
-  t.init = [&cat, init_std, seed](int id, float* out) {
-    cat.init_block(cat.block(id), init_std, seed, out);
-  };
+  if (const std::string path = llmc_init_path(d); !path.empty()) {
+    // Read once per process, on the first block asked for (only ranks that hold parameters).
+    auto canonical = std::make_shared<std::vector<float>>();
+    t.init = [&cat, path, canonical](int id, float* out) {
+      if (canonical->empty()) read_llmc_params(path, cat, *canonical);
+      cat.gather_block(cat.block(id), canonical->data(), out);
+    };
+  } else {
+    t.init = [&cat, init_std, seed](int id, float* out) {
+      cat.init_block(cat.block(id), init_std, seed, out);
+    };
+  }
   t.canonical_crc = [&cat](const std::vector<const float*>& data) {
     std::vector<float> flat(static_cast<std::size_t>(cat.total_numel()));
     for (const BlockInfo& b : cat.blocks()) cat.scatter_block(b, data[b.id], flat.data());
@@ -99,12 +126,14 @@ struct Setup {
   std::unique_ptr<data::TokenSource> source;
 };
 
-Setup make_setup(const Deck& deck, MPI_Comm world) {
+// `eval_only`: the validation windows are those of data.path itself, from its first token
+// (how llm.c computes a validation loss over a file).
+Setup make_setup(const Deck& deck, MPI_Comm world, bool eval_only) {
   int world_size = 0;
   MPI_CHECK(MPI_Comm_size(world, &world_size));
   Setup s;
   s.shape = resolve_layout(deck, world_size);
-  s.catalog = std::make_unique<ParamCatalog>(resolve_model_shape(deck.model));
+  s.catalog = std::make_unique<ParamCatalog>(model_shape(deck));
   s.table = block_table(*s.catalog, deck);
   if (s.shape.holders > 0) {
     std::vector<std::int64_t> bytes;
@@ -112,7 +141,9 @@ Setup make_setup(const Deck& deck, MPI_Comm world) {
     s.owner = place_blocks(bytes, s.shape.holders);
   }
   // Every rank opens the data so that a bad file is one collective error, not a hang.
-  s.source = data::make_token_source(source_spec(deck));
+  data::SourceSpec spec = source_spec(deck);
+  if (eval_only && spec.kind != data::SourceKind::synthetic) spec.val_path = spec.path;
+  s.source = data::make_token_source(spec);
   return s;
 }
 
@@ -280,6 +311,24 @@ class ComputeLoop {
     packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
   }
 
+  // Evaluation only: the mean loss of the initial parameters over eval_batches batches.
+  TrainResult run_eval(std::int64_t batches) {
+    TrainResult result;
+    result.reporter = layout_.is_reporter();
+    fetch(0);
+    const double loss = evaluate(batches);
+    result.val_losses.push_back(loss);
+    result.params_crc32c = service_->finish();
+    if (result.reporter && opts_.verbose) {
+      std::printf("eval batches=%lld tokens=%lld loss=%.9g params_crc32c=%08x\n",
+                  static_cast<long long>(batches),
+                  static_cast<long long>(batches * deck_.train.batch_size * T_), loss,
+                  result.params_crc32c);
+      std::fflush(stdout);
+    }
+    return result;
+  }
+
   TrainResult run() {
     TrainResult result;
     result.reporter = layout_.is_reporter();
@@ -300,7 +349,7 @@ class ComputeLoop {
       rec.fetch_ms += 1e3 * (now_seconds() - t_fetch);
       rec.lr = info.lr;
       rec.grad_norm = info.grad_norm;
-      if (eval_due(s)) rec.val_loss = evaluate();
+      if (eval_due(s)) rec.val_loss = evaluate(deck_.train.eval_batches);
       const double t = now_seconds();
       rec.step_ms = 1e3 * (t - t_prev);
       rec.tokens_per_s = tokens_per_step / (t - t_prev);
@@ -398,13 +447,12 @@ class ComputeLoop {
 
   // Mean loss over the first eval_batches validation batches, each split over the replicas and
   // into micro-batches, run forward through the pipeline.
-  double evaluate() {
+  double evaluate(std::int64_t batches) {
     ScopedPhase t(timers_, "eval");
     TraceSpan span(trace_, "eval", "compute");
     runner_.eval(micro_batches_, deck_.train.batch_size);
-    pipeline_.run_forward(runner_, static_cast<int>(deck_.train.eval_batches) * micro_batches_);
-    const double tokens =
-        static_cast<double>(deck_.train.eval_batches * deck_.train.batch_size * T_);
+    pipeline_.run_forward(runner_, static_cast<int>(batches) * micro_batches_);
+    const double tokens = static_cast<double>(batches * deck_.train.batch_size * T_);
     return reducer_.sum(runner_.loss_sum()) / tokens;
   }
 
@@ -507,8 +555,8 @@ TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opt
   {
     std::unique_ptr<Error> err;
     try {
-      setup = make_setup(deck, world);
-      if (rank == 0 && !opts.dry_run) write_resolved_deck(deck);
+      setup = make_setup(deck, world, opts.eval_batches > 0);
+      if (rank == 0 && !opts.dry_run && opts.eval_batches == 0) write_resolved_deck(deck);
     } catch (const Error& e) {
       err = std::make_unique<Error>(e);
     }
@@ -534,10 +582,13 @@ TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opt
     HolderServer server(layout, setup.table, setup.owner,
                         push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
                         &trace);
+    server.set_verbose(opts.verbose && opts.eval_batches == 0);
+    setup.table.init = nullptr;  // frees an llm.c file read for initialization
     server.run();
   } else {
     ComputeLoop loop(deck, setup, layout, opts, &trace);
-    result = loop.run();
+    setup.table.init = nullptr;
+    result = opts.eval_batches > 0 ? loop.run_eval(opts.eval_batches) : loop.run();
   }
   if (deck.output.trace) write_traces(deck, trace, world);
   return result;

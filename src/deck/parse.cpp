@@ -295,6 +295,14 @@ const std::vector<CrossRule>& cross_rules() {
        [](const Deck& d) {
          return "needs data.path (the file to read), got " + val(d, "data.source");
        }},
+      {"model.init", "model.init",
+       [](const Deck& d) {
+         return d.model.init.empty() || (d.model.init.rfind("llmc:", 0) == 0 && d.model.init.size() > 5);
+       },
+       [](const Deck& d) {
+         return "must be empty (random) or llmc:PATH, got " + val(d, "model.init");
+       },
+       [](const Deck& d) { return "must be empty or llmc:PATH, got " + val(d, "model.init"); }},
       {"optimizer.min_lr", "optimizer.lr",
        [](const Deck& d) { return d.optimizer.min_lr <= d.optimizer.lr; },
        [](const Deck& d) {

@@ -78,6 +78,10 @@ std::vector<KeySpec> build_schema() {
       key(&D::model, &ModelConfig::init_std, "model.init_std",
           "Standard deviation of the normal weight initialization.")
           .above(0),
+      key(&D::model, &ModelConfig::init, "model.init",
+          "Initial weights: empty for random (model.init_std), or llmc:PATH for an llm.c GPT-2 "
+          "checkpoint (its max_seq_len and padded vocabulary are taken when the deck's are 0).")
+          .with_rule("empty or llmc:PATH"),
 
       key(&D::data, &DataConfig::source, "data.source",
           "Training data: the built-in synthetic copy task, a text file, or a token file.")

@@ -1,5 +1,7 @@
 #include "pdtrain/pd/holder_server.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "pdtrain/core/crc32c.hpp"
@@ -47,8 +49,10 @@ void HolderServer::run() {
     msg.resize(static_cast<std::size_t>(bytes));
     MPI_CHECK(MPI_Recv(msg.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, layout_.world(),
                        MPI_STATUS_IGNORE));
+    received_ += bytes;
     handle(st.MPI_SOURCE, st.MPI_TAG, msg);
   }
+  if (verbose_) print_traffic();
   send_final_crc();
 }
 
@@ -103,6 +107,7 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
     std::memcpy(data, o.state.param.data(), nb);
     data += nb;
   }
+  sent_ += static_cast<std::int64_t>(reply.size());
   MPI_Request r;
   MPI_CHECK(MPI_Isend(reply.data(), static_cast<int>(reply.size()), MPI_BYTE, source,
                       wire::kFetchReply, layout_.world(), &r));
@@ -194,6 +199,18 @@ void HolderServer::serve_deferred() {
       still.push_back(std::move(p));
   }
   deferred_.swap(still);
+}
+
+// One line per holder: what it served and took, in all and per step, so egress can be compared
+// across data-parallel widths.
+void HolderServer::print_traffic() const {
+  const double steps = static_cast<double>(std::max<std::int64_t>(1, version_));
+  std::printf("holder %d: egress %.3f MiB/step, ingress %.3f MiB/step (%lld steps, update %.2f s, "
+              "serve %.2f s)\n",
+              layout_.holder_index(), static_cast<double>(sent_) / steps / 1048576.0,
+              static_cast<double>(received_) / steps / 1048576.0,
+              static_cast<long long>(version_), timers_.get("update"), timers_.get("serve"));
+  std::fflush(stdout);
 }
 
 void HolderServer::send_final_crc() {

@@ -27,16 +27,33 @@ UpdateInfo RemoteHolders::fetch(std::int64_t version, const std::vector<int>& bl
                                 const BlockSink& sink) {
   const auto groups = by_holder(blocks);
   const int H = static_cast<int>(groups.size());
-  std::vector<std::vector<char>> replies(H), requests(H);
+  replies_.resize(H);
+  for (int h = 0; h < H; ++h) {
+    std::size_t bytes = 0;
+    if (!groups[h].empty()) {
+      bytes = sizeof(wire::ReplyHeader) + groups[h].size() * sizeof(wire::BlockHeader);
+      for (int b : groups[h]) bytes += static_cast<std::size_t>(table_.blocks[b].numel) * 4;
+    }
+    replies_[h].resize(bytes);
+  }
+  // Fan-out: the data-parallel replicas of a (pp, tp) position need the same blocks, so only
+  // replica 0 asks the holders and relays the replies to the others with a broadcast. A holder
+  // sends each block once per step whatever dp is.
+  if (layout_.dp_rank() == 0) fetch_from_holders(version, groups);
+  if (layout_.shape().dp > 1) relay_to_replicas();
+  return verify_and_deliver(version, groups, sink);
+}
+
+void RemoteHolders::fetch_from_holders(std::int64_t version,
+                                       const std::vector<std::vector<int>>& groups) {
+  const int H = static_cast<int>(groups.size());
+  std::vector<std::vector<char>> requests(H);
   std::vector<MPI_Request> reqs;
   // Post every receive before any request, so replies never wait for a matching receive.
   for (int h = 0; h < H; ++h) {
     if (groups[h].empty()) continue;
-    std::size_t bytes = sizeof(wire::ReplyHeader) + groups[h].size() * sizeof(wire::BlockHeader);
-    for (int b : groups[h]) bytes += static_cast<std::size_t>(table_.blocks[b].numel) * 4;
-    replies[h].resize(bytes);
     reqs.emplace_back();
-    MPI_CHECK(MPI_Irecv(replies[h].data(), static_cast<int>(bytes), MPI_BYTE,
+    MPI_CHECK(MPI_Irecv(replies_[h].data(), static_cast<int>(replies_[h].size()), MPI_BYTE,
                         layout_.holder_world_rank(h), wire::kFetchReply, layout_.world(),
                         &reqs.back()));
   }
@@ -53,18 +70,34 @@ UpdateInfo RemoteHolders::fetch(std::int64_t version, const std::vector<int>& bl
                         &reqs.back()));
   }
   wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
+  for (const auto& r : replies_) from_holders_ += static_cast<std::int64_t>(r.size());
+}
 
+void RemoteHolders::relay_to_replicas() {
+  std::vector<MPI_Request> reqs;
+  for (auto& r : replies_) {
+    if (r.empty()) continue;
+    reqs.emplace_back();
+    MPI_CHECK(MPI_Ibcast(r.data(), static_cast<int>(r.size()), MPI_BYTE, 0, layout_.dp_comm(),
+                         &reqs.back()));
+  }
+  wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
+}
+
+UpdateInfo RemoteHolders::verify_and_deliver(std::int64_t version,
+                                             const std::vector<std::vector<int>>& groups,
+                                             const BlockSink& sink) {
   UpdateInfo info;
-  for (int h = 0; h < H; ++h) {
+  for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
     if (groups[h].empty()) continue;
     wire::ReplyHeader rh;
-    std::memcpy(&rh, replies[h].data(), sizeof(rh));
+    std::memcpy(&rh, replies_[h].data(), sizeof(rh));
     PDT_CHECK(rh.version == version, "holder " + std::to_string(h) + " answered with version " +
                                          std::to_string(rh.version) + " for a fetch of version " +
                                          std::to_string(version));
     info = UpdateInfo{rh.version, rh.grad_norm, rh.lr};
-    const char* hdr = replies[h].data() + sizeof(rh);
-    char* data = replies[h].data() + sizeof(rh) + groups[h].size() * sizeof(wire::BlockHeader);
+    const char* hdr = replies_[h].data() + sizeof(rh);
+    char* data = replies_[h].data() + sizeof(rh) + groups[h].size() * sizeof(wire::BlockHeader);
     if (version == flip_at_version_) {
       data[0] ^= 0x10;
       flip_at_version_ = -1;

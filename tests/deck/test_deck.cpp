@@ -72,35 +72,36 @@ const std::vector<std::string> kFullDeck = {
     "seq_len = 1024",                    // 14
     "max_seq_len = 2048",                // 15
     "init_std = 0.01",                   // 16
-    "[data]",                            // 17
-    "source = \"tokens\"",               // 18
-    "path = \"data/train.bin\"",         // 19
-    "val_path = \"data/val.bin\"",       // 20
-    "val_fraction = 0.05",               // 21
-    "copy_lag = 3",                      // 22
-    "copy_prob = 0.5",                   // 23
-    "[parallel]",                        // 24
-    "holders = 2",                       // 25
-    "dp = 4",                            // 26
-    "tp = 2",                            // 27
-    "pp = 3",                            // 28
-    "micro_batches = 4",                 // 29
-    "schedule = \"gpipe\"",              // 30
-    "[train]",                           // 31
-    "batch_size = 64",                   // 32
-    "eval_every = 0",                    // 33
-    "eval_batches = 10",                 // 34
-    "[optimizer]",                       // 35
-    "lr = 6e-4",                         // 36
-    "min_lr = 6e-5",                     // 37
-    "warmup_steps = 700",                // 38
-    "weight_decay = 0.0",                // 39
-    "grad_clip = 0.5",                   // 40
-    "beta1 = 0.85",                      // 41
-    "beta2 = 0.999",                     // 42
-    "eps = 1e-6",                        // 43
-    "[output]",                          // 44
-    "trace = true",                      // 45
+    "init = \"llmc:gpt2_124M.bin\"",      // 17
+    "[data]",                            // 18
+    "source = \"tokens\"",               // 19
+    "path = \"data/train.bin\"",         // 20
+    "val_path = \"data/val.bin\"",       // 21
+    "val_fraction = 0.05",               // 22
+    "copy_lag = 3",                      // 23
+    "copy_prob = 0.5",                   // 24
+    "[parallel]",                        // 25
+    "holders = 2",                       // 26
+    "dp = 4",                            // 27
+    "tp = 2",                            // 28
+    "pp = 3",                            // 29
+    "micro_batches = 4",                 // 30
+    "schedule = \"gpipe\"",              // 31
+    "[train]",                           // 32
+    "batch_size = 64",                   // 33
+    "eval_every = 0",                    // 34
+    "eval_batches = 10",                 // 35
+    "[optimizer]",                       // 36
+    "lr = 6e-4",                         // 37
+    "min_lr = 6e-5",                     // 38
+    "warmup_steps = 700",                // 39
+    "weight_decay = 0.0",                // 40
+    "grad_clip = 0.5",                   // 41
+    "beta1 = 0.85",                      // 42
+    "beta2 = 0.999",                     // 43
+    "eps = 1e-6",                        // 44
+    "[output]",                          // 45
+    "trace = true",                      // 46
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -163,7 +164,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:43");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:44");
+  EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
   EXPECT_TRUE(d.output.trace);
@@ -516,8 +518,8 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 8 model + 6 data + 6 parallel + 3 train + 8 optimizer + 1 output fields in deck.hpp.
-  EXPECT_EQ(deck::schema().size(), 37u);
+  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 1 output fields in deck.hpp.
+  EXPECT_EQ(deck::schema().size(), 38u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

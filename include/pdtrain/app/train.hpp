@@ -14,6 +14,7 @@ namespace pdtrain {
 struct RunOptions {
   bool dry_run = false;   // print the layout and exit
   bool verbose = true;    // per-step lines and the header on stdout
+  std::int64_t eval_batches = 0;  // > 0: evaluate the initial model on that many batches, no training
 };
 
 struct TrainResult {

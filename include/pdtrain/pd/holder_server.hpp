@@ -28,6 +28,7 @@ class HolderServer {
   void run();
 
   std::int64_t version() const { return version_; }
+  void set_verbose(bool v) { verbose_ = v; }  // print a traffic line at the end
   const PhaseTimers& timers() const { return timers_; }
 
  private:
@@ -47,6 +48,7 @@ class HolderServer {
   void finish_step();
   void serve_deferred();
   void send_final_crc();
+  void print_traffic() const;
 
   const Layout& layout_;
   const BlockTable& table_;
@@ -58,6 +60,8 @@ class HolderServer {
   UpdateInfo last_update_;
   std::deque<Pending> deferred_;
   int done_ranks_ = 0;
+  std::int64_t sent_ = 0, received_ = 0;  // bytes on the wire, for the traffic line
+  bool verbose_ = false;
   PhaseTimers timers_;
   TraceRecorder* trace_;
 };

@@ -16,16 +16,23 @@ class RemoteHolders final : public ParameterService {
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   std::uint32_t finish() override;
   std::int64_t bytes_fetched() const override { return fetched_; }
+  // Bytes this rank received from holders (the rest of bytes_fetched() came by relay).
+  std::int64_t bytes_from_holders() const { return from_holders_; }
   std::int64_t bytes_pushed() const override { return pushed_; }
 
  private:
   // Block ids of `blocks` grouped by owning holder, keeping their order.
   std::vector<std::vector<int>> by_holder(const std::vector<int>& blocks) const;
+  void fetch_from_holders(std::int64_t version, const std::vector<std::vector<int>>& groups);
+  void relay_to_replicas();
+  UpdateInfo verify_and_deliver(std::int64_t version, const std::vector<std::vector<int>>& groups,
+                                const BlockSink& sink);
 
   const Layout& layout_;
   const BlockTable& table_;
   std::vector<int> owner_;
-  std::int64_t fetched_ = 0, pushed_ = 0;
+  std::vector<std::vector<char>> replies_;  // one reply per holder, reused across steps
+  std::int64_t fetched_ = 0, pushed_ = 0, from_holders_ = 0;
   std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
 };
 
