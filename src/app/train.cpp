@@ -307,7 +307,9 @@ class ComputeLoop {
     if (layout.replicated())
       service_ = std::make_unique<LocalReplica>(setup.table, adamw_config(deck));
     else
-      service_ = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner);
+      service_ = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner,
+                                                 *wire_codec_from_string(deck.pd.fetch_codec),
+                                                 *wire_codec_from_string(deck.pd.push_codec));
     packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
   }
 
@@ -474,6 +476,14 @@ class ComputeLoop {
                 static_cast<long long>(deck_.train.batch_size), static_cast<long long>(T_));
     if (ls.pp > 1)
       std::printf(" | %d micro-batches, %s schedule", micro_batches_, to_string(kind_));
+    if (!layout_.replicated()) {
+      const WireCodec f = *wire_codec_from_string(deck_.pd.fetch_codec);
+      const WireCodec p = *wire_codec_from_string(deck_.pd.push_codec);
+      std::printf("\nwire: fetch %s, push %s%s", to_string(f), to_string(p),
+                  is_lossy(f) || is_lossy(p)
+                      ? " | LOSSY: numerics differ from exact synchronous training"
+                      : " (lossless)");
+    }
     std::printf("\ndata: %s\n", setup_.source->describe().c_str());
     std::printf("output: %s\n", deck_.run.out_dir.c_str());
     std::fflush(stdout);
@@ -581,7 +591,8 @@ TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opt
   if (layout.is_holder()) {
     HolderServer server(layout, setup.table, setup.owner,
                         push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
-                        &trace);
+                        *wire_codec_from_string(deck.pd.fetch_codec),
+                        *wire_codec_from_string(deck.pd.push_codec), &trace);
     server.set_verbose(opts.verbose && opts.eval_batches == 0);
     setup.table.init = nullptr;  // frees an llm.c file read for initialization
     server.run();

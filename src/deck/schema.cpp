@@ -160,6 +160,14 @@ std::vector<KeySpec> build_schema() {
           "AdamW denominator epsilon.")
           .above(0),
 
+      key(&D::pd, &PdConfig::fetch_codec, "pd.fetch_codec",
+          "Encoding of parameter blocks sent by holders; bf16 halves the bytes and is lossy "
+          "(compute runs on bf16-rounded weights), lz4 is lossless.")
+          .one_of({"raw", "bf16", "lz4"}),
+      key(&D::pd, &PdConfig::push_codec, "pd.push_codec",
+          "Encoding of gradient blocks pushed to holders; bf16 is lossy, zstd lossless.")
+          .one_of({"raw", "bf16", "zstd"}),
+
       key(&D::output, &OutputConfig::trace, "output.trace",
           "Write a Chrome trace per rank (OUT/trace/rank-<r>.json) and a merged one."),
   };
@@ -237,6 +245,7 @@ const std::vector<SectionSpec>& sections() {
       {"parallel", "How the MPI ranks are split into holders and compute groups."},
       {"train", "Batch size and validation."},
       {"optimizer", "AdamW with linear warmup and cosine decay."},
+      {"pd", "The parameter/compute-decoupling wire between holders and compute ranks."},
       {"output", "What the run writes besides metrics.csv."},
   };
   return table;

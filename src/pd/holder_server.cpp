@@ -13,9 +13,10 @@ namespace pdtrain {
 
 HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
                            std::vector<int> contributions, const AdamWConfig& opt,
-                           TraceRecorder* trace)
+                           WireCodec fetch_codec, WireCodec push_codec, TraceRecorder* trace)
     : layout_(layout), table_(table), owner_(std::move(owner)),
-      contributions_(std::move(contributions)), opt_(opt), trace_(trace) {
+      contributions_(std::move(contributions)), opt_(opt), fetch_codec_(fetch_codec),
+      push_codec_(push_codec), trace_(trace) {
   const int me = layout.holder_index();
   for (std::size_t b = 0; b < owner_.size(); ++b) {
     if (owner_[b] != me) continue;
@@ -26,9 +27,17 @@ HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::v
     o.state.v.assign(n, 0.0f);
     o.state.decay = table.blocks[b].decay;
     table.init(static_cast<int>(b), o.state.param.data());
-    o.crc = crc32c(o.state.param.data(), n * sizeof(float));
+    encode(o);
     pushes_missing_ += contributions_[b];
   }
+}
+
+// A block is encoded once per version, however many ranks fetch it.
+void HolderServer::encode(Owned& o) {
+  o.encoded.clear();
+  wire_encode(fetch_codec_, o.state.param.data(), static_cast<std::int64_t>(o.state.param.size()),
+              o.encoded);
+  o.crc = crc32c(o.encoded.data(), o.encoded.size());
 }
 
 void HolderServer::run() {
@@ -92,7 +101,7 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
   std::memcpy(&req, msg.data(), sizeof(req));
   const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
   std::size_t data_bytes = 0;
-  for (std::int64_t i = 0; i < req.n; ++i) data_bytes += owned_.at(ids[i]).state.param.size() * 4;
+  for (std::int64_t i = 0; i < req.n; ++i) data_bytes += owned_.at(ids[i]).encoded.size();
   const std::size_t head = sizeof(wire::ReplyHeader) + req.n * sizeof(wire::BlockHeader);
   std::vector<char> reply(head + data_bytes);
   wire::ReplyHeader rh{version_, last_update_.grad_norm, last_update_.lr, req.n};
@@ -101,11 +110,11 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
   char* data = reply.data() + head;
   for (std::int64_t i = 0; i < req.n; ++i) {
     const Owned& o = owned_.at(ids[i]);
-    const wire::BlockHeader bh{ids[i], o.crc, version_};
+    const wire::BlockHeader bh{ids[i], o.crc, version_,
+                               static_cast<std::int64_t>(o.encoded.size())};
     std::memcpy(hdr + i * sizeof(bh), &bh, sizeof(bh));
-    const std::size_t nb = o.state.param.size() * 4;
-    std::memcpy(data, o.state.param.data(), nb);
-    data += nb;
+    std::memcpy(data, o.encoded.data(), o.encoded.size());
+    data += o.encoded.size();
   }
   sent_ += static_cast<std::int64_t>(reply.size());
   MPI_Request r;
@@ -122,7 +131,7 @@ void HolderServer::take_push(int source, const std::vector<char>& msg) {
                                          " from rank " + std::to_string(source) +
                                          " while expecting step " + std::to_string(version_ + 1));
   const char* hdr = msg.data() + sizeof(ph);
-  const auto* data = reinterpret_cast<const float*>(hdr + ph.n * sizeof(wire::BlockHeader));
+  const char* data = hdr + ph.n * sizeof(wire::BlockHeader);
   for (std::int64_t i = 0; i < ph.n; ++i) {
     wire::BlockHeader bh;
     std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
@@ -130,16 +139,19 @@ void HolderServer::take_push(int source, const std::vector<char>& msg) {
     PDT_CHECK(it != owned_.end(), "rank " + std::to_string(source) + " pushed block " +
                                       std::to_string(bh.id) + " to a holder that does not own it");
     const auto n = static_cast<std::size_t>(table_.blocks[bh.id].numel);
-    PDT_CHECK(crc32c(data, n * 4) == bh.crc,
-              "CRC mismatch in the gradient of block " + table_.blocks[bh.id].name +
-                  " pushed by rank " + std::to_string(source) + " for step " +
-                  std::to_string(ph.step));
+    const std::string what = "the gradient of block " + table_.blocks[bh.id].name +
+                             " pushed by rank " + std::to_string(source) + " for step " +
+                             std::to_string(ph.step);
+    PDT_CHECK(crc32c(data, static_cast<std::size_t>(bh.bytes)) == bh.crc, "CRC mismatch in " + what);
     auto& slot = it->second.pushes[source];
     PDT_CHECK(slot.empty(), "rank " + std::to_string(source) + " pushed block " +
                                 table_.blocks[bh.id].name + " twice in step " +
                                 std::to_string(ph.step));
-    slot.assign(data, data + n);
-    data += n;
+    slot.resize(n);
+    PDT_CHECK(wire_decode(push_codec_, data, static_cast<std::size_t>(bh.bytes), slot.data(),
+                          static_cast<std::int64_t>(n)),
+              std::string("cannot decode (") + to_string(push_codec_) + ") " + what);
+    data += bh.bytes;
     --pushes_missing_;
   }
   if (pushes_missing_ == 0) finish_step();
@@ -180,7 +192,7 @@ void HolderServer::finish_step() {
   std::size_t i = 0;
   for (auto& [id, o] : owned_) {
     adamw_update(opt_, step, lr, scale, grads[i++].data(), o.state);
-    o.crc = crc32c(o.state.param.data(), o.state.param.size() * 4);
+    encode(o);
     pushes_missing_ += contributions_[id];
   }
   version_ = step;

@@ -10,8 +10,10 @@
 
 namespace pdtrain {
 
-RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner)
-    : layout_(layout), table_(table), owner_(std::move(owner)) {
+RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner,
+                             WireCodec fetch_codec, WireCodec push_codec)
+    : layout_(layout), table_(table), owner_(std::move(owner)), fetch_codec_(fetch_codec),
+      push_codec_(push_codec) {
   // Test hook: PDTRAIN_TEST_FLIP_FETCH_BIT=<version> flips one bit of the first block this
   // rank receives at that version, so tests can check that corruption is caught and named.
   if (const char* v = std::getenv("PDTRAIN_TEST_FLIP_FETCH_BIT")) flip_at_version_ = std::atoll(v);
@@ -26,16 +28,7 @@ std::vector<std::vector<int>> RemoteHolders::by_holder(const std::vector<int>& b
 UpdateInfo RemoteHolders::fetch(std::int64_t version, const std::vector<int>& blocks,
                                 const BlockSink& sink) {
   const auto groups = by_holder(blocks);
-  const int H = static_cast<int>(groups.size());
-  replies_.resize(H);
-  for (int h = 0; h < H; ++h) {
-    std::size_t bytes = 0;
-    if (!groups[h].empty()) {
-      bytes = sizeof(wire::ReplyHeader) + groups[h].size() * sizeof(wire::BlockHeader);
-      for (int b : groups[h]) bytes += static_cast<std::size_t>(table_.blocks[b].numel) * 4;
-    }
-    replies_[h].resize(bytes);
-  }
+  replies_.resize(groups.size());
   // Fan-out: the data-parallel replicas of a (pp, tp) position need the same blocks, so only
   // replica 0 asks the holders and relays the replies to the others with a broadcast. A holder
   // sends each block once per step whatever dp is.
@@ -49,15 +42,8 @@ void RemoteHolders::fetch_from_holders(std::int64_t version,
   const int H = static_cast<int>(groups.size());
   std::vector<std::vector<char>> requests(H);
   std::vector<MPI_Request> reqs;
-  // Post every receive before any request, so replies never wait for a matching receive.
   for (int h = 0; h < H; ++h) {
-    if (groups[h].empty()) continue;
-    reqs.emplace_back();
-    MPI_CHECK(MPI_Irecv(replies_[h].data(), static_cast<int>(replies_[h].size()), MPI_BYTE,
-                        layout_.holder_world_rank(h), wire::kFetchReply, layout_.world(),
-                        &reqs.back()));
-  }
-  for (int h = 0; h < H; ++h) {
+    replies_[h].clear();
     if (groups[h].empty()) continue;
     const wire::FetchRequest fr{version, static_cast<std::int64_t>(groups[h].size())};
     requests[h].resize(sizeof(fr) + groups[h].size() * sizeof(std::int32_t));
@@ -69,17 +55,48 @@ void RemoteHolders::fetch_from_holders(std::int64_t version,
                         layout_.holder_world_rank(h), wire::kFetchRequest, layout_.world(),
                         &reqs.back()));
   }
+  // Replies are as long as their encoding: take them in whatever order they arrive, sizing
+  // each from its probe.
+  int pending = 0;
+  for (int h = 0; h < H; ++h) pending += groups[h].empty() ? 0 : 1;
+  Backoff backoff;
+  while (pending > 0) {
+    int flag = 0;
+    MPI_Message m;
+    MPI_Status st;
+    MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, wire::kFetchReply, layout_.world(), &flag, &m, &st));
+    if (!flag) {
+      backoff.pause();
+      continue;
+    }
+    backoff.reset();
+    int bytes = 0;
+    MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+    std::vector<char>& r = replies_[st.MPI_SOURCE];  // holders are world ranks 0..H-1
+    r.resize(static_cast<std::size_t>(bytes));
+    MPI_CHECK(MPI_Mrecv(r.data(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
+    from_holders_ += bytes;
+    --pending;
+  }
   wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
-  for (const auto& r : replies_) from_holders_ += static_cast<std::int64_t>(r.size());
 }
 
 void RemoteHolders::relay_to_replicas() {
+  // Sizes first (they depend on the encoding), then the replies themselves.
+  std::vector<std::int64_t> sizes(replies_.size());
+  for (std::size_t h = 0; h < replies_.size(); ++h)
+    sizes[h] = static_cast<std::int64_t>(replies_[h].size());
+  MPI_Request r;
+  MPI_CHECK(MPI_Ibcast(sizes.data(), static_cast<int>(sizes.size()), MPI_INT64_T, 0,
+                       layout_.dp_comm(), &r));
+  wait_quietly(&r);
   std::vector<MPI_Request> reqs;
-  for (auto& r : replies_) {
-    if (r.empty()) continue;
+  for (std::size_t h = 0; h < replies_.size(); ++h) {
+    replies_[h].resize(static_cast<std::size_t>(sizes[h]));
+    if (sizes[h] == 0) continue;
     reqs.emplace_back();
-    MPI_CHECK(MPI_Ibcast(r.data(), static_cast<int>(r.size()), MPI_BYTE, 0, layout_.dp_comm(),
-                         &reqs.back()));
+    MPI_CHECK(MPI_Ibcast(replies_[h].data(), static_cast<int>(sizes[h]), MPI_BYTE, 0,
+                         layout_.dp_comm(), &reqs.back()));
   }
   wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
 }
@@ -110,11 +127,14 @@ UpdateInfo RemoteHolders::verify_and_deliver(std::int64_t version,
       PDT_CHECK(bh.id == b && bh.version == version,
                 "block " + d.name + " arrived as id " + std::to_string(bh.id) + " version " +
                     std::to_string(bh.version) + ", expected version " + std::to_string(version));
-      const std::size_t nb = static_cast<std::size_t>(d.numel) * 4;
+      const auto nb = static_cast<std::size_t>(bh.bytes);
       PDT_CHECK(crc32c(data, nb) == bh.crc,
                 "CRC mismatch in block " + d.name + " (version " + std::to_string(version) +
                     ") fetched from holder " + std::to_string(h));
-      sink(b, reinterpret_cast<const float*>(data));
+      decoded_.resize(static_cast<std::size_t>(d.numel));
+      PDT_CHECK(wire_decode(fetch_codec_, data, nb, decoded_.data(), d.numel),
+                std::string("cannot decode (") + to_string(fetch_codec_) + ") block " + d.name);
+      sink(b, decoded_.data());
       data += nb;
       fetched_ += static_cast<std::int64_t>(nb);
     }
@@ -137,19 +157,16 @@ void RemoteHolders::push(std::int64_t step, const std::vector<int>& blocks, cons
     if (groups[h].empty()) continue;
     const std::size_t head =
         sizeof(wire::PushHeader) + groups[h].size() * sizeof(wire::BlockHeader);
-    std::size_t bytes = head;
-    for (int b : groups[h]) bytes += static_cast<std::size_t>(table_.blocks[b].numel) * 4;
-    std::vector<char>& m = msgs.emplace_back(bytes);
+    std::vector<char>& m = msgs.emplace_back(head);
     const wire::PushHeader ph{step, static_cast<std::int64_t>(groups[h].size())};
     std::memcpy(m.data(), &ph, sizeof(ph));
-    char* data = m.data() + head;
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       const int b = groups[h][i];
-      const std::size_t nb = static_cast<std::size_t>(table_.blocks[b].numel) * 4;
-      const wire::BlockHeader bh{b, crc32c(where[b], nb), step};
+      const std::size_t at = m.size();
+      const std::size_t nb = wire_encode(push_codec_, where[b], table_.blocks[b].numel, m);
+      const wire::BlockHeader bh{b, crc32c(m.data() + at, nb), step,
+                                 static_cast<std::int64_t>(nb)};
       std::memcpy(m.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
-      std::memcpy(data, where[b], nb);
-      data += nb;
       pushed_ += static_cast<std::int64_t>(nb);
     }
     reqs.emplace_back();

@@ -100,8 +100,11 @@ const std::vector<std::string> kFullDeck = {
     "beta1 = 0.85",                      // 42
     "beta2 = 0.999",                     // 43
     "eps = 1e-6",                        // 44
-    "[output]",                          // 45
-    "trace = true",                      // 46
+    "[pd]",                              // 45
+    "fetch_codec = \"lz4\"",              // 46
+    "push_codec = \"zstd\"",              // 47
+    "[output]",                          // 48
+    "trace = true",                      // 49
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -169,6 +172,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
   EXPECT_TRUE(d.output.trace);
+  EXPECT_EQ(d.pd.fetch_codec, "lz4");
+  EXPECT_EQ(d.pd.push_codec, "zstd");
 }
 
 TEST(DeckValid, EmbeddedDefaultDeckParses) {
@@ -518,8 +523,8 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 1 output fields in deck.hpp.
-  EXPECT_EQ(deck::schema().size(), 38u);
+  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 2 pd + 1 output fields.
+  EXPECT_EQ(deck::schema().size(), 40u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -138,6 +138,30 @@ TEST(Equivalence, DecoupledEqualsReplicatedBitwiseAtSameDp) {
   EXPECT_EQ(pd.crc, rep.crc);
 }
 
+TEST(Equivalence, LosslessWireCodecsAreBitIdenticalToRaw) {
+  ASSERT_GE(world_size(), 4);
+  RunOutcome raw = run_on_groups(4, {"parallel.holders=1"}, "codec-raw");
+  RunOutcome packed = run_on_groups(
+      4, {"parallel.holders=1", "pd.fetch_codec=lz4", "pd.push_codec=zstd"}, "codec-lz4");
+  if (raw.losses.empty()) return;
+  EXPECT_EQ(raw.losses, packed.losses);
+  EXPECT_EQ(raw.crc, packed.crc);
+}
+
+TEST(Reproducibility, LossyBf16WireIsCloseAndReproducible) {
+  ASSERT_GE(world_size(), 4);
+  const std::vector<std::string> bf16 = {"parallel.holders=2", "pd.fetch_codec=bf16",
+                                         "pd.push_codec=bf16"};
+  RunOutcome a = run_on_groups(4, bf16, "bf16-a");
+  RunOutcome b = run_on_groups(4, bf16, "bf16-b");
+  if (a.losses.empty()) return;
+  EXPECT_EQ(a.crc, b.crc);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_NE(a.crc, reference().crc);  // it is lossy...
+  for (std::size_t s = 0; s < a.losses.size(); ++s)  // ...but bf16 weights train the same way
+    EXPECT_NEAR(a.losses[s], reference().losses[s], 0.05 * reference().losses[s]) << s + 1;
+}
+
 TEST(Reproducibility, SamePdRunTwiceGivesIdenticalCrc) {
   ASSERT_GE(world_size(), 4);
   RunOutcome a = run_on_groups(4, {"parallel.holders=1"}, "rep-a");

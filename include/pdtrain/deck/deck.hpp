@@ -77,6 +77,12 @@ struct OptimizerConfig {
   friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
 
+struct PdConfig {
+  std::string fetch_codec = "raw";  // raw | bf16 | lz4 (bf16 is lossy)
+  std::string push_codec = "raw";   // raw | bf16 | zstd (bf16 is lossy)
+  friend bool operator==(const PdConfig&, const PdConfig&) = default;
+};
+
 struct OutputConfig {
   bool trace = false;  // Chrome trace JSON per rank (OUT/trace/rank-<r>.json) and merged
   friend bool operator==(const OutputConfig&, const OutputConfig&) = default;
@@ -89,6 +95,7 @@ struct Deck {
   ParallelConfig parallel;
   TrainConfig train;
   OptimizerConfig optimizer;
+  PdConfig pd;
   OutputConfig output;
 
   std::string source_name;   // deck file path, or "<default deck>"

@@ -14,6 +14,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
 
@@ -22,7 +23,8 @@ class HolderServer {
   // `owner[b]` is the holder index of block b; `contributions[b]` how many pushes of block b
   // make up one step (1, or 2 for the tied embedding on two pipeline stages).
   HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-               std::vector<int> contributions, const AdamWConfig& opt, TraceRecorder* trace);
+               std::vector<int> contributions, const AdamWConfig& opt, WireCodec fetch_codec,
+               WireCodec push_codec, TraceRecorder* trace);
 
   // Serves until every compute rank has said it is done, then gathers the canonical CRC.
   void run();
@@ -38,7 +40,8 @@ class HolderServer {
   };
   struct Owned {
     BlockState state;
-    std::uint32_t crc = 0;  // of state.param at version_
+    std::vector<char> encoded;  // state.param at version_ in the fetch codec, encoded once
+    std::uint32_t crc = 0;      // of `encoded`
     std::map<int, std::vector<float>> pushes;  // source world rank -> gradient of this step
   };
 
@@ -46,6 +49,7 @@ class HolderServer {
   void serve_fetch(int source, const std::vector<char>& msg);
   void take_push(int source, const std::vector<char>& msg);
   void finish_step();
+  void encode(Owned& o);
   void serve_deferred();
   void send_final_crc();
   void print_traffic() const;
@@ -54,6 +58,7 @@ class HolderServer {
   const BlockTable& table_;
   std::vector<int> owner_, contributions_;
   AdamWConfig opt_;
+  WireCodec fetch_codec_, push_codec_;
   std::map<int, Owned> owned_;  // by block id, ascending
   std::int64_t version_ = 0;
   std::int64_t pushes_missing_ = 0;  // gradients still expected for the current step

@@ -5,18 +5,20 @@
 
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
 
 class RemoteHolders final : public ParameterService {
  public:
-  RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner);
+  RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner,
+                WireCodec fetch_codec, WireCodec push_codec);
   UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                    const BlockSink& sink) override;
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   std::uint32_t finish() override;
   std::int64_t bytes_fetched() const override { return fetched_; }
-  // Bytes this rank received from holders (the rest of bytes_fetched() came by relay).
+  // Bytes (encoded) this rank received from holders; the rest of bytes_fetched() came by relay.
   std::int64_t bytes_from_holders() const { return from_holders_; }
   std::int64_t bytes_pushed() const override { return pushed_; }
 
@@ -31,7 +33,9 @@ class RemoteHolders final : public ParameterService {
   const Layout& layout_;
   const BlockTable& table_;
   std::vector<int> owner_;
+  WireCodec fetch_codec_, push_codec_;
   std::vector<std::vector<char>> replies_;  // one reply per holder, reused across steps
+  std::vector<float> decoded_;              // one block, decoded
   std::int64_t fetched_ = 0, pushed_ = 0, from_holders_ = 0;
   std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
 };

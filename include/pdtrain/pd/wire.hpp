@@ -7,8 +7,8 @@ namespace pdtrain::wire {
 
 enum Tag : int {
   kFetchRequest = 101,  // compute -> holder: FetchRequest + int32 ids[n]
-  kFetchReply = 102,    // holder -> compute: ReplyHeader + BlockHeader[n] + float data
-  kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n] + float data
+  kFetchReply = 102,    // holder -> compute: ReplyHeader + BlockHeader[n] + encoded payloads
+  kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n] + encoded payloads
   kDone = 104,          // compute -> holder: this rank has finished the run
   kFinalCrc = 105,      // holder 0 -> reporter: uint32 canonical CRC
 };
@@ -32,8 +32,9 @@ struct PushHeader {
 
 struct BlockHeader {
   std::int32_t id;
-  std::uint32_t crc;
+  std::uint32_t crc;     // CRC32C of the encoded payload as sent
   std::int64_t version;  // fetch: version of the data; push: the step it belongs to
+  std::int64_t bytes;    // encoded payload size (see wire_codec.hpp)
 };
 
 }  // namespace pdtrain::wire
