@@ -32,6 +32,7 @@ const char* kUsage =
     "  --set k=v             override a deck key (checked like the deck), repeatable\n"
     "  --dry-run             print each rank's role, coordinates and blocks, then exit\n"
     "  --print-default-deck  print the embedded default deck and exit\n"
+    "  --print-deck-reference  print every deck key as Markdown (docs/deck.md) and exit\n"
     "  --help, --version\n"
     "\n"
     "Exit status: 0 ok, 1 runtime fault, 2 bad deck or command line, 3 impossible layout,\n"
@@ -43,6 +44,7 @@ struct CommandLine {
   std::string deck_path;  // empty: the embedded default deck
   std::vector<std::string> sets;
   bool dry_run = false, help = false, version = false, print_default = false;
+  bool print_reference = false;
 };
 
 CommandLine parse_command_line(int argc, char** argv) {
@@ -72,6 +74,8 @@ CommandLine parse_command_line(int argc, char** argv) {
       c.version = true;
     } else if (a == "--print-default-deck") {
       c.print_default = true;
+    } else if (a == "--print-deck-reference") {
+      c.print_reference = true;
     } else if (!a.empty() && a[0] == '-') {
       throw pdtrain::Error(pdtrain::ExitCode::deck, "unknown option '" + a + "' (see --help)");
     } else if (c.deck_path.empty()) {
@@ -104,7 +108,7 @@ int run(int argc, char** argv, int rank) {
   pdtrain::Deck deck;
   try {
     cl = parse_command_line(argc, argv);
-    if (!cl.help && !cl.version && !cl.print_default)
+    if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference)
       deck = cl.deck_path.empty()
                  ? pdtrain::parse_deck(pdtrain::default_deck_text(), "<default deck>", cl.sets)
                  : pdtrain::load_deck(cl.deck_path, cl.sets);
@@ -112,8 +116,9 @@ int run(int argc, char** argv, int rank) {
     err = std::make_unique<pdtrain::Error>(e);
   }
   pdtrain::rethrow_collectively(MPI_COMM_WORLD, err.get());
-  if (cl.help || cl.version || cl.print_default) {
+  if (cl.help || cl.version || cl.print_default || cl.print_reference) {
     if (rank == 0) {
+      if (cl.print_reference) std::fputs(pdtrain::deck_reference_markdown().c_str(), stdout);
       if (cl.help) std::fputs(kUsage, stdout);
       if (cl.version) std::printf("pdtrain %s\n", PDTRAIN_VERSION);
       if (cl.print_default) std::fputs(pdtrain::default_deck_text(), stdout);

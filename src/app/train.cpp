@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
+#include <deque>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -139,6 +140,14 @@ Setup make_setup(const Deck& deck, MPI_Comm world, bool eval_only) {
     std::vector<std::int64_t> bytes;
     for (const BlockInfo& b : s.catalog->blocks()) bytes.push_back(b.bytes());
     s.owner = place_blocks(bytes, s.shape.holders);
+    std::vector<int> owned(static_cast<std::size_t>(s.shape.holders), 0);
+    for (int o : s.owner) ++owned[o];
+    for (int h = 0; h < s.shape.holders; ++h)
+      if (owned[h] == 0)
+        throw Error(ExitCode::layout,
+                    deck.where("parallel.holders") + ": holder " + std::to_string(h) +
+                        " would own no parameter block (the model has " +
+                        std::to_string(bytes.size()) + " blocks); use fewer holders");
   }
   // Every rank opens the data so that a bad file is one collective error, not a hang.
   data::SourceSpec spec = source_spec(deck);
@@ -317,7 +326,7 @@ class ComputeLoop {
   TrainResult run_eval(std::int64_t batches) {
     TrainResult result;
     result.reporter = layout_.is_reporter();
-    fetch(0);
+    ensure_version(0);
     const double loss = evaluate(batches);
     result.val_losses.push_back(loss);
     result.params_crc32c = service_->finish();
@@ -331,35 +340,39 @@ class ComputeLoop {
     return result;
   }
 
+  // The step loop. Step k computes on parameter version max(0, k-1-staleness): with
+  // staleness 0 that is the version its previous step produced (exact synchronous training);
+  // with s > 0 compute runs up to s steps ahead of the holders' updates.
   TrainResult run() {
     TrainResult result;
     result.reporter = layout_.is_reporter();
     if (result.reporter) open_outputs();
-    const std::int64_t steps = deck_.run.steps;
+    const std::int64_t steps = deck_.run.steps, staleness = deck_.pd.staleness;
     const double tokens_per_step = static_cast<double>(deck_.train.batch_size * T_);
     const double t_start = now_seconds();
-    fetch(0);
-    double t_prev = now_seconds();
-    for (std::int64_t s = 1; s <= steps; ++s) {
+    double t_prev = t_start;
+    for (std::int64_t k = 1; k <= steps; ++k) {
       StepRecord rec;
-      rec.step = s;
-      forward_backward(s, rec);
-      reduce_and_push(s, rec);
+      rec.step = k;
+      rec.fetch_ms = 1e3 * ensure_version(std::max<std::int64_t>(0, k - 1 - staleness));
+      forward_backward(k, rec);
+      reduce_and_push(k, rec);
       rec.loss = reducer_.sum(runner_.loss_sum()) / tokens_per_step;
-      const double t_fetch = now_seconds();
-      const UpdateInfo info = fetch(s);  // parameters after step s
-      rec.fetch_ms += 1e3 * (now_seconds() - t_fetch);
-      rec.lr = info.lr;
-      rec.grad_norm = info.grad_norm;
-      if (eval_due(s)) rec.val_loss = evaluate(deck_.train.eval_batches);
+      if (eval_due(k)) {  // on exactly the parameters after step k
+        rec.fetch_ms += 1e3 * ensure_version(k);
+        rec.val_loss = evaluate(deck_.train.eval_batches);
+      }
       const double t = now_seconds();
       rec.step_ms = 1e3 * (t - t_prev);
       rec.tokens_per_s = tokens_per_step / (t - t_prev);
       t_prev = t;
-      if (result.reporter) report(rec, (t - t_start) / static_cast<double>(s) * (steps - s));
       result.losses.push_back(rec.loss);
       result.val_losses.push_back(rec.val_loss);
+      pending_.push_back(rec);
+      if (result.reporter) report_known((t - t_start) / static_cast<double>(k) * (steps - k));
     }
+    ensure_version(steps);  // the final parameters; every update is known now
+    if (result.reporter) report_known(0.0);
     result.params_crc32c = service_->finish();
     result.wall_seconds = now_seconds() - t_start;
     if (result.reporter) print_final(result);
@@ -380,6 +393,16 @@ class ComputeLoop {
     std::vector<std::int64_t> n;
     for (int b : blocks) n.push_back(setup_.catalog->block(b).numel());
     return n;
+  }
+
+  // Makes `version` the parameters in use, fetching only if it is not already; returns the
+  // seconds spent.
+  double ensure_version(std::int64_t version) {
+    if (version == have_version_) return 0.0;
+    const double t0 = now_seconds();
+    fetch(version);
+    have_version_ = version;
+    return now_seconds() - t0;
   }
 
   UpdateInfo fetch(std::int64_t version) {
@@ -489,6 +512,18 @@ class ComputeLoop {
     std::fflush(stdout);
   }
 
+  // Reports, in step order, the records whose update (gradient norm, lr) is known.
+  void report_known(double eta) {
+    while (!pending_.empty()) {
+      const auto info = service_->update_info(pending_.front().step);
+      if (!info) break;
+      pending_.front().grad_norm = info->grad_norm;
+      pending_.front().lr = info->lr;
+      report(pending_.front(), eta);
+      pending_.pop_front();
+    }
+  }
+
   void report(const StepRecord& rec, double eta) {
     metrics_->append(rec);
     const bool last = rec.step == deck_.run.steps;
@@ -532,6 +567,8 @@ class ComputeLoop {
   std::vector<float> packed_;
   std::unique_ptr<MetricsWriter> metrics_;
   PhaseTimers timers_;
+  std::int64_t have_version_ = -1;  // parameter version unpacked in stage_params_
+  std::deque<StepRecord> pending_;  // records waiting for their update's figures
 };
 
 void write_resolved_deck(const Deck& deck) {
@@ -592,7 +629,8 @@ TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opt
     HolderServer server(layout, setup.table, setup.owner,
                         push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
                         *wire_codec_from_string(deck.pd.fetch_codec),
-                        *wire_codec_from_string(deck.pd.push_codec), &trace);
+                        *wire_codec_from_string(deck.pd.push_codec),
+                        static_cast<int>(deck.pd.staleness), &trace);
     server.set_verbose(opts.verbose && opts.eval_batches == 0);
     setup.table.init = nullptr;  // frees an llm.c file read for initialization
     server.run();

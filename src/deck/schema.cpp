@@ -167,6 +167,11 @@ std::vector<KeySpec> build_schema() {
       key(&D::pd, &PdConfig::push_codec, "pd.push_codec",
           "Encoding of gradient blocks pushed to holders; bf16 is lossy, zstd lossless.")
           .one_of({"raw", "bf16", "zstd"}),
+      key(&D::pd, &PdConfig::staleness, "pd.staleness",
+          "Bounded staleness: step k computes on parameter version max(0, k-1-s), so compute "
+          "runs up to s steps ahead of the updates; 0 is exact synchronous training.")
+          .at_least(0)
+          .at_most(3),
 
       key(&D::output, &OutputConfig::trace, "output.trace",
           "Write a Chrome trace per rank (OUT/trace/rank-<r>.json) and a merged one."),

@@ -31,6 +31,9 @@ LayoutShape resolve_layout(const Deck& deck, int world_size) {
       << " layers: every stage needs at least one layer";
     layout_error(deck, "parallel.pp", m.str());
   }
+  if (s.holders == 0 && deck.pd.staleness > 0)
+    layout_error(deck, "pd.staleness",
+                 "bounded staleness needs parameter holders (parallel.holders >= 1)");
   if (s.holders == 0 && (s.tp > 1 || s.pp > 1))
     layout_error(deck, "parallel.holders",
                  "the replicated baseline (holders = 0) is data-parallel only; use holders >= 1 "

@@ -13,10 +13,13 @@ namespace pdtrain {
 
 HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
                            std::vector<int> contributions, const AdamWConfig& opt,
-                           WireCodec fetch_codec, WireCodec push_codec, TraceRecorder* trace)
+                           WireCodec fetch_codec, WireCodec push_codec, int staleness,
+                           TraceRecorder* trace)
     : layout_(layout), table_(table), owner_(std::move(owner)),
       contributions_(std::move(contributions)), opt_(opt), fetch_codec_(fetch_codec),
-      push_codec_(push_codec), trace_(trace) {
+      push_codec_(push_codec), staleness_(staleness), trace_(trace) {
+  PDT_CHECK(staleness >= 0 && staleness < wire::kMaxRecentUpdates, "staleness out of range");
+  recent_[0] = UpdateInfo{0, 0.0, 0.0};
   const int me = layout.holder_index();
   for (std::size_t b = 0; b < owner_.size(); ++b) {
     if (owner_[b] != me) continue;
@@ -28,16 +31,19 @@ HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::v
     o.state.decay = table.blocks[b].decay;
     table.init(static_cast<int>(b), o.state.param.data());
     encode(o);
-    pushes_missing_ += contributions_[b];
+    pushes_per_step_ += contributions_[b];
   }
 }
 
-// A block is encoded once per version, however many ranks fetch it.
+// A block is encoded once per version, however many ranks fetch it; the last staleness+1
+// versions stay available.
 void HolderServer::encode(Owned& o) {
-  o.encoded.clear();
+  Encoded& e = o.versions[version_];
+  e.bytes.clear();
   wire_encode(fetch_codec_, o.state.param.data(), static_cast<std::int64_t>(o.state.param.size()),
-              o.encoded);
-  o.crc = crc32c(o.encoded.data(), o.encoded.size());
+              e.bytes);
+  e.crc = crc32c(e.bytes.data(), e.bytes.size());
+  o.versions.erase(o.versions.begin(), o.versions.lower_bound(version_ - staleness_));
 }
 
 void HolderServer::run() {
@@ -73,11 +79,12 @@ void HolderServer::handle(int source, int tag, std::vector<char>& msg) {
       if (req.version > version_) {
         deferred_.push_back({source, msg});
       } else {
-        PDT_CHECK(req.version == version_,
+        PDT_CHECK(req.version >= version_ - staleness_,
                   "rank " + std::to_string(source) + " asked for parameter version " +
                       std::to_string(req.version) + " but holder " +
                       std::to_string(layout_.holder_index()) + " is at version " +
-                      std::to_string(version_) + " (synchronous training keeps one version)");
+                      std::to_string(version_) + " and keeps " +
+                      std::to_string(staleness_ + 1) + " version(s)");
         serve_fetch(source, msg);
       }
       break;
@@ -100,21 +107,25 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
   wire::FetchRequest req;
   std::memcpy(&req, msg.data(), sizeof(req));
   const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
+  const std::int64_t v = req.version;
   std::size_t data_bytes = 0;
-  for (std::int64_t i = 0; i < req.n; ++i) data_bytes += owned_.at(ids[i]).encoded.size();
+  for (std::int64_t i = 0; i < req.n; ++i) data_bytes += owned_.at(ids[i]).versions.at(v).bytes.size();
   const std::size_t head = sizeof(wire::ReplyHeader) + req.n * sizeof(wire::BlockHeader);
   std::vector<char> reply(head + data_bytes);
-  wire::ReplyHeader rh{version_, last_update_.grad_norm, last_update_.lr, req.n};
+  wire::ReplyHeader rh{};
+  rh.version = v;
+  rh.n = req.n;
+  for (const auto& [version, info] : recent_)
+    rh.recent[rh.n_recent++] = wire::WireUpdateInfo{version, info.grad_norm, info.lr};
   std::memcpy(reply.data(), &rh, sizeof(rh));
   char* hdr = reply.data() + sizeof(rh);
   char* data = reply.data() + head;
   for (std::int64_t i = 0; i < req.n; ++i) {
-    const Owned& o = owned_.at(ids[i]);
-    const wire::BlockHeader bh{ids[i], o.crc, version_,
-                               static_cast<std::int64_t>(o.encoded.size())};
+    const Encoded& e = owned_.at(ids[i]).versions.at(v);
+    const wire::BlockHeader bh{ids[i], e.crc, v, static_cast<std::int64_t>(e.bytes.size())};
     std::memcpy(hdr + i * sizeof(bh), &bh, sizeof(bh));
-    std::memcpy(data, o.encoded.data(), o.encoded.size());
-    data += o.encoded.size();
+    std::memcpy(data, e.bytes.data(), e.bytes.size());
+    data += e.bytes.size();
   }
   sent_ += static_cast<std::int64_t>(reply.size());
   MPI_Request r;
@@ -126,12 +137,14 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
 void HolderServer::take_push(int source, const std::vector<char>& msg) {
   wire::PushHeader ph;
   std::memcpy(&ph, msg.data(), sizeof(ph));
-  PDT_CHECK(ph.step == version_ + 1, "holder " + std::to_string(layout_.holder_index()) +
-                                         " got gradients of step " + std::to_string(ph.step) +
-                                         " from rank " + std::to_string(source) +
-                                         " while expecting step " + std::to_string(version_ + 1));
+  PDT_CHECK(ph.step > version_ && ph.step <= version_ + 1 + staleness_,
+            "holder " + std::to_string(layout_.holder_index()) + " got gradients of step " +
+                std::to_string(ph.step) + " from rank " + std::to_string(source) +
+                " at version " + std::to_string(version_) + " (staleness " +
+                std::to_string(staleness_) + ")");
   const char* hdr = msg.data() + sizeof(ph);
   const char* data = hdr + ph.n * sizeof(wire::BlockHeader);
+  auto [missing, fresh] = missing_.try_emplace(ph.step, pushes_per_step_);
   for (std::int64_t i = 0; i < ph.n; ++i) {
     wire::BlockHeader bh;
     std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
@@ -143,7 +156,7 @@ void HolderServer::take_push(int source, const std::vector<char>& msg) {
                              " pushed by rank " + std::to_string(source) + " for step " +
                              std::to_string(ph.step);
     PDT_CHECK(crc32c(data, static_cast<std::size_t>(bh.bytes)) == bh.crc, "CRC mismatch in " + what);
-    auto& slot = it->second.pushes[source];
+    auto& slot = it->second.pushes[ph.step][source];
     PDT_CHECK(slot.empty(), "rank " + std::to_string(source) + " pushed block " +
                                 table_.blocks[bh.id].name + " twice in step " +
                                 std::to_string(ph.step));
@@ -152,9 +165,15 @@ void HolderServer::take_push(int source, const std::vector<char>& msg) {
                           static_cast<std::int64_t>(n)),
               std::string("cannot decode (") + to_string(push_codec_) + ") " + what);
     data += bh.bytes;
-    --pushes_missing_;
+    --missing->second;
   }
-  if (pushes_missing_ == 0) finish_step();
+  (void)fresh;
+  // Steps complete in order: a later step's gradients may already be here.
+  for (auto next = missing_.find(version_ + 1); next != missing_.end() && next->second == 0;
+       next = missing_.find(version_ + 1)) {
+    missing_.erase(next);
+    finish_step();
+  }
 }
 
 // All holders reach this point once per step; they agree on the global gradient norm by
@@ -167,10 +186,11 @@ void HolderServer::finish_step() {
   std::vector<std::vector<float>> grads;  // per owned block, contributions summed by source rank
   std::vector<double> my_sumsq;
   for (auto& [id, o] : owned_) {
-    std::vector<float> g = std::move(o.pushes.begin()->second);
-    for (auto it = std::next(o.pushes.begin()); it != o.pushes.end(); ++it)
+    auto& by_source = o.pushes.at(step);
+    std::vector<float> g = std::move(by_source.begin()->second);
+    for (auto it = std::next(by_source.begin()); it != by_source.end(); ++it)
       for (std::size_t i = 0; i < g.size(); ++i) g[i] += it->second[i];
-    o.pushes.clear();
+    o.pushes.erase(step);
     my_sumsq.push_back(sum_of_squares(g.data(), static_cast<std::int64_t>(g.size())));
     grads.push_back(std::move(g));
   }
@@ -189,14 +209,14 @@ void HolderServer::finish_step() {
   const double norm = global_norm(all);
   const double lr = learning_rate(opt_, step);
   const auto scale = static_cast<float>(clip_factor(opt_, norm));
+  version_ = step;
   std::size_t i = 0;
   for (auto& [id, o] : owned_) {
     adamw_update(opt_, step, lr, scale, grads[i++].data(), o.state);
     encode(o);
-    pushes_missing_ += contributions_[id];
   }
-  version_ = step;
-  last_update_ = UpdateInfo{version_, norm, lr};
+  recent_[version_] = UpdateInfo{version_, norm, lr};
+  recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
   serve_deferred();
 }
 
@@ -205,7 +225,7 @@ void HolderServer::serve_deferred() {
   for (Pending& p : deferred_) {
     wire::FetchRequest req;
     std::memcpy(&req, p.msg.data(), sizeof(req));
-    if (req.version == version_)
+    if (req.version <= version_)
       serve_fetch(p.source, p.msg);
     else
       still.push_back(std::move(p));

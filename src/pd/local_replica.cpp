@@ -42,6 +42,12 @@ void LocalReplica::push(std::int64_t step, const std::vector<int>& blocks, const
     g += table_.blocks[b].numel;
   }
   last_ = UpdateInfo{step, norm, lr};
+  history_.push_back(last_);
+}
+
+std::optional<UpdateInfo> LocalReplica::update_info(std::int64_t version) const {
+  if (version < 0 || version >= static_cast<std::int64_t>(history_.size())) return std::nullopt;
+  return history_[static_cast<std::size_t>(version)];
 }
 
 std::uint32_t LocalReplica::finish() {

@@ -104,7 +104,6 @@ void RemoteHolders::relay_to_replicas() {
 UpdateInfo RemoteHolders::verify_and_deliver(std::int64_t version,
                                              const std::vector<std::vector<int>>& groups,
                                              const BlockSink& sink) {
-  UpdateInfo info;
   for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
     if (groups[h].empty()) continue;
     wire::ReplyHeader rh;
@@ -112,7 +111,9 @@ UpdateInfo RemoteHolders::verify_and_deliver(std::int64_t version,
     PDT_CHECK(rh.version == version, "holder " + std::to_string(h) + " answered with version " +
                                          std::to_string(rh.version) + " for a fetch of version " +
                                          std::to_string(version));
-    info = UpdateInfo{rh.version, rh.grad_norm, rh.lr};
+    for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
+      known_[rh.recent[i].version] =
+          UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr};
     const char* hdr = replies_[h].data() + sizeof(rh);
     char* data = replies_[h].data() + sizeof(rh) + groups[h].size() * sizeof(wire::BlockHeader);
     if (version == flip_at_version_) {
@@ -139,7 +140,13 @@ UpdateInfo RemoteHolders::verify_and_deliver(std::int64_t version,
       fetched_ += static_cast<std::int64_t>(nb);
     }
   }
-  return info;
+  return known_.count(version) ? known_.at(version) : UpdateInfo{version, 0.0, 0.0};
+}
+
+std::optional<UpdateInfo> RemoteHolders::update_info(std::int64_t version) const {
+  auto it = known_.find(version);
+  if (it == known_.end()) return std::nullopt;
+  return it->second;
 }
 
 void RemoteHolders::push(std::int64_t step, const std::vector<int>& blocks, const float* grads) {

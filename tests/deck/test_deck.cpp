@@ -103,8 +103,9 @@ const std::vector<std::string> kFullDeck = {
     "[pd]",                              // 45
     "fetch_codec = \"lz4\"",              // 46
     "push_codec = \"zstd\"",              // 47
-    "[output]",                          // 48
-    "trace = true",                      // 49
+    "staleness = 2",                     // 48
+    "[output]",                          // 49
+    "trace = true",                      // 50
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -174,6 +175,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_TRUE(d.output.trace);
   EXPECT_EQ(d.pd.fetch_codec, "lz4");
   EXPECT_EQ(d.pd.push_codec, "zstd");
+  EXPECT_EQ(d.pd.staleness, 2);
 }
 
 TEST(DeckValid, EmbeddedDefaultDeckParses) {
@@ -523,8 +525,8 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 2 pd + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 40u);
+  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 3 pd + 1 output fields.
+  EXPECT_EQ(deck::schema().size(), 41u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -80,6 +80,7 @@ struct OptimizerConfig {
 struct PdConfig {
   std::string fetch_codec = "raw";  // raw | bf16 | lz4 (bf16 is lossy)
   std::string push_codec = "raw";   // raw | bf16 | zstd (bf16 is lossy)
+  std::int64_t staleness = 0;       // 0: synchronous; s: step k uses version >= k-1-s
   friend bool operator==(const PdConfig&, const PdConfig&) = default;
 };
 

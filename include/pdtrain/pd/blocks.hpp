@@ -3,6 +3,7 @@
 // weight decay, and a name for messages. Nothing about the model's shapes.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,12 @@ class ParameterService {
   virtual ~ParameterService() = default;
   using BlockSink = std::function<void(int id, const float* data)>;
   // Gets `blocks` at exactly `version` (waiting until it exists) and hands each to `sink`.
+  // Returns the update that produced `version`.
   virtual UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                            const BlockSink& sink) = 0;
+  // The update that produced `version`, if this rank has learnt it (fetch replies carry the
+  // holders' recent updates, so later steps' figures arrive before their versions are fetched).
+  virtual std::optional<UpdateInfo> update_info(std::int64_t version) const = 0;
   // Gives the gradients of 1-based step `step` (summed over data-parallel replicas) for
   // `blocks`, packed back to back in block order.
   virtual void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) = 0;

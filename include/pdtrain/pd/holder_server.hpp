@@ -1,9 +1,13 @@
 #pragma once
 // The holder side of parameter/compute decoupling: a server loop that owns a shard of the
-// canonical parameters and their AdamW state, serves fetches for the current version, takes
-// gradient pushes from any rank in any order, and, once every expected gradient of a step has
-// arrived, applies AdamW (with the global-norm clip agreed among holders) and advances the
-// version clock. Fetches for a version not yet reached wait in a queue.
+// canonical parameters and their AdamW state, serves fetches, takes gradient pushes from any
+// rank in any order, and, once every expected gradient of a step has arrived, applies AdamW
+// (with the global-norm clip agreed among holders) and advances the version clock. Fetches for
+// a version not yet reached wait in a queue.
+//
+// Bounded staleness s: step k computes on version max(0, k-1-s), so compute ranks run up to s
+// steps ahead of the updates. The holder keeps the last s+1 versions of each block (encoded for
+// the wire) and buffers pushes of up to s+1 future steps; s = 0 is exact synchronous training.
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -24,7 +28,7 @@ class HolderServer {
   // make up one step (1, or 2 for the tied embedding on two pipeline stages).
   HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
                std::vector<int> contributions, const AdamWConfig& opt, WireCodec fetch_codec,
-               WireCodec push_codec, TraceRecorder* trace);
+               WireCodec push_codec, int staleness, TraceRecorder* trace);
 
   // Serves until every compute rank has said it is done, then gathers the canonical CRC.
   void run();
@@ -38,11 +42,15 @@ class HolderServer {
     int source;
     std::vector<char> msg;
   };
+  struct Encoded {
+    std::vector<char> bytes;  // the block's parameters in the fetch codec, encoded once
+    std::uint32_t crc = 0;    // of `bytes`
+  };
   struct Owned {
     BlockState state;
-    std::vector<char> encoded;  // state.param at version_ in the fetch codec, encoded once
-    std::uint32_t crc = 0;      // of `encoded`
-    std::map<int, std::vector<float>> pushes;  // source world rank -> gradient of this step
+    std::map<std::int64_t, Encoded> versions;  // the last staleness+1 versions
+    // step -> source world rank -> gradient; summed in source order when the step completes
+    std::map<std::int64_t, std::map<int, std::vector<float>>> pushes;
   };
 
   void handle(int source, int tag, std::vector<char>& msg);
@@ -61,8 +69,10 @@ class HolderServer {
   WireCodec fetch_codec_, push_codec_;
   std::map<int, Owned> owned_;  // by block id, ascending
   std::int64_t version_ = 0;
-  std::int64_t pushes_missing_ = 0;  // gradients still expected for the current step
-  UpdateInfo last_update_;
+  int staleness_ = 0;
+  std::int64_t pushes_per_step_ = 0;               // gradients this holder takes per step
+  std::map<std::int64_t, std::int64_t> missing_;   // step -> gradients still expected
+  std::map<std::int64_t, UpdateInfo> recent_;      // the updates of the versions kept
   std::deque<Pending> deferred_;
   int done_ranks_ = 0;
   std::int64_t sent_ = 0, received_ = 0;  // bytes on the wire, for the traffic line

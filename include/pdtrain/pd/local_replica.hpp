@@ -16,6 +16,7 @@ class LocalReplica final : public ParameterService {
                    const BlockSink& sink) override;
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   std::uint32_t finish() override;
+  std::optional<UpdateInfo> update_info(std::int64_t version) const override;
   std::int64_t bytes_fetched() const override { return 0; }
   std::int64_t bytes_pushed() const override { return 0; }
 
@@ -24,6 +25,7 @@ class LocalReplica final : public ParameterService {
   AdamWConfig opt_;
   std::vector<BlockState> state_;
   UpdateInfo last_;
+  std::vector<UpdateInfo> history_{UpdateInfo{}};  // by version
 };
 
 }  // namespace pdtrain

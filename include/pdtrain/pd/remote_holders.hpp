@@ -1,6 +1,7 @@
 #pragma once
 // The compute side of PD: fetches blocks from the holders that own them and pushes gradients
 // to them, checking every block's version and CRC32C on arrival.
+#include <map>
 #include <vector>
 
 #include "pdtrain/layout/layout.hpp"
@@ -17,6 +18,7 @@ class RemoteHolders final : public ParameterService {
                    const BlockSink& sink) override;
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   std::uint32_t finish() override;
+  std::optional<UpdateInfo> update_info(std::int64_t version) const override;
   std::int64_t bytes_fetched() const override { return fetched_; }
   // Bytes (encoded) this rank received from holders; the rest of bytes_fetched() came by relay.
   std::int64_t bytes_from_holders() const { return from_holders_; }
@@ -36,6 +38,7 @@ class RemoteHolders final : public ParameterService {
   WireCodec fetch_codec_, push_codec_;
   std::vector<std::vector<char>> replies_;  // one reply per holder, reused across steps
   std::vector<float> decoded_;              // one block, decoded
+  std::map<std::int64_t, UpdateInfo> known_;  // updates learnt from reply headers
   std::int64_t fetched_ = 0, pushed_ = 0, from_holders_ = 0;
   std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
 };

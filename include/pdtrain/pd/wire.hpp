@@ -18,11 +18,21 @@ struct FetchRequest {
   std::int64_t n;
 };
 
-struct ReplyHeader {
+struct WireUpdateInfo {
   std::int64_t version;
   double grad_norm;
   double lr;
-  std::int64_t n;
+};
+
+// The holder's record of its recent updates travels with every reply, so the reporting rank
+// learns every step's gradient norm and learning rate even when it fetches older versions.
+inline constexpr int kMaxRecentUpdates = 4;  // staleness <= 3 keeps at most 4 versions
+
+struct ReplyHeader {
+  std::int64_t version;  // of the blocks in this reply
+  std::int64_t n;        // blocks
+  std::int64_t n_recent;
+  WireUpdateInfo recent[kMaxRecentUpdates];
 };
 
 struct PushHeader {
