@@ -12,6 +12,8 @@
 
 #include "pdtrain/app/train.hpp"
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/deck/sweep.hpp"
+#include "pdtrain/io/summary.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/version.hpp"
 
@@ -21,6 +23,8 @@ const char* kUsage =
     "usage: pdtrain [DECK.toml] [--set section.key=value]... [--dry-run]\n"
     "               [--print-default-deck] [--help] [--version]\n"
     "       pdtrain eval [DECK.toml] [--set section.key=value]... --batches N\n"
+    "       pdtrain --list-sweep DECK.toml\n"
+    "       pdtrain summarize runs/<name>\n"
     "\n"
     "Trains a GPT-2 model. Without DECK, runs the embedded default deck (input/default.toml).\n"
     "Launch with MPI, e.g.  mpirun -np 3 pdtrain   (1 parameter holder + 2 compute ranks).\n"
@@ -31,6 +35,8 @@ const char* kUsage =
     "\n"
     "  --set k=v             override a deck key (checked like the deck), repeatable\n"
     "  --dry-run             print each rank's role, coordinates and blocks, then exit\n"
+    "  --sweep-index N       run point N of the deck's [sweep] (default: $SLURM_ARRAY_TASK_ID)\n"
+    "  --list-sweep          print the numbered points of the deck's [sweep] and exit\n"
     "  --print-default-deck  print the embedded default deck and exit\n"
     "  --print-deck-reference  print every deck key as Markdown (docs/deck.md) and exit\n"
     "  --help, --version\n"
@@ -42,6 +48,9 @@ struct CommandLine {
   std::string command = "train";  // train | eval
   std::int64_t batches = 0;       // eval: windows to evaluate
   std::string deck_path;  // empty: the embedded default deck
+  long long sweep_index = -1;
+  bool list_sweep = false;
+  std::string summarize_dir;
   std::vector<std::string> sets;
   bool dry_run = false, help = false, version = false, print_default = false;
   bool print_reference = false;
@@ -51,6 +60,12 @@ CommandLine parse_command_line(int argc, char** argv) {
   CommandLine c;
   int first = 1;
   if (argc > 1 && std::string(argv[1]) == "eval") c.command = "eval", first = 2;
+  if (argc > 1 && std::string(argv[1]) == "summarize") {
+    if (argc != 3) throw pdtrain::Error(pdtrain::ExitCode::deck, "usage: pdtrain summarize DIR");
+    c.command = "summarize";
+    c.summarize_dir = argv[2];
+    return c;
+  }
   for (int i = first; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batches" && c.command == "eval") {
@@ -61,6 +76,15 @@ CommandLine parse_command_line(int argc, char** argv) {
         throw pdtrain::Error(pdtrain::ExitCode::deck,
                              std::string("--batches must be a positive integer, got '") +
                                  argv[i] + "'");
+    } else if (a == "--sweep-index") {
+      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--sweep-index needs N");
+      char* end = nullptr;
+      c.sweep_index = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || c.sweep_index < 0)
+        throw pdtrain::Error(pdtrain::ExitCode::deck,
+                             std::string("--sweep-index must be a point number, got '") + argv[i] + "'");
+    } else if (a == "--list-sweep") {
+      c.list_sweep = true;
     } else if (a == "--set") {
       if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--set needs section.key=value");
       c.sets.push_back(argv[++i]);
@@ -102,20 +126,63 @@ void choose_blas_threads() {
   pdtrain::kernels::set_blas_threads(std::max(1, cores / std::max(1, local)));
 }
 
+// The deck to run: the file (or the embedded default) with --set overrides, or, when it has a
+// [sweep], its point --sweep-index N (default $SLURM_ARRAY_TASK_ID, so a job array runs one
+// point per task). With --list-sweep, fills `listing` with the numbered points instead.
+pdtrain::Deck load(const CommandLine& cl, std::string* listing) {
+  const bool file = !cl.deck_path.empty();
+  const std::string name = file ? cl.deck_path : "<default deck>";
+  const std::string text = file ? pdtrain::read_deck_text(cl.deck_path)
+                                : std::string(pdtrain::default_deck_text());
+  pdtrain::Deck deck = pdtrain::parse_deck(text, name, cl.sets);  // checks syntax and keys
+  const pdtrain::Sweep sweep = pdtrain::parse_sweep(text, name);
+  const std::size_t points = sweep.points();
+  if (cl.list_sweep) {
+    if (points == 0) throw pdtrain::Error(pdtrain::ExitCode::deck, name + " has no [sweep] table");
+    for (std::size_t n = 0; n < points; ++n)
+      *listing += std::to_string(n) + "  " + deck.run.out_dir + "/" + std::to_string(n) + "-" +
+                  sweep.label(n) + "\n";
+    return deck;
+  }
+  if (points == 0) {
+    if (cl.sweep_index >= 0)
+      throw pdtrain::Error(pdtrain::ExitCode::deck, "--sweep-index given but " + name + " has no [sweep] table");
+    return deck;
+  }
+  long long index = cl.sweep_index;
+  if (index < 0) {
+    const char* task = std::getenv("SLURM_ARRAY_TASK_ID");
+    if (!task)
+      throw pdtrain::Error(pdtrain::ExitCode::deck,
+                           name + " has a [sweep] of " + std::to_string(points) +
+                               " points: choose one with --sweep-index N (see --list-sweep) or "
+                               "submit it as a Slurm job array");
+    index = std::atoll(task);
+  }
+  return pdtrain::sweep_point_deck(text, name, cl.sets, sweep, static_cast<std::size_t>(index));
+}
+
 int run(int argc, char** argv, int rank) {
   std::unique_ptr<pdtrain::Error> err;
   CommandLine cl;
   pdtrain::Deck deck;
+  std::string listing;
   try {
     cl = parse_command_line(argc, argv);
-    if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference)
-      deck = cl.deck_path.empty()
-                 ? pdtrain::parse_deck(pdtrain::default_deck_text(), "<default deck>", cl.sets)
-                 : pdtrain::load_deck(cl.deck_path, cl.sets);
+    if (cl.command == "summarize") {
+      if (rank == 0) pdtrain::summarize_runs(cl.summarize_dir);
+    } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
+      deck = load(cl, &listing);
+    }
   } catch (const pdtrain::Error& e) {
     err = std::make_unique<pdtrain::Error>(e);
   }
   pdtrain::rethrow_collectively(MPI_COMM_WORLD, err.get());
+  if (cl.command == "summarize") return 0;
+  if (cl.list_sweep) {
+    if (rank == 0) std::fputs(listing.c_str(), stdout);
+    return 0;
+  }
   if (cl.help || cl.version || cl.print_default || cl.print_reference) {
     if (rank == 0) {
       if (cl.print_reference) std::fputs(pdtrain::deck_reference_markdown().c_str(), stdout);

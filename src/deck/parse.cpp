@@ -135,6 +135,7 @@ struct Entry {
 std::vector<Entry> entries_by_line(const toml::value& root) {
   std::vector<Entry> out;
   for (const auto& [section, v] : root.as_table()) {
+    if (section == "sweep") continue;  // read by parse_sweep (sweep.cpp)
     if (!deck::is_section(section) || !v.is_table()) {
       out.push_back({v.location().line(), section, "", &v});
       continue;
@@ -353,6 +354,10 @@ Deck parse_deck(const std::string& text, const std::string& source_name,
 }
 
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_deck(read_deck_text(path), path, overrides);
+}
+
+std::string read_deck_text(const std::string& path) {
   errno = 0;
   std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) fail("cannot read deck file '" + path + "': " + std::strerror(errno));
@@ -362,7 +367,7 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
   // A directory opens fine on Linux and fails here with EISDIR.
   if (std::ferror(f.get())) fail("cannot read deck file '" + path + "': " + std::strerror(errno));
-  return parse_deck(text, path, overrides);
+  return text;
 }
 
 const char* default_deck_text() { return kDefaultDeckText; }

@@ -118,6 +118,9 @@ struct Deck {
 Deck parse_deck(const std::string& text, const std::string& source_name,
                 const std::vector<std::string>& overrides);
 
+// The text of a deck file; Error(ExitCode::deck) naming it when unreadable.
+std::string read_deck_text(const std::string& path);
+
 // Reads the file (Error(ExitCode::deck) naming it when unreadable) and calls parse_deck.
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
 

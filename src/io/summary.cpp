@@ -1,0 +1,152 @@
+#include "pdtrain/io/summary.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "pdtrain/core/error.hpp"
+
+namespace pdtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream ss(line);
+  std::string cell;
+  while (std::getline(ss, cell, ',')) out.push_back(cell);
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+std::string fmt(double v, const char* f = "%.4f") {
+  if (std::isnan(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+void write_svg(const std::vector<RunSummary>& runs, const std::string& path) {
+  const double W = 800, H = 480, L = 60, R = 220, T = 20, B = 40;
+  long long max_step = 1;
+  double lo = 1e300, hi = -1e300;
+  for (const RunSummary& r : runs)
+    for (const auto& [s, v] : r.loss) {
+      max_step = std::max(max_step, s);
+      lo = std::min(lo, v), hi = std::max(hi, v);
+    }
+  if (lo > hi) lo = 0, hi = 1;
+  if (hi - lo < 1e-9) hi = lo + 1;
+  auto x = [&](double s) { return L + (W - L - R) * s / static_cast<double>(max_step); };
+  auto y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
+  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  std::ofstream f(path);
+  f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << L << "\" y=\"14\">training loss (lines) and validation loss (dots)</text>\n";
+  for (int i = 0; i <= 4; ++i) {  // y grid with labels
+    const double v = lo + (hi - lo) * i / 4.0;
+    f << "<line x1=\"" << L << "\" x2=\"" << W - R << "\" y1=\"" << y(v) << "\" y2=\"" << y(v)
+      << "\" stroke=\"#ddd\"/><text x=\"4\" y=\"" << y(v) + 4 << "\">" << fmt(v, "%.3f") << "</text>\n";
+  }
+  f << "<text x=\"" << (W - R) / 2 << "\" y=\"" << H - 8 << "\">step (0.." << max_step << ")</text>\n";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const char* c = colors[i % 10];
+    f << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"1.5\" points=\"";
+    for (const auto& [s, v] : runs[i].loss) f << x(static_cast<double>(s)) << "," << y(v) << " ";
+    f << "\"/>\n";
+    for (const auto& [s, v] : runs[i].val)
+      f << "<circle cx=\"" << x(static_cast<double>(s)) << "\" cy=\"" << y(std::clamp(v, lo, hi))
+        << "\" r=\"3\" fill=\"" << c << "\"/>\n";
+    f << "<rect x=\"" << W - R + 10 << "\" y=\"" << T + 16 * i << "\" width=\"10\" height=\"10\" fill=\""
+      << c << "\"/><text x=\"" << W - R + 26 << "\" y=\"" << T + 16 * i + 9 << "\">"
+      << runs[i].name << "</text>\n";
+  }
+  f << "</svg>\n";
+  if (!f) throw Error(ExitCode::runtime, "cannot write " + path);
+}
+
+}  // namespace
+
+RunSummary read_run_summary(const std::string& metrics_csv, const std::string& name) {
+  std::ifstream in(metrics_csv);
+  if (!in) throw Error(ExitCode::data, "cannot read " + metrics_csv);
+  std::string line;
+  std::getline(in, line);
+  const std::vector<std::string> head = split_csv(line);
+  auto column = [&](const char* want) {
+    const auto it = std::find(head.begin(), head.end(), want);
+    if (it == head.end()) throw Error(ExitCode::data, metrics_csv + ": no column '" + want + "'");
+    return static_cast<std::size_t>(it - head.begin());
+  };
+  const std::size_t c_step = column("step"), c_loss = column("loss"), c_val = column("val_loss"),
+                    c_tps = column("tokens_per_s"), c_ms = column("step_ms");
+  RunSummary r;
+  r.name = name;
+  r.final_val = r.best_val = NAN;
+  double tokens = 0.0, ms = 0.0;
+  for (long long row = 2; std::getline(in, line); ++row) {
+    const std::vector<std::string> cells = split_csv(line);
+    if (cells.size() < head.size())
+      throw Error(ExitCode::data, metrics_csv + ":" + std::to_string(row) + ": short row");
+    const long long step = std::stoll(cells[c_step]);
+    r.steps = step;
+    r.final_loss = std::stod(cells[c_loss]);
+    r.loss.emplace_back(step, r.final_loss);
+    if (!cells[c_val].empty()) {
+      const double v = std::stod(cells[c_val]);
+      r.val.emplace_back(step, v);
+      r.final_val = v;
+      r.best_val = std::isnan(r.best_val) ? v : std::min(r.best_val, v);
+    }
+    const double step_ms = std::stod(cells[c_ms]);
+    tokens += std::stod(cells[c_tps]) * step_ms / 1e3;
+    ms += step_ms;
+  }
+  r.wall_s = ms / 1e3;
+  r.tokens_per_s = ms > 0 ? tokens / (ms / 1e3) : 0.0;
+  return r;
+}
+
+std::vector<RunSummary> summarize_runs(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw Error(ExitCode::data, "summarize: no directory " + dir);
+  std::vector<RunSummary> runs;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && fs::exists(e.path() / "metrics.csv"))
+      runs.push_back(read_run_summary((e.path() / "metrics.csv").string(), e.path().filename().string()));
+  if (runs.empty()) throw Error(ExitCode::data, "summarize: no run with a metrics.csv under " + dir);
+  // Sweep points are named "<N>-<label>": order them by N.
+  std::sort(runs.begin(), runs.end(), [](const RunSummary& a, const RunSummary& b) {
+    const long long na = std::atoll(a.name.c_str()), nb = std::atoll(b.name.c_str());
+    return na != nb ? na < nb : a.name < b.name;
+  });
+  std::ofstream csv(dir + "/summary.csv"), md(dir + "/summary.md");
+  csv << "run,steps,final_loss,final_val_loss,best_val_loss,tokens_per_s,wall_s\n";
+  md << "| run | steps | final loss | final val loss | best val loss | tokens/s | wall s |\n"
+     << "|---|---|---|---|---|---|---|\n";
+  for (const RunSummary& r : runs) {
+    csv << r.name << "," << r.steps << "," << fmt(r.final_loss, "%.6f") << ","
+        << fmt(r.final_val, "%.6f") << "," << fmt(r.best_val, "%.6f") << ","
+        << fmt(r.tokens_per_s, "%.0f") << "," << fmt(r.wall_s, "%.2f") << "\n";
+    md << "| " << r.name << " | " << r.steps << " | " << fmt(r.final_loss) << " | "
+       << fmt(r.final_val) << " | " << fmt(r.best_val) << " | " << fmt(r.tokens_per_s, "%.0f")
+       << " | " << fmt(r.wall_s, "%.2f") << " |\n";
+  }
+  csv.close(), md.close();
+  if (!csv || !md) throw Error(ExitCode::runtime, "cannot write the summary under " + dir);
+  write_svg(runs, dir + "/loss_curves.svg");
+  std::ifstream table(dir + "/summary.md");
+  std::printf("%s", std::string(std::istreambuf_iterator<char>(table), {}).c_str());
+  std::printf("wrote %s/summary.csv, %s/summary.md, %s/loss_curves.svg\n", dir.c_str(),
+              dir.c_str(), dir.c_str());
+  return runs;
+}
+
+}  // namespace pdtrain
