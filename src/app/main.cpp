@@ -10,8 +10,10 @@
 #include <thread>
 #include <vector>
 
+#include "pdtrain/app/tools.hpp"
 #include "pdtrain/app/train.hpp"
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/signals.hpp"
 #include "pdtrain/deck/sweep.hpp"
 #include "pdtrain/io/summary.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
@@ -25,6 +27,8 @@ const char* kUsage =
     "       pdtrain eval [DECK.toml] [--set section.key=value]... --batches N\n"
     "       pdtrain --list-sweep DECK.toml\n"
     "       pdtrain summarize runs/<name>\n"
+    "       pdtrain inspect CHECKPOINT.h5\n"
+    "       pdtrain export CHECKPOINT.h5 --format llmc OUT.bin\n"
     "\n"
     "Trains a GPT-2 model. Without DECK, runs the embedded default deck (input/default.toml).\n"
     "Launch with MPI, e.g.  mpirun -np 3 pdtrain   (1 parameter holder + 2 compute ranks).\n"
@@ -35,6 +39,10 @@ const char* kUsage =
     "\n"
     "  --set k=v             override a deck key (checked like the deck), repeatable\n"
     "  --dry-run             print each rank's role, coordinates and blocks, then exit\n"
+    "  --restart PATH|auto   continue from a checkpoint (auto: the newest valid one in\n"
+    "                        checkpoint.dir, or a fresh start if there is none)\n"
+    "  --stop-after N        end after step N with a checkpoint (the schedule still targets\n"
+    "                        run.steps), to cut a long training into several jobs\n"
     "  --sweep-index N       run point N of the deck's [sweep] (default: $SLURM_ARRAY_TASK_ID)\n"
     "  --list-sweep          print the numbered points of the deck's [sweep] and exit\n"
     "  --print-default-deck  print the embedded default deck and exit\n"
@@ -49,8 +57,11 @@ struct CommandLine {
   std::int64_t batches = 0;       // eval: windows to evaluate
   std::string deck_path;  // empty: the embedded default deck
   long long sweep_index = -1;
+  std::string restart;
+  long long stop_after = 0;
   bool list_sweep = false;
   std::string summarize_dir;
+  std::vector<std::string> files;  // inspect: checkpoint; export: checkpoint, output
   std::vector<std::string> sets;
   bool dry_run = false, help = false, version = false, print_default = false;
   bool print_reference = false;
@@ -64,6 +75,20 @@ CommandLine parse_command_line(int argc, char** argv) {
     if (argc != 3) throw pdtrain::Error(pdtrain::ExitCode::deck, "usage: pdtrain summarize DIR");
     c.command = "summarize";
     c.summarize_dir = argv[2];
+    return c;
+  }
+  if (argc > 1 && std::string(argv[1]) == "inspect") {
+    if (argc != 3) throw pdtrain::Error(pdtrain::ExitCode::deck, "usage: pdtrain inspect CHECKPOINT.h5");
+    c.command = "inspect";
+    c.files = {argv[2]};
+    return c;
+  }
+  if (argc > 1 && std::string(argv[1]) == "export") {
+    if (argc != 6 || std::string(argv[3]) != "--format" || std::string(argv[4]) != "llmc")
+      throw pdtrain::Error(pdtrain::ExitCode::deck,
+                           "usage: pdtrain export CHECKPOINT.h5 --format llmc OUT.bin");
+    c.command = "export";
+    c.files = {argv[2], argv[5]};
     return c;
   }
   for (int i = first; i < argc; ++i) {
@@ -83,6 +108,16 @@ CommandLine parse_command_line(int argc, char** argv) {
       if (*end != '\0' || c.sweep_index < 0)
         throw pdtrain::Error(pdtrain::ExitCode::deck,
                              std::string("--sweep-index must be a point number, got '") + argv[i] + "'");
+    } else if (a == "--restart") {
+      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--restart needs PATH or auto");
+      c.restart = argv[++i];
+    } else if (a == "--stop-after") {
+      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--stop-after needs a step");
+      char* end = nullptr;
+      c.stop_after = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || c.stop_after < 1)
+        throw pdtrain::Error(pdtrain::ExitCode::deck,
+                             std::string("--stop-after must be a positive step, got '") + argv[i] + "'");
     } else if (a == "--list-sweep") {
       c.list_sweep = true;
     } else if (a == "--set") {
@@ -171,6 +206,10 @@ int run(int argc, char** argv, int rank) {
     cl = parse_command_line(argc, argv);
     if (cl.command == "summarize") {
       if (rank == 0) pdtrain::summarize_runs(cl.summarize_dir);
+    } else if (cl.command == "inspect") {
+      if (rank == 0) pdtrain::inspect_checkpoint(cl.files[0]);
+    } else if (cl.command == "export") {
+      if (rank == 0) pdtrain::export_llmc(cl.files[0], cl.files[1]);
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
       deck = load(cl, &listing);
     }
@@ -178,7 +217,7 @@ int run(int argc, char** argv, int rank) {
     err = std::make_unique<pdtrain::Error>(e);
   }
   pdtrain::rethrow_collectively(MPI_COMM_WORLD, err.get());
-  if (cl.command == "summarize") return 0;
+  if (cl.command == "summarize" || cl.command == "inspect" || cl.command == "export") return 0;
   if (cl.list_sweep) {
     if (rank == 0) std::fputs(listing.c_str(), stdout);
     return 0;
@@ -196,6 +235,9 @@ int run(int argc, char** argv, int rank) {
   pdtrain::RunOptions opts;
   opts.dry_run = cl.dry_run;
   opts.eval_batches = cl.batches;
+  opts.restart = cl.restart;
+  opts.stop_after = cl.stop_after;
+  pdtrain::install_stop_signals();
   pdtrain::run_training(deck, MPI_COMM_WORLD, opts);
   return 0;
 }

@@ -13,7 +13,9 @@
 #include <memory>
 #include <sstream>
 
+#include "pdtrain/app/checkpointing.hpp"
 #include "pdtrain/core/crc32c.hpp"
+#include "pdtrain/core/signals.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "pdtrain/data/token_source.hpp"
@@ -298,8 +300,10 @@ class StageRunner final : public PipelineStageOps {
 class ComputeLoop {
  public:
   ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout, const RunOptions& opts,
+              std::unique_ptr<ParameterService> service, std::int64_t start_step,
               TraceRecorder* trace)
       : deck_(deck), setup_(setup), layout_(layout), opts_(opts), trace_(trace),
+        start_step_(start_step),
         tp_(layout.tp_comm()),
         stage_params_(*setup.catalog, stage_spec(deck, layout)),
         micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
@@ -312,13 +316,8 @@ class ComputeLoop {
                 micro_batch_, T_, slots_, stage_params_.spec().has_head),
         pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
                   trace),
-        reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())) {
-    if (layout.replicated())
-      service_ = std::make_unique<LocalReplica>(setup.table, adamw_config(deck));
-    else
-      service_ = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner,
-                                                 *wire_codec_from_string(deck.pd.fetch_codec),
-                                                 *wire_codec_from_string(deck.pd.push_codec));
+        reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
+        service_(std::move(service)) {
     packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
   }
 
@@ -326,7 +325,7 @@ class ComputeLoop {
   TrainResult run_eval(std::int64_t batches) {
     TrainResult result;
     result.reporter = layout_.is_reporter();
-    ensure_version(0);
+    ensure_version(start_step_);
     const double loss = evaluate(batches);
     result.val_losses.push_back(loss);
     result.params_crc32c = service_->finish();
@@ -348,13 +347,18 @@ class ComputeLoop {
     result.reporter = layout_.is_reporter();
     if (result.reporter) open_outputs();
     const std::int64_t steps = deck_.run.steps, staleness = deck_.pd.staleness;
+    // --stop-after ends the run early with a checkpoint; the schedule still targets run.steps.
+    const std::int64_t last =
+        opts_.stop_after > 0 ? std::min(steps, opts_.stop_after) : steps;
     const double tokens_per_step = static_cast<double>(deck_.train.batch_size * T_);
     const double t_start = now_seconds();
     double t_prev = t_start;
-    for (std::int64_t k = 1; k <= steps; ++k) {
+    std::int64_t k = start_step_;
+    while (k < last) {
+      ++k;
       StepRecord rec;
       rec.step = k;
-      rec.fetch_ms = 1e3 * ensure_version(std::max<std::int64_t>(0, k - 1 - staleness));
+      rec.fetch_ms = 1e3 * ensure_version(std::max(start_step_, k - 1 - staleness));
       forward_backward(k, rec);
       reduce_and_push(k, rec);
       rec.loss = reducer_.sum(runner_.loss_sum()) / tokens_per_step;
@@ -369,9 +373,15 @@ class ComputeLoop {
       result.losses.push_back(rec.loss);
       result.val_losses.push_back(rec.val_loss);
       pending_.push_back(rec);
-      if (result.reporter) report_known((t - t_start) / static_cast<double>(k) * (steps - k));
+      const double done = static_cast<double>(k - start_step_);
+      if (result.reporter) report_known((t - t_start) / done * static_cast<double>(last - k));
+      if (k < last && stop_requested()) {
+        result.stopped = true;
+        break;
+      }
     }
-    ensure_version(steps);  // the final parameters; every update is known now
+    result.final_step = k;
+    ensure_version(k);  // the final parameters; every update is known now
     if (result.reporter) report_known(0.0);
     result.params_crc32c = service_->finish();
     result.wall_seconds = now_seconds() - t_start;
@@ -465,6 +475,16 @@ class ComputeLoop {
     if (trace_) trace_->event(name, cat, t0, t1);
   }
 
+  // Whether any rank (compute or, through its replies, holder) got SIGTERM/SIGUSR1: all compute
+  // ranks agree, so they all end after the same step.
+  bool stop_requested() {
+    int stop = stop_signal_received() || service_->holders_asked_to_stop() ? 1 : 0;
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, layout_.compute_comm(), &r));
+    wait_quietly(&r);
+    return stop != 0;
+  }
+
   bool eval_due(std::int64_t s) const {
     const std::int64_t every = deck_.train.eval_every;
     return s == deck_.run.steps || (every > 0 && s % every == 0);
@@ -482,7 +502,7 @@ class ComputeLoop {
   }
 
   void open_outputs() {
-    metrics_ = std::make_unique<MetricsWriter>(deck_.run.out_dir + "/metrics.csv");
+    metrics_ = std::make_unique<MetricsWriter>(deck_.run.out_dir + "/metrics.csv", start_step_);
     if (!opts_.verbose) return;
     const ModelShape& m = setup_.catalog->shape();
     const LayoutShape& ls = layout_.shape();
@@ -535,7 +555,8 @@ class ComputeLoop {
 
   void print_final(const TrainResult& r) {
     if (!opts_.verbose) return;
-    const double tokens = static_cast<double>(deck_.run.steps * deck_.train.batch_size * T_);
+    const double tokens =
+        static_cast<double>((r.final_step - start_step_) * deck_.train.batch_size * T_);
     std::printf("summary: wall %.2f s | %.0f tok/s | fetch %.2f s | compute %.2f s | "
                 "reduce %.2f s | push %.2f s | eval %.2f s | fetched %s | pushed %s\n",
                 r.wall_seconds, tokens / r.wall_seconds, timers_.get("fetch"),
@@ -543,8 +564,13 @@ class ComputeLoop {
                 timers_.get("eval"),
                 human_bytes(static_cast<double>(service_->bytes_fetched())).c_str(),
                 human_bytes(static_cast<double>(service_->bytes_pushed())).c_str());
+    if (r.losses.empty()) return;
+    if (r.final_step < deck_.run.steps)
+      std::printf("stopped after step %lld of %lld: checkpoint written; continue with "
+                  "--restart auto\n",
+                  static_cast<long long>(r.final_step), static_cast<long long>(deck_.run.steps));
     std::printf("final step=%lld loss=%.9g params_crc32c=%08x\n",
-                static_cast<long long>(deck_.run.steps), r.losses.back(), r.params_crc32c);
+                static_cast<long long>(r.final_step), r.losses.back(), r.params_crc32c);
     std::fflush(stdout);
   }
 
@@ -553,6 +579,7 @@ class ComputeLoop {
   const Layout& layout_;
   RunOptions opts_;
   TraceRecorder* trace_;
+  std::int64_t start_step_;
   TensorParallelGroup tp_;
   StageParams stage_params_;
   int micro_batches_;
@@ -593,6 +620,40 @@ void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world) 
   TraceRecorder::merge(files, dir + "/trace.json");
 }
 
+std::string layout_text(const LayoutShape& s) {
+  return "holders=" + std::to_string(s.holders) + " dp=" + std::to_string(s.dp) +
+         " tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp);
+}
+
+std::unique_ptr<ckpt::CheckpointWriter> make_writer(const Deck& deck, const ParamCatalog& cat,
+                                                    MPI_Comm comm) {
+  std::filesystem::create_directories(deck.checkpoint.dir);
+  return std::make_unique<ckpt::CheckpointWriter>(
+      comm, cat, ckpt::parse_codec(deck.checkpoint.codec),
+      static_cast<int>(deck.checkpoint.anchor_every), deck.checkpoint.dir,
+      static_cast<int>(deck.checkpoint.keep));
+}
+
+// Loads the restart state into `target` (a holder's server or a baseline replica) for the
+// blocks it owns, reading collectively over `comm`; ranks with nothing to load pass a null
+// target and MPI_COMM_NULL. A damaged checkpoint is one error for the whole job.
+template <class Target>
+void restore_collectively(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm comm,
+                          MPI_Comm world, Target* target) {
+  if (rp.path.empty()) return;
+  std::unique_ptr<Error> err;
+  try {
+    if (target) {
+      std::vector<int> ids;
+      for (const auto& [id, state] : target->owned_blocks()) ids.push_back(id);
+      target->restore(rp.version, read_restart_state(rp, cat, comm, ids));
+    }
+  } catch (const Error& e) {
+    err = std::make_unique<Error>(e);
+  }
+  rethrow_collectively(world, err.get());
+}
+
 }  // namespace
 
 TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opts) {
@@ -624,6 +685,9 @@ TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opt
   TraceRecorder trace;
   if (deck.output.trace)
     trace = TraceRecorder(rank, layout.is_holder() ? "holder" : "compute", epoch);
+  const RestartPoint restart = resolve_restart(deck, opts.restart, world);
+  const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
+  const bool training = opts.eval_batches == 0;
   TrainResult result;
   if (layout.is_holder()) {
     HolderServer server(layout, setup.table, setup.owner,
@@ -631,13 +695,38 @@ TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opt
                         *wire_codec_from_string(deck.pd.fetch_codec),
                         *wire_codec_from_string(deck.pd.push_codec),
                         static_cast<int>(deck.pd.staleness), &trace);
-    server.set_verbose(opts.verbose && opts.eval_batches == 0);
+    server.set_verbose(opts.verbose && training);
     setup.table.init = nullptr;  // frees an llm.c file read for initialization
+    restore_collectively(restart, *setup.catalog, layout.holders_comm(), world, &server);
+    std::unique_ptr<ckpt::CheckpointWriter> writer;
+    if (training) {
+      writer = make_writer(deck, *setup.catalog, layout.holders_comm());
+      server.set_hooks(checkpoint_hooks(*writer, deck, layout_text(setup.shape), tokens_per_step,
+                                        opts.verbose && layout.holder_index() == 0));
+    }
     server.run();
   } else {
-    ComputeLoop loop(deck, setup, layout, opts, &trace);
+    std::unique_ptr<ParameterService> service;
+    std::unique_ptr<ckpt::CheckpointWriter> writer;
+    if (layout.replicated()) {
+      auto replica = std::make_unique<LocalReplica>(setup.table, adamw_config(deck));
+      restore_collectively(restart, *setup.catalog, MPI_COMM_SELF, world, replica.get());
+      if (training && layout.compute_index() == 0) {  // one replica writes for all
+        writer = make_writer(deck, *setup.catalog, MPI_COMM_SELF);
+        replica->set_hooks(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
+                                            tokens_per_step, opts.verbose));
+      }
+      service = std::move(replica);
+    } else {
+      restore_collectively(restart, *setup.catalog, MPI_COMM_NULL, world,
+                           static_cast<HolderServer*>(nullptr));
+      service = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner,
+                                                *wire_codec_from_string(deck.pd.fetch_codec),
+                                                *wire_codec_from_string(deck.pd.push_codec));
+    }
+    ComputeLoop loop(deck, setup, layout, opts, std::move(service), restart.step, &trace);
     setup.table.init = nullptr;
-    result = opts.eval_batches > 0 ? loop.run_eval(opts.eval_batches) : loop.run();
+    result = training ? loop.run() : loop.run_eval(opts.eval_batches);
   }
   if (deck.output.trace) write_traces(deck, trace, world);
   return result;

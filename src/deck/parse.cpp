@@ -350,6 +350,7 @@ Deck parse_deck(const std::string& text, const std::string& source_name,
   for (const auto& o : overrides) apply_override(deck, o);
   check_cross_rules(deck);
   if (deck.run.out_dir.empty()) deck.run.out_dir = "runs/" + deck.run.name;
+  if (deck.checkpoint.dir.empty()) deck.checkpoint.dir = deck.run.out_dir + "/checkpoints";
   return deck;
 }
 

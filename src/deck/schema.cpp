@@ -173,6 +173,24 @@ std::vector<KeySpec> build_schema() {
           .at_least(0)
           .at_most(3),
 
+      key(&D::checkpoint, &CheckpointConfig::every, "checkpoint.every",
+          "Write a checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGUSR1).")
+          .at_least(0),
+      key(&D::checkpoint, &CheckpointConfig::codec, "checkpoint.codec",
+          "raw, zstd (lossless), xor (lossless delta to the last anchor), bitdelta (1 bit per "
+          "weight + a scale per block, lossy for parameters; Adam state as xor).")
+          .one_of({"raw", "zstd", "xor", "bitdelta"}),
+      key(&D::checkpoint, &CheckpointConfig::anchor_every, "checkpoint.anchor_every",
+          "Delta codecs: every N-th checkpoint is a full (zstd) anchor.")
+          .at_least(1),
+      key(&D::checkpoint, &CheckpointConfig::keep, "checkpoint.keep",
+          "Newest checkpoints kept (never an anchor a kept delta needs); 0 keeps all.")
+          .at_least(0),
+      key(&D::checkpoint, &CheckpointConfig::async, "checkpoint.async",
+          "Copy the state and encode it in the background while training continues."),
+      key(&D::checkpoint, &CheckpointConfig::dir, "checkpoint.dir",
+          "Checkpoint directory; empty: <run.out_dir>/checkpoints."),
+
       key(&D::output, &OutputConfig::trace, "output.trace",
           "Write a Chrome trace per rank (OUT/trace/rank-<r>.json) and a merged one."),
   };
@@ -251,6 +269,7 @@ const std::vector<SectionSpec>& sections() {
       {"train", "Batch size and validation."},
       {"optimizer", "AdamW with linear warmup and cosine decay."},
       {"pd", "The parameter/compute-decoupling wire between holders and compute ranks."},
+      {"checkpoint", "HDF5 checkpoints written by the holders (docs/checkpoint-format.md)."},
       {"output", "What the run writes besides metrics.csv."},
   };
   return table;

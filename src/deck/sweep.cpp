@@ -143,7 +143,9 @@ Deck sweep_point_deck(const std::string& text, const std::string& source_name,
   Deck base = parse_deck(text, source_name, overrides);  // out_dir of the sweep as a whole
   Deck d = parse_deck(text, source_name, sets);
   for (const SweepSetting& s : sweep.point(n)) d.origin[s.key] = "sweep point " + std::to_string(n);
+  const std::string own_dir = d.run.out_dir + "/checkpoints";
   d.run.out_dir = base.run.out_dir + "/" + std::to_string(n) + "-" + sweep.label(n);
+  if (d.checkpoint.dir == own_dir) d.checkpoint.dir = d.run.out_dir + "/checkpoints";
   return d;
 }
 

@@ -3,18 +3,40 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 
 #include "pdtrain/core/error.hpp"
 
 namespace pdtrain {
 
-MetricsWriter::MetricsWriter(const std::string& path) {
-  f_ = std::fopen(path.c_str(), "w");
+namespace {
+const char* kHeader =
+    "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,fetch_ms,compute_ms,reduce_ms,push_ms,"
+    "bubble\n";
+
+// The rows of steps <= last of an existing metrics file, written back atomically.
+void keep_rows_up_to(const std::string& path, std::int64_t last) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept = kHeader;
+  std::getline(in, line);  // header
+  while (std::getline(in, line))
+    if (!line.empty() && std::atoll(line.c_str()) <= last) kept += line + "\n";
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << kept;
+  std::filesystem::rename(tmp, path);
+}
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, std::int64_t resume_step) {
+  const bool resume = resume_step > 0 && std::filesystem::exists(path);
+  if (resume) keep_rows_up_to(path, resume_step);
+  f_ = std::fopen(path.c_str(), resume ? "a" : "w");
   if (!f_) throw Error(ExitCode::runtime, "cannot write " + path + ": " + std::strerror(errno));
-  std::fprintf(f_,
-               "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,fetch_ms,compute_ms,"
-               "reduce_ms,push_ms,bubble\n");
+  if (!resume) std::fputs(kHeader, f_);
   std::fflush(f_);
 }
 

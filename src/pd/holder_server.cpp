@@ -46,6 +46,30 @@ void HolderServer::encode(Owned& o) {
   o.versions.erase(o.versions.begin(), o.versions.lower_bound(version_ - staleness_));
 }
 
+void HolderServer::restore(std::int64_t version, std::map<int, BlockState> blocks) {
+  version_ = version;
+  start_version_ = version;
+  recent_.clear();
+  recent_[version] = UpdateInfo{version, 0.0, 0.0};
+  for (auto& [id, o] : owned_) {
+    auto it = blocks.find(id);
+    PDT_CHECK(it != blocks.end(), "restored state lacks block " + table_.blocks[id].name);
+    PDT_CHECK(it->second.param.size() == o.state.param.size(),
+              "restored block " + table_.blocks[id].name + " has the wrong size");
+    const bool decay = o.state.decay;
+    o.state = std::move(it->second);
+    o.state.decay = decay;
+    o.versions.clear();
+    encode(o);
+  }
+}
+
+HolderHooks::OwnedBlocks HolderServer::owned_blocks() const {
+  HolderHooks::OwnedBlocks out;
+  for (const auto& [id, o] : owned_) out[id] = &o.state;
+  return out;
+}
+
 void HolderServer::run() {
   const int n_compute = layout_.shape().compute();
   Backoff backoff;
@@ -67,6 +91,7 @@ void HolderServer::run() {
     received_ += bytes;
     handle(st.MPI_SOURCE, st.MPI_TAG, msg);
   }
+  if (hooks_.at_end) hooks_.at_end(version_, owned_blocks());
   if (verbose_) print_traffic();
   send_final_crc();
 }
@@ -115,6 +140,7 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
   wire::ReplyHeader rh{};
   rh.version = v;
   rh.n = req.n;
+  rh.stop = hooks_.stop_requested && hooks_.stop_requested() ? 1 : 0;
   for (const auto& [version, info] : recent_)
     rh.recent[rh.n_recent++] = wire::WireUpdateInfo{version, info.grad_norm, info.lr};
   std::memcpy(reply.data(), &rh, sizeof(rh));
@@ -217,6 +243,7 @@ void HolderServer::finish_step() {
   }
   recent_[version_] = UpdateInfo{version_, norm, lr};
   recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
+  if (hooks_.after_update) hooks_.after_update(version_, owned_blocks());
   serve_deferred();
 }
 
@@ -236,12 +263,13 @@ void HolderServer::serve_deferred() {
 // One line per holder: what it served and took, in all and per step, so egress can be compared
 // across data-parallel widths.
 void HolderServer::print_traffic() const {
-  const double steps = static_cast<double>(std::max<std::int64_t>(1, version_));
+  const double steps = static_cast<double>(std::max<std::int64_t>(1, version_ - start_version_));
   std::printf("holder %d: egress %.3f MiB/step, ingress %.3f MiB/step (%lld steps, update %.2f s, "
               "serve %.2f s)\n",
               layout_.holder_index(), static_cast<double>(sent_) / steps / 1048576.0,
               static_cast<double>(received_) / steps / 1048576.0,
-              static_cast<long long>(version_), timers_.get("update"), timers_.get("serve"));
+              static_cast<long long>(version_ - start_version_), timers_.get("update"),
+              timers_.get("serve"));
   std::fflush(stdout);
 }
 

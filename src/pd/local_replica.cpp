@@ -42,15 +42,37 @@ void LocalReplica::push(std::int64_t step, const std::vector<int>& blocks, const
     g += table_.blocks[b].numel;
   }
   last_ = UpdateInfo{step, norm, lr};
-  history_.push_back(last_);
+  history_[step] = last_;
+  if (hooks_.after_update) hooks_.after_update(step, owned_blocks());
 }
 
 std::optional<UpdateInfo> LocalReplica::update_info(std::int64_t version) const {
-  if (version < 0 || version >= static_cast<std::int64_t>(history_.size())) return std::nullopt;
-  return history_[static_cast<std::size_t>(version)];
+  auto it = history_.find(version);
+  if (it == history_.end()) return std::nullopt;
+  return it->second;
+}
+
+HolderHooks::OwnedBlocks LocalReplica::owned_blocks() const {
+  HolderHooks::OwnedBlocks out;
+  for (std::size_t b = 0; b < state_.size(); ++b) out[static_cast<int>(b)] = &state_[b];
+  return out;
+}
+
+void LocalReplica::restore(std::int64_t version, std::map<int, BlockState> blocks) {
+  for (std::size_t b = 0; b < state_.size(); ++b) {
+    auto it = blocks.find(static_cast<int>(b));
+    PDT_CHECK(it != blocks.end() && it->second.param.size() == state_[b].param.size(),
+              "restored state lacks block " + table_.blocks[b].name);
+    const bool decay = state_[b].decay;
+    state_[b] = std::move(it->second);
+    state_[b].decay = decay;
+  }
+  last_ = UpdateInfo{version, 0.0, 0.0};
+  history_ = {{version, last_}};
 }
 
 std::uint32_t LocalReplica::finish() {
+  if (hooks_.at_end) hooks_.at_end(last_.version, owned_blocks());
   std::vector<const float*> ptrs;
   for (const BlockState& s : state_) ptrs.push_back(s.param.data());
   return table_.canonical_crc(ptrs);

@@ -111,6 +111,7 @@ UpdateInfo RemoteHolders::verify_and_deliver(std::int64_t version,
     PDT_CHECK(rh.version == version, "holder " + std::to_string(h) + " answered with version " +
                                          std::to_string(rh.version) + " for a fetch of version " +
                                          std::to_string(version));
+    stop_ = stop_ || rh.stop != 0;
     for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
       known_[rh.recent[i].version] =
           UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr};

@@ -104,8 +104,15 @@ const std::vector<std::string> kFullDeck = {
     "fetch_codec = \"lz4\"",              // 46
     "push_codec = \"zstd\"",              // 47
     "staleness = 2",                     // 48
-    "[output]",                          // 49
-    "trace = true",                      // 50
+    "[checkpoint]",                      // 49
+    "every = 100",                       // 50
+    "codec = \"xor\"",                   // 51
+    "anchor_every = 5",                  // 52
+    "keep = 2",                          // 53
+    "async = true",                      // 54
+    "dir = \"/scratch/ckpt\"",           // 55
+    "[output]",                          // 56
+    "trace = true",                      // 57
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -114,6 +121,7 @@ TEST(DeckValid, EmptyDeckGivesEveryDefault) {
   const Deck d = parse("");
   Deck expect;
   expect.run.out_dir = "runs/default";
+  expect.checkpoint.dir = "runs/default/checkpoints";
   EXPECT_TRUE(same_settings(d, expect));
   EXPECT_EQ(d.source_name, "t.toml");
   EXPECT_EQ(d.source_text, "");
@@ -176,6 +184,9 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.fetch_codec, "lz4");
   EXPECT_EQ(d.pd.push_codec, "zstd");
   EXPECT_EQ(d.pd.staleness, 2);
+  EXPECT_EQ(d.checkpoint.codec, "xor");
+  EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
+  EXPECT_TRUE(d.checkpoint.async);
 }
 
 TEST(DeckValid, EmbeddedDefaultDeckParses) {
@@ -525,8 +536,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 3 pd + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 41u);
+  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 3 pd + 6 checkpoint +
+  // 1 output fields.
+  EXPECT_EQ(deck::schema().size(), 47u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

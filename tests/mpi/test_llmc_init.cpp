@@ -7,7 +7,12 @@
 
 #include <filesystem>
 
+#include "pdtrain/app/tools.hpp"
+#include "pdtrain/ckpt/checkpoint.hpp"
 #include "pdtrain/model/llmc_format.hpp"
+
+#include <fstream>
+#include <map>
 #include "run_helpers.hpp"
 
 namespace pdtrain::test {
@@ -97,6 +102,42 @@ TEST(LlmcInit, FileOfOwnInitEvaluatesLikeRandomInit) {
     MPI_Comm_free(&three);
     EXPECT_NEAR(pd, random_loss, 1e-6 * random_loss) << split;
   }
+}
+
+// llm.c -> pdtrain checkpoint -> `pdtrain export --format llmc` gives back the same bytes.
+TEST(LlmcInit, ExportRoundTripIsBitIdentical) {
+  const std::string file = fixture();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return;
+  const Deck d = parse_deck(kDeck, "t.toml", {"model.init=llmc:" + file});
+  const ParamCatalog cat(resolve_model_shape(d.model));
+  std::vector<float> canonical;
+  read_llmc_params(file, cat, canonical);
+  std::map<int, BlockState> states;
+  ckpt::BlockRefs refs;
+  for (const BlockInfo& b : cat.blocks()) {
+    BlockState& s = states[b.id];
+    s.param.resize(static_cast<std::size_t>(b.numel()));
+    cat.gather_block(b, canonical.data(), s.param.data());
+    s.m.assign(s.param.size(), 0.25f);
+    s.v.assign(s.param.size(), 0.5f);
+    refs[b.id] = &s;
+  }
+  const std::string dir = temp("roundtrip");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string ckpt_path;
+  {
+    ckpt::CheckpointWriter w(MPI_COMM_SELF, cat, ckpt::Codec::zstd, 1, dir, 0);
+    ckpt_path = w.write(0, 0, 0, d.resolved_toml(), "test", refs);
+  }
+  const std::string out = temp("roundtrip.bin");
+  export_llmc(ckpt_path, out);
+  std::ifstream a(file, std::ios::binary), b(out, std::ios::binary);
+  const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_EQ(sa.size(), sb.size());
+  EXPECT_TRUE(sa == sb) << "exported file differs from the original llm.c file";
 }
 
 TEST(LlmcInit, ShapeMismatchIsADataErrorNamingTheField) {

@@ -15,6 +15,8 @@ struct RunOptions {
   bool dry_run = false;   // print the layout and exit
   bool verbose = true;    // per-step lines and the header on stdout
   std::int64_t eval_batches = 0;  // > 0: evaluate the initial model on that many batches, no training
+  std::string restart;            // "" fresh, "auto" newest valid checkpoint, or a checkpoint path
+  std::int64_t stop_after = 0;    // > 0: end after this step with a checkpoint
 };
 
 struct TrainResult {
@@ -22,6 +24,8 @@ struct TrainResult {
   std::vector<double> losses;       // training loss of steps 1..N
   std::vector<double> val_losses;   // NaN where not evaluated
   std::uint32_t params_crc32c = 0;  // CRC32C of all parameters in canonical order
+  std::int64_t final_step = 0;      // the last step run (the checkpoint's step)
+  bool stopped = false;             // ended early by a signal
   double wall_seconds = 0.0;
 };
 

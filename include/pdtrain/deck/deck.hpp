@@ -84,6 +84,16 @@ struct PdConfig {
   friend bool operator==(const PdConfig&, const PdConfig&) = default;
 };
 
+struct CheckpointConfig {
+  std::int64_t every = 0;        // checkpoint every N steps; 0: only at the end of the run
+  std::string codec = "zstd";    // raw | zstd | xor | bitdelta (bitdelta params are lossy)
+  std::int64_t anchor_every = 4; // delta codecs: a full anchor every N checkpoints
+  std::int64_t keep = 3;         // newest checkpoints kept (plus anchors they need); 0: all
+  bool async = false;            // encode in the background while training continues
+  std::string dir;               // empty: <run.out_dir>/checkpoints
+  friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
+};
+
 struct OutputConfig {
   bool trace = false;  // Chrome trace JSON per rank (OUT/trace/rank-<r>.json) and merged
   friend bool operator==(const OutputConfig&, const OutputConfig&) = default;
@@ -97,6 +107,7 @@ struct Deck {
   TrainConfig train;
   OptimizerConfig optimizer;
   PdConfig pd;
+  CheckpointConfig checkpoint;
   OutputConfig output;
 
   std::string source_name;   // deck file path, or "<default deck>"

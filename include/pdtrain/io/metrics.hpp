@@ -25,8 +25,10 @@ struct StepRecord {
 
 class MetricsWriter {
  public:
-  // Creates (truncates) `path` and writes the header.
-  explicit MetricsWriter(const std::string& path);
+  // Creates `path` with its header; when resuming after `resume_step` > 0, keeps the rows of
+  // steps 1..resume_step already there (dropping any written after that checkpoint by the
+  // interrupted run) and appends.
+  explicit MetricsWriter(const std::string& path, std::int64_t resume_step = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -48,6 +48,8 @@ class ParameterService {
   virtual void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) = 0;
   // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.
   virtual std::uint32_t finish() = 0;
+  // True once a holder has said it was asked to stop (a signal reached it).
+  virtual bool holders_asked_to_stop() const { return false; }
   // Bytes this rank moved through the service so far (fetched, pushed).
   virtual std::int64_t bytes_fetched() const = 0;
   virtual std::int64_t bytes_pushed() const = 0;

@@ -10,6 +10,7 @@
 // the wire) and buffers pushes of up to s+1 future steps; s = 0 is exact synchronous training.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -21,6 +22,18 @@
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
+
+// What the app plugs into a holder without the PD layer knowing about files: checkpoint
+// writing after updates and at the end, and a request to stop early (a signal).
+struct HolderHooks {
+  using OwnedBlocks = std::map<int, const BlockState*>;
+  // After every update, with all holders at `version` (collective calls are safe here).
+  std::function<void(std::int64_t version, const OwnedBlocks&)> after_update;
+  // Once, after every compute rank has finished, with all holders at the final version.
+  std::function<void(std::int64_t version, const OwnedBlocks&)> at_end;
+  // True once this holder was asked to stop (SIGTERM/SIGUSR1); told to compute ranks in replies.
+  std::function<bool()> stop_requested;
+};
 
 class HolderServer {
  public:
@@ -34,6 +47,10 @@ class HolderServer {
   void run();
 
   std::int64_t version() const { return version_; }
+  void set_hooks(HolderHooks hooks) { hooks_ = std::move(hooks); }
+  // Replaces the initial state by a restored one (a checkpoint at `version`, for its blocks).
+  void restore(std::int64_t version, std::map<int, BlockState> blocks);
+  HolderHooks::OwnedBlocks owned_blocks() const;
   void set_verbose(bool v) { verbose_ = v; }  // print a traffic line at the end
   const PhaseTimers& timers() const { return timers_; }
 
@@ -69,6 +86,7 @@ class HolderServer {
   WireCodec fetch_codec_, push_codec_;
   std::map<int, Owned> owned_;  // by block id, ascending
   std::int64_t version_ = 0;
+  std::int64_t start_version_ = 0;  // the version a restart began at
   int staleness_ = 0;
   std::int64_t pushes_per_step_ = 0;               // gradients this holder takes per step
   std::map<std::int64_t, std::int64_t> missing_;   // step -> gradients still expected
@@ -77,6 +95,7 @@ class HolderServer {
   int done_ranks_ = 0;
   std::int64_t sent_ = 0, received_ = 0;  // bytes on the wire, for the traffic line
   bool verbose_ = false;
+  HolderHooks hooks_;
   PhaseTimers timers_;
   TraceRecorder* trace_;
 };

@@ -6,6 +6,7 @@
 
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/holder_server.hpp"
 
 namespace pdtrain {
 
@@ -19,13 +20,18 @@ class LocalReplica final : public ParameterService {
   std::optional<UpdateInfo> update_info(std::int64_t version) const override;
   std::int64_t bytes_fetched() const override { return 0; }
   std::int64_t bytes_pushed() const override { return 0; }
+  // The same checkpoint hooks as a holder's (after each update, at the end).
+  void set_hooks(HolderHooks hooks) { hooks_ = std::move(hooks); }
+  void restore(std::int64_t version, std::map<int, BlockState> blocks);
+  HolderHooks::OwnedBlocks owned_blocks() const;
 
  private:
   const BlockTable& table_;
   AdamWConfig opt_;
   std::vector<BlockState> state_;
   UpdateInfo last_;
-  std::vector<UpdateInfo> history_{UpdateInfo{}};  // by version
+  std::map<std::int64_t, UpdateInfo> history_{{0, UpdateInfo{}}};  // by version
+  HolderHooks hooks_;
 };
 
 }  // namespace pdtrain

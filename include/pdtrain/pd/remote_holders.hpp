@@ -19,6 +19,7 @@ class RemoteHolders final : public ParameterService {
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   std::uint32_t finish() override;
   std::optional<UpdateInfo> update_info(std::int64_t version) const override;
+  bool holders_asked_to_stop() const override { return stop_; }
   std::int64_t bytes_fetched() const override { return fetched_; }
   // Bytes (encoded) this rank received from holders; the rest of bytes_fetched() came by relay.
   std::int64_t bytes_from_holders() const { return from_holders_; }
@@ -39,6 +40,7 @@ class RemoteHolders final : public ParameterService {
   std::vector<std::vector<char>> replies_;  // one reply per holder, reused across steps
   std::vector<float> decoded_;              // one block, decoded
   std::map<std::int64_t, UpdateInfo> known_;  // updates learnt from reply headers
+  bool stop_ = false;
   std::int64_t fetched_ = 0, pushed_ = 0, from_holders_ = 0;
   std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
 };

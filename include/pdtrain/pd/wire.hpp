@@ -31,6 +31,7 @@ inline constexpr int kMaxRecentUpdates = 4;  // staleness <= 3 keeps at most 4 v
 struct ReplyHeader {
   std::int64_t version;  // of the blocks in this reply
   std::int64_t n;        // blocks
+  std::int64_t stop;     // 1: a holder was asked to stop (signal); compute ranks end the run
   std::int64_t n_recent;
   WireUpdateInfo recent[kMaxRecentUpdates];
 };

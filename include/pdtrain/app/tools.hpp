@@ -1,0 +1,15 @@
+#pragma once
+// The commands that work on files rather than train: inspect a checkpoint, export one to
+// llm.c's format. Single-process (rank 0 of the job).
+#include <string>
+
+namespace pdtrain {
+
+// Prints step, codec, anchor, each tensor's shape, stored and raw bytes, and CRC status.
+void inspect_checkpoint(const std::string& path);
+
+// Writes the parameters of checkpoint `path` as an llm.c GPT-2 checkpoint (header + fp32
+// parameters in llm.c's order); a round trip llm.c -> pdtrain -> llm.c is bit-identical.
+void export_llmc(const std::string& checkpoint, const std::string& out);
+
+}  // namespace pdtrain

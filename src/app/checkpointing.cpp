@@ -1,0 +1,112 @@
+#include "pdtrain/app/checkpointing.hpp"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "pdtrain/app/train.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/signals.hpp"
+
+namespace pdtrain {
+
+namespace {
+
+void bcast_string(std::string& s, MPI_Comm comm) {
+  int n = static_cast<int>(s.size());
+  MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, comm));
+  s.resize(static_cast<std::size_t>(n));
+  MPI_CHECK(MPI_Bcast(s.data(), n, MPI_CHAR, 0, comm));
+}
+
+RestartPoint locate(const Deck& deck, const std::string& restart) {
+  RestartPoint rp;
+  if (restart == "auto") {
+    if (!std::filesystem::is_directory(deck.checkpoint.dir)) return rp;
+    const ckpt::LatestValid latest = ckpt::find_latest_valid(deck.checkpoint.dir);
+    for (const std::string& w : latest.warnings) std::fprintf(stderr, "pdtrain: warning: %s\n", w.c_str());
+    if (latest.path.empty()) {
+      std::printf("restart: no valid checkpoint in %s, starting fresh\n", deck.checkpoint.dir.c_str());
+      return rp;
+    }
+    rp.path = latest.path;
+  } else {
+    rp.path = restart;
+    if (!std::filesystem::exists(rp.path))
+      throw Error(ExitCode::data, "--restart " + rp.path + ": no such checkpoint");
+  }
+  const ckpt::CheckpointMeta meta = ckpt::read_meta(rp.path);
+  if (!meta.complete) throw Error(ExitCode::data, rp.path + ": incomplete checkpoint");
+  rp.step = meta.step;
+  rp.version = meta.version;
+  rp.lossy = meta.codec == ckpt::Codec::bitdelta;
+  return rp;
+}
+
+}  // namespace
+
+RestartPoint resolve_restart(const Deck& deck, const std::string& restart, MPI_Comm world) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  RestartPoint rp;
+  std::unique_ptr<Error> err;
+  if (rank == 0 && !restart.empty()) {
+    try {
+      rp = locate(deck, restart);
+    } catch (const Error& e) {
+      err = std::make_unique<Error>(e);
+    }
+  }
+  rethrow_collectively(world, err.get());
+  bcast_string(rp.path, world);
+  std::int64_t nums[3] = {rp.step, rp.version, rp.lossy ? 1 : 0};
+  MPI_CHECK(MPI_Bcast(nums, 3, MPI_INT64_T, 0, world));
+  rp.step = nums[0], rp.version = nums[1], rp.lossy = nums[2] != 0;
+  if (rank == 0 && !rp.path.empty()) {
+    std::printf("restart: from %s (step %lld)%s\n", rp.path.c_str(),
+                static_cast<long long>(rp.step),
+                rp.lossy ? " | APPROXIMATE: bitdelta parameters (1 bit per weight)" : "");
+    std::fflush(stdout);
+  }
+  return rp;
+}
+
+std::map<int, BlockState> read_restart_state(const RestartPoint& rp, const ParamCatalog& cat,
+                                             MPI_Comm comm, const std::vector<int>& ids) {
+  ckpt::Checkpoint c = ckpt::read_checkpoint(rp.path, cat, comm, ids);
+  return std::move(c.blocks);
+}
+
+HolderHooks checkpoint_hooks(ckpt::CheckpointWriter& writer, const Deck& deck,
+                             const std::string& layout_text, std::int64_t tokens_per_step,
+                             bool verbose) {
+  auto last_written = std::make_shared<std::int64_t>(-1);
+  auto save = [&writer, &deck, layout_text, tokens_per_step, last_written, verbose](
+                  std::int64_t version, const HolderHooks::OwnedBlocks& blocks, bool async) {
+    const std::string path =
+        async ? writer.write_async(version, version, version * tokens_per_step,
+                                   deck.resolved_toml(), layout_text, blocks)
+              : writer.write(version, version, version * tokens_per_step, deck.resolved_toml(),
+                             layout_text, blocks);
+    *last_written = version;
+    if (verbose) {
+      std::printf("checkpoint: %s%s\n", path.c_str(), async ? " (writing in the background)" : "");
+      std::fflush(stdout);
+    }
+  };
+  HolderHooks h;
+  h.after_update = [&writer, &deck, save](std::int64_t version,
+                                          const HolderHooks::OwnedBlocks& blocks) {
+    if (writer.pending()) writer.poll();
+    if (deck.checkpoint.every > 0 && version % deck.checkpoint.every == 0)
+      save(version, blocks, deck.checkpoint.async);
+  };
+  h.at_end = [&writer, save, last_written](std::int64_t version,
+                                           const HolderHooks::OwnedBlocks& blocks) {
+    if (writer.pending()) writer.wait();
+    if (*last_written != version) save(version, blocks, false);
+  };
+  h.stop_requested = [] { return stop_signal_received(); };
+  return h;
+}
+
+}  // namespace pdtrain

@@ -1,0 +1,129 @@
+#include "files.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "format.hpp"
+#include "pdtrain/ckpt/checkpoint.hpp"
+#include "pdtrain/core/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pdtrain::ckpt {
+
+std::string checkpoint_file_name(std::int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "ckpt-%08lld.h5", static_cast<long long>(step));
+  return buf;
+}
+
+namespace detail {
+
+std::int64_t step_of_file_name(const std::string& name) {
+  constexpr std::size_t kPrefix = 5, kSuffix = 3;  // "ckpt-", ".h5"
+  if (name.size() <= kPrefix + kSuffix || name.compare(0, kPrefix, "ckpt-") != 0 ||
+      name.compare(name.size() - kSuffix, kSuffix, ".h5") != 0)
+    return -1;
+  const std::string digits = name.substr(kPrefix, name.size() - kPrefix - kSuffix);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+std::string dir_of(const std::string& path) {
+  const fs::path p(path);
+  return p.has_parent_path() ? p.parent_path().string() : ".";
+}
+
+std::string base_of(const std::string& path) { return fs::path(path).filename().string(); }
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    throw Error(ExitCode::runtime, "cannot fsync " + path + ": " + why);
+  }
+  ::close(fd);
+}
+
+void publish(const std::string& tmp, const std::string& final_path) {
+  fsync_path(tmp, false);  // the data is on disk before the name says the file is complete
+  if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
+    throw Error(ExitCode::runtime,
+                "cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno));
+  fsync_path(dir_of(final_path), true);  // and the rename itself survives a crash
+}
+
+void write_latest(const std::string& dir, const std::string& name) {
+  const std::string tmp = dir + "/latest.tmp", target = dir + "/latest";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+    out.close();
+    if (!out) throw Error(ExitCode::runtime, "cannot write " + tmp);
+  }
+  publish(tmp, target);
+}
+
+std::optional<std::string> read_latest(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  std::string name;
+  if (!in || !std::getline(in, name) || name.empty()) return std::nullopt;
+  return name;
+}
+
+std::vector<DirEntry> list_checkpoints(const std::string& dir) {
+  std::vector<DirEntry> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::int64_t step = step_of_file_name(name);
+    if (step >= 0 && e.is_regular_file(ec)) out.push_back({name, step});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const DirEntry& a, const DirEntry& b) { return a.step > b.step; });
+  return out;
+}
+
+std::vector<std::string> apply_retention(const std::string& dir, std::int64_t current_step,
+                                         int keep) {
+  std::vector<std::string> deleted;
+  std::error_code ec;
+  // Leftovers of writes that crashed before their rename.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, ".h5.tmp") == 0 &&
+        name.compare(0, 5, "ckpt-") == 0 && fs::remove(e.path(), ec))
+      deleted.push_back(name);
+  }
+  if (keep <= 0) return deleted;
+  // Newer steps belong to an abandoned run (we restarted from an earlier checkpoint): they are
+  // neither counted nor touched.
+  std::vector<DirEntry> older;
+  for (const DirEntry& e : list_checkpoints(dir))
+    if (e.step <= current_step) older.push_back(e);
+  std::set<std::string> needed;
+  for (std::size_t i = 0; i < older.size() && i < static_cast<std::size_t>(keep); ++i) {
+    needed.insert(older[i].name);
+    try {
+      const CheckpointMeta m = read_meta(dir + "/" + older[i].name);
+      if (!m.anchor.empty()) needed.insert(m.anchor);
+    } catch (const Error&) {
+      // An unreadable kept file needs no anchor; it is kept so that a person can look at it.
+    }
+  }
+  for (const DirEntry& e : older)
+    if (!needed.count(e.name) && fs::remove(dir + "/" + e.name, ec)) deleted.push_back(e.name);
+  return deleted;
+}
+
+}  // namespace detail
+}  // namespace pdtrain::ckpt

@@ -1,0 +1,31 @@
+#pragma once
+// The checkpoint directory: atomic publication (fsync + rename), `latest`, listing and
+// retention (private). Only holder 0 calls these.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pdtrain::ckpt::detail {
+
+// fsync of a file or directory; throws Error(runtime) naming the path.
+void fsync_path(const std::string& path, bool directory);
+// Makes `tmp` durable and gives it its final name: fsync(tmp), rename, fsync(directory).
+void publish(const std::string& tmp, const std::string& final_path);
+// <dir>/latest := name, atomically (written to latest.tmp, fsync'ed, renamed).
+void write_latest(const std::string& dir, const std::string& name);
+std::optional<std::string> read_latest(const std::string& dir);
+
+struct DirEntry {
+  std::string name;  // "ckpt-00000100.h5"
+  std::int64_t step;
+};
+// Complete-named checkpoints (ckpt-<step>.h5) in `dir`, newest step first.
+std::vector<DirEntry> list_checkpoints(const std::string& dir);
+
+// Deletes checkpoints of steps <= current_step beyond the newest `keep` (and the anchors those
+// need), and leftover *.h5.tmp files of crashed writes. Returns the names deleted.
+std::vector<std::string> apply_retention(const std::string& dir, std::int64_t current_step,
+                                         int keep);
+
+}  // namespace pdtrain::ckpt::detail

@@ -1,0 +1,609 @@
+// CheckpointWriter: encoding (pure, any thread) and the collective HDF5 commit (caller's
+// thread). See checkpoint.hpp for the contract and docs/checkpoint-format.md for the file.
+//
+// Why the asynchronous path looks like this: the holders' communicator is busy in the main
+// thread (the server loop), Open MPI is initialized without MPI_THREAD_MULTIPLE, and Debian's
+// parallel HDF5 is not thread-safe. So the background thread only does what needs neither MPI
+// nor HDF5 -- CRCs, xor/bitdelta encoding, shuffle and zstd compression of whole-block chunks
+// into memory -- and the collective file write runs later in the caller's thread, at poll() or
+// wait(), where HDF5's zstd filter copies the prepared frames instead of compressing.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "comm.hpp"
+#include "files.hpp"
+#include "format.hpp"
+#include "geometry.hpp"
+#include "h5_util.hpp"
+#include "pdtrain/ckpt/canonical_crc.hpp"
+#include "pdtrain/ckpt/checkpoint.hpp"
+#include "pdtrain/ckpt/zstd_filter.hpp"
+#include "pdtrain/core/crc32c.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/timer.hpp"
+#include "precompress.hpp"
+
+namespace pdtrain::ckpt {
+
+using detail::TensorGeom;
+
+// This holder's blocks of the last anchor, as written: the base of xor and bitdelta deltas.
+struct CheckpointWriter::Anchor {
+  std::string file;
+  std::uint32_t params_crc = 0;
+  std::map<int, BlockState> blocks;
+};
+
+namespace {
+
+std::mutex g_hook_mutex;
+std::function<void(std::string_view)> g_hook;
+
+void run_hook(std::string_view point) {
+  std::function<void(std::string_view)> h;
+  {
+    std::lock_guard<std::mutex> lock(g_hook_mutex);
+    h = g_hook;
+  }
+  if (h) h(point);
+}
+
+std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<std::uint32_t> out(v.size());
+  if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+  return out;
+}
+
+std::uint32_t crc_of(const std::vector<float>& v) {
+  return crc32c(v.data(), v.size() * sizeof(float));
+}
+
+// One block as it goes into the file.
+struct EncodedBlock {
+  const BlockInfo* info = nullptr;
+  std::vector<std::uint32_t> state[3];  // fp32 bits or xor bits; state[0] empty for bitdelta
+  std::vector<std::uint8_t> signs;      // bitdelta, padded to the tensor's sign_bytes
+  float scale = 0.0f;
+  std::uint32_t crc[3] = {0, 0, 0};     // of the decoded fp32 data
+};
+
+}  // namespace
+
+namespace testing {
+void set_write_hook(std::function<void(std::string_view point)> hook) {
+  std::lock_guard<std::mutex> lock(g_hook_mutex);
+  g_hook = std::move(hook);
+}
+}  // namespace testing
+
+struct CheckpointWriter::Job {
+  // What to write.
+  std::int64_t step = 0, version = 0, tokens = 0;
+  std::string deck, layout, path, tmp;
+  bool anchor = false;
+  Codec file_codec = Codec::raw;
+  std::shared_ptr<const Anchor> base;    // deltas: the anchor they refer to
+  std::map<int, BlockState> snapshot;    // this holder's state at write time
+
+  // What encoding produced.
+  std::vector<EncodedBlock> blocks;      // by id
+  std::vector<CrcPiece> pieces;          // canonical-CRC pieces of the decoded params
+  std::shared_ptr<Anchor> new_anchor;    // anchors of delta codecs: the snapshot itself
+  detail::PrecompressedChunks chunks;    // async: frames compressed in the background
+  double encode_seconds = 0;
+  std::unique_ptr<Error> error;          // an encoding failure, reported at commit
+
+  std::thread worker;
+  std::atomic<bool> done{false};
+};
+
+namespace {
+
+using Job = CheckpointWriter::Job;
+
+// ---------------------------------------------------------------- encoding (no MPI, no HDF5)
+
+void encode_block(const BlockInfo& b, const BlockState& s, const BlockState* base, Codec codec,
+                  std::size_t sign_bytes, EncodedBlock& e, std::vector<float>& decoded) {
+  e.info = &b;
+  for (const std::vector<float>* v : {&s.param, &s.m, &s.v})
+    if (v->size() != static_cast<std::size_t>(b.numel()))
+      throw Error(ExitCode::runtime, "checkpoint: block " + std::to_string(b.id) + " has " +
+                                         std::to_string(v->size()) + " values, expected " +
+                                         std::to_string(b.numel()));
+  const std::size_t n = s.param.size();
+  decoded = s.param;
+  if (codec == Codec::bitdelta) {
+    e.signs.assign(sign_bytes, 0);
+    e.scale = bitdelta_encode(s.param.data(), base->param.data(), n, e.signs.data());
+    bitdelta_decode(base->param.data(), e.signs.data(), e.scale, n, decoded.data());
+  } else {
+    e.state[0] = bits_of(s.param);
+  }
+  e.state[1] = bits_of(s.m);
+  e.state[2] = bits_of(s.v);
+  e.crc[0] = crc_of(decoded);  // of what a reader will decode, so lossy params verify too
+  e.crc[1] = crc_of(s.m);
+  e.crc[2] = crc_of(s.v);
+  if (is_delta(codec)) {
+    const std::vector<float>* ref[3] = {&base->param, &base->m, &base->v};
+    for (int k = codec == Codec::bitdelta ? 1 : 0; k < 3; ++k) {
+      const std::vector<std::uint32_t> rb = bits_of(*ref[k]);
+      xor_bits(e.state[k].data(), rb.data(), e.state[k].data(), n);
+    }
+  }
+}
+
+// `precompress`: also compress every chunk that is exactly one block, for the zstd filter to
+// pick up during the commit. `keep_anchor`: the snapshot becomes the in-memory anchor.
+void encode(Job& j, const ParamCatalog& catalog, const std::vector<TensorGeom>& geom, int level,
+            bool precompress, bool keep_anchor) {
+  const double t0 = now_seconds();
+  try {
+    std::vector<float> decoded;
+    j.blocks.resize(j.snapshot.size());
+    std::size_t i = 0;
+    for (const auto& [id, s] : j.snapshot) {
+      if (id < 0 || id >= static_cast<int>(catalog.blocks().size()))
+        throw Error(ExitCode::runtime, "checkpoint: no block " + std::to_string(id));
+      const BlockInfo& b = catalog.block(id);
+      const BlockState* base = nullptr;
+      if (j.base) {
+        auto it = j.base->blocks.find(id);
+        if (it == j.base->blocks.end())
+          throw Error(ExitCode::runtime, "checkpoint: block " + catalog.block_name(b) +
+                                             " is not in this holder's anchor");
+        base = &it->second;
+      }
+      encode_block(b, s, base, j.file_codec, geom[static_cast<int>(b.tensor)].sign_bytes,
+                   j.blocks[i++], decoded);
+      append_crc_pieces(catalog, b, decoded.data(), j.pieces);
+    }
+    if (precompress && j.file_codec != Codec::raw) {
+      for (const EncodedBlock& e : j.blocks) {
+        if (detail::block_is_chunk(geom[static_cast<int>(e.info->tensor)], *e.info))
+          for (const auto& st : e.state)
+            if (!st.empty()) j.chunks.add(st.data(), st.size() * 4, 4, level);
+        if (!e.signs.empty()) j.chunks.add(e.signs.data(), e.signs.size(), 1, level);
+      }
+    }
+    if (keep_anchor) {
+      j.new_anchor = std::make_shared<CheckpointWriter::Anchor>();
+      j.new_anchor->blocks = std::move(j.snapshot);
+    }
+    j.snapshot.clear();
+  } catch (const Error& e) {
+    j.error = std::make_unique<Error>(e);
+  } catch (const std::exception& e) {
+    j.error = std::make_unique<Error>(ExitCode::runtime, std::string("checkpoint: ") + e.what());
+  }
+  j.encode_seconds = now_seconds() - t0;
+}
+
+// ---------------------------------------------------------------- the HDF5 file (caller's thread)
+
+using TensorBlocks = std::map<int, std::vector<const EncodedBlock*>>;  // tensor -> its blocks
+
+class FileWriter {
+ public:
+  // calls[t] (calls[T + t] for bitdelta signs): how many H5Dwrite calls the holder with the
+  // most boxes of tensor t needs; every holder makes that many (collective calls must match).
+  FileWriter(const Job& job, const std::vector<TensorGeom>& geom, std::vector<std::uint32_t> calls,
+             int level, MPI_Comm comm, int rank, int size)
+      : job_(job), geom_(geom), calls_(std::move(calls)), level_(level), rank_(rank) {
+    for (const EncodedBlock& e : job.blocks)
+      by_tensor_[static_cast<int>(e.info->tensor)].push_back(&e);
+    H5Context ctx(job.tmp, "");
+    H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
+    // Closing the file must really close it (it is fsync'ed and renamed next): an object left
+    // open makes H5Fclose fail instead of silently keeping the file open.
+    H5_CHECK(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI));
+    dxpl_ = H5Id(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)));
+    if (size > 1) {
+      // Parallel writes through filters must be collective.
+      H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+      H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
+      H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
+      H5_CHECK(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE));
+    }
+    file_ = H5Id(H5_CHECK(H5Fcreate(job.tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)));
+  }
+
+  hid_t file() const { return file_; }
+
+  void write_state(int k) {
+    const char* group_name = detail::kStateGroups[k];
+    H5Id group(H5_CHECK(H5Gcreate2(file_, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+    const bool xored = job_.file_codec == Codec::xor_delta ||
+                       (job_.file_codec == Codec::bitdelta && k > 0);
+    for (const TensorGeom& g : geom_) {
+      H5Context ctx(job_.tmp, std::string(group_name) + "/" + g.name());
+      H5Id space(H5_CHECK(H5Screate_simple(g.rank, g.dims, nullptr)));
+      H5Id p = dcpl(g.chunk, g.rank, true);
+      H5Id dset(H5_CHECK(H5Dcreate2(group, g.name().c_str(),
+                                    xored ? H5T_STD_U32LE : H5T_IEEE_F32LE, space, H5P_DEFAULT,
+                                    p, H5P_DEFAULT)));
+      detail::PrecompressedChunks::Counting counting;  // from the write to the close
+      write_tensor(dset, xored ? H5T_NATIVE_UINT32 : H5T_NATIVE_FLOAT, g, blocks_of(g), k);
+      dset.close_checked(__FILE__, __LINE__);
+    }
+  }
+
+  // bitdelta params: per tensor, uint8 signs [blocks of the tensor, sign_bytes]: one chunk
+  // per block.
+  void write_signs() {
+    H5Id group(H5_CHECK(H5Gcreate2(file_, detail::kSigns, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+    for (const TensorGeom& g : geom_) {
+      H5Context ctx(job_.tmp, std::string(detail::kSigns) + "/" + g.name());
+      const hsize_t dims[2] = {static_cast<hsize_t>(g.n_blocks), g.sign_bytes};
+      const hsize_t chunk[2] = {1, g.sign_bytes};
+      H5Id space(H5_CHECK(H5Screate_simple(2, dims, nullptr)));
+      H5Id p = dcpl(chunk, 2, false);
+      H5Id dset(H5_CHECK(H5Dcreate2(group, g.name().c_str(), H5T_STD_U8LE, space, H5P_DEFAULT,
+                                    p, H5P_DEFAULT)));
+      std::map<int, const EncodedBlock*> by_id;
+      std::vector<const BlockInfo*> infos;
+      for (const EncodedBlock* e : blocks_of(g)) {
+        by_id[e->info->id] = e;
+        infos.push_back(e->info);
+      }
+      const std::vector<detail::Box> boxes = detail::sign_boxes_of(g, infos);
+      detail::PrecompressedChunks::Counting counting;
+      const std::uint32_t calls = calls_[geom_.size() + static_cast<std::size_t>(g.info->id)];
+      for (std::uint32_t c = 0; c < calls; ++c) {
+        std::vector<std::uint8_t> buf;
+        if (c < boxes.size()) {
+          detail::select_box(space, boxes[c]);
+          for (const BlockInfo* b : boxes[c].blocks) {  // by id: the box's row order
+            const auto& signs = by_id[b->id]->signs;
+            buf.insert(buf.end(), signs.begin(), signs.end());
+          }
+        } else {
+          H5_CHECK(H5Sselect_none(space));
+        }
+        write_selection(dset, H5T_NATIVE_UINT8, space, buf.data(), buf.size());
+      }
+      dset.close_checked(__FILE__, __LINE__);
+    }
+  }
+
+  // A small 1-D dataset every holder knows in full (CRCs, scales); holder 0 writes it.
+  void write_small(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                   const void* data, std::size_t n) {
+    H5Context ctx(job_.tmp, name);
+    const hsize_t dims = n;
+    H5Id space(H5_CHECK(H5Screate_simple(1, &dims, nullptr)));
+    H5Id dset(H5_CHECK(H5Dcreate2(loc, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT,
+                                  H5P_DEFAULT)));
+    if (rank_ != 0) H5_CHECK(H5Sselect_none(space));
+    write_selection(dset, mem_type, space, data, rank_ == 0 ? n : 0);
+  }
+
+  void close() {
+    H5Context ctx(job_.tmp, "");
+    file_.close_checked(__FILE__, __LINE__);
+  }
+
+ private:
+  H5Id dcpl(const hsize_t* chunk, int rank, bool shuffle) const {
+    H5Id p(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
+    H5_CHECK(H5Pset_chunk(p, rank, chunk));
+    // Every element gets written, and parallel HDF5 allocates all chunks when the dataset is
+    // created: writing fill values there would be a second pass over the file.
+    H5_CHECK(H5Pset_fill_time(p, H5D_FILL_TIME_NEVER));
+    if (job_.file_codec != Codec::raw) {
+      if (shuffle) H5_CHECK(H5Pset_shuffle(p));
+      const unsigned cd[1] = {static_cast<unsigned>(level_)};
+      H5_CHECK(H5Pset_filter(p, kZstdFilterId, H5Z_FLAG_MANDATORY, 1, cd));
+    }
+    return p;
+  }
+
+  std::vector<const EncodedBlock*> blocks_of(const TensorGeom& g) const {
+    auto it = by_tensor_.find(static_cast<int>(g.info->id));
+    return it == by_tensor_.end() ? std::vector<const EncodedBlock*>{} : it->second;
+  }
+
+  // One H5Dwrite per box of this holder's blocks of the tensor, each buffer laid out in the
+  // box's row-major order.
+  void write_tensor(hid_t dset, hid_t mem_type, const TensorGeom& g,
+                    const std::vector<const EncodedBlock*>& blocks, int k) {
+    std::vector<const BlockInfo*> infos;
+    std::map<int, const EncodedBlock*> by_id;
+    for (const EncodedBlock* e : blocks) {
+      infos.push_back(e->info);
+      by_id[e->info->id] = e;
+    }
+    const std::vector<detail::Box> boxes = detail::boxes_of(g, infos);
+    H5Id fspace(H5_CHECK(H5Dget_space(dset)));
+    for (std::uint32_t c = 0; c < calls_[static_cast<std::size_t>(g.info->id)]; ++c) {
+      if (c >= boxes.size()) {
+        H5_CHECK(H5Sselect_none(fspace));
+        write_selection(dset, mem_type, fspace, nullptr, 0);
+        continue;
+      }
+      std::vector<std::uint32_t> buf(boxes[c].numel);
+      auto out = buf.begin();
+      detail::for_each_file_row(boxes[c].blocks, [&](const BlockInfo& b, std::int64_t r) {
+        const std::vector<std::uint32_t>& src = by_id[b.id]->state[k];
+        out = std::copy_n(src.begin() + r * b.cols, b.cols, out);
+      });
+      detail::select_box(fspace, boxes[c]);
+      write_selection(dset, mem_type, fspace, buf.data(), buf.size());
+    }
+  }
+
+  void write_selection(hid_t dset, hid_t mem_type, hid_t fspace, const void* buf,
+                       std::size_t n) {
+    H5Id mspace(detail::memory_space_for(fspace, n));
+    H5_CHECK(H5Dwrite(dset, mem_type, mspace, fspace, dxpl_, buf));
+  }
+
+  const Job& job_;
+  const std::vector<TensorGeom>& geom_;
+  std::vector<std::uint32_t> calls_;
+  int level_, rank_;
+  TensorBlocks by_tensor_;
+  H5Id file_, dxpl_;
+};
+
+// Root attributes; `complete` comes last, after everything else is written.
+void write_attributes(hid_t file, const Job& j, const ParamCatalog& catalog,
+                      std::uint32_t params_crc, const std::string& anchor_file,
+                      std::uint32_t anchor_crc) {
+  using detail::write_attr_i64;
+  using detail::write_attr_str;
+  const ModelShape& s = catalog.shape();
+  write_attr_str(file, "format", detail::kFormat);
+  write_attr_i64(file, "format_version", detail::kFormatVersion);
+  write_attr_i64(file, "step", j.step);
+  write_attr_i64(file, "version", j.version);
+  write_attr_i64(file, "tokens_seen", j.tokens);
+  write_attr_str(file, "codec", codec_name(j.file_codec));
+  if (!j.anchor) {
+    write_attr_str(file, "anchor", anchor_file);
+    write_attr_i64(file, "anchor_crc32c", anchor_crc);
+  }
+  write_attr_i64(file, "params_crc32c", params_crc);
+  write_attr_str(file, "deck", j.deck);
+  write_attr_str(file, "layout", j.layout);
+  write_attr_i64(file, "n_layer", s.n_layer);
+  write_attr_i64(file, "n_head", s.n_head);
+  write_attr_i64(file, "d_model", s.d_model);
+  write_attr_i64(file, "vocab_size", s.vocab_size);
+  write_attr_i64(file, "padded_vocab", s.padded_vocab);
+  write_attr_i64(file, "max_seq_len", s.max_seq_len);
+  write_attr_i64(file, "n_blocks", static_cast<std::int64_t>(catalog.blocks().size()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- CheckpointWriter
+
+CheckpointWriter::CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& catalog,
+                                   Codec codec, int anchor_every, std::string dir, int keep,
+                                   int zstd_level)
+    : catalog_(catalog), codec_(codec), anchor_every_(std::max(1, anchor_every)),
+      keep_(std::max(0, keep)), level_(zstd_level), dir_(std::move(dir)) {
+  ensure_hdf5_ready();
+  MPI_CHECK(MPI_Comm_dup(holders_comm, &comm_));
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  std::unique_ptr<Error> err;
+  if (rank_ == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec)
+      err = std::make_unique<Error>(ExitCode::runtime, "cannot create checkpoint directory " +
+                                                           dir_ + ": " + ec.message());
+  }
+  detail::agree_on_error(comm_, err.get());
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  try {
+    if (job_) wait();
+  } catch (const Error& e) {
+    fatal_abort(e.code(), e.what());  // a destructor cannot report it otherwise
+  }
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+bool CheckpointWriter::pending() const { return job_ != nullptr; }
+
+std::string CheckpointWriter::write(std::int64_t step, std::int64_t version,
+                                    std::int64_t tokens_seen, const std::string& deck_text,
+                                    const std::string& layout_text, const BlockRefs& blocks) {
+  const std::string path = start(false, step, version, tokens_seen, deck_text, layout_text, blocks);
+  commit();
+  return path;
+}
+
+std::string CheckpointWriter::write_async(std::int64_t step, std::int64_t version,
+                                          std::int64_t tokens_seen, const std::string& deck_text,
+                                          const std::string& layout_text,
+                                          const BlockRefs& blocks) {
+  return start(true, step, version, tokens_seen, deck_text, layout_text, blocks);
+}
+
+bool CheckpointWriter::poll() {
+  if (!job_) return true;
+  // Every holder must decide alike, or some would enter the collective write alone.
+  if (!detail::allreduce_and(comm_, job_->done.load(std::memory_order_acquire))) return false;
+  commit();
+  return true;
+}
+
+void CheckpointWriter::wait() {
+  if (job_) commit();
+}
+
+std::string CheckpointWriter::start(bool async, std::int64_t step, std::int64_t version,
+                                    std::int64_t tokens, const std::string& deck,
+                                    const std::string& layout, const BlockRefs& blocks) {
+  if (job_) commit();  // one checkpoint in flight at a time: deltas need the committed anchor
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->version = version;
+  job->tokens = tokens;
+  job->deck = deck;
+  job->layout = layout;
+  job->path = dir_ + "/" + checkpoint_file_name(step);
+  job->tmp = job->path + ".tmp";
+  // raw and zstd checkpoints are all full; delta codecs write an anchor every anchor_every-th
+  // time, and first of all (this writer has no anchor in memory yet).
+  job->anchor = !is_delta(codec_) || !anchor_ || written_ % anchor_every_ == 0;
+  job->file_codec = job->anchor ? (codec_ == Codec::raw ? Codec::raw : Codec::zstd) : codec_;
+  job->base = job->anchor ? nullptr : anchor_;
+  for (const auto& [id, s] : blocks) job->snapshot[id] = *s;  // the only work before returning
+
+  Job* j = job.get();
+  const bool keep_anchor = job->anchor && is_delta(codec_);
+  job_ = std::move(job);
+  auto run = [this, j, async, keep_anchor] {
+    encode(*j, catalog_, detail::tensor_geometry(catalog_), level_, async, keep_anchor);
+    j->done.store(true, std::memory_order_release);
+  };
+  if (async)
+    j->worker = std::thread(run);
+  else
+    run();
+  return j->path;
+}
+
+void CheckpointWriter::commit() {
+  std::unique_ptr<Job> job = std::move(job_);  // gone whatever happens below
+  Job& j = *job;
+  if (j.worker.joinable()) j.worker.join();
+  detail::agree_on_error(comm_, j.error.get());
+  const double t0 = now_seconds();
+  const std::vector<TensorGeom> geom = detail::tensor_geometry(catalog_);
+  const std::size_t nb = catalog_.blocks().size();
+
+  // Per-block arrays each holder fills for its own blocks; the file gets them whole.
+  std::vector<std::uint32_t> crc[3], scale_bits(nb, 0);
+  for (auto& c : crc) c.assign(nb, 0);
+  std::int64_t raw_bytes = 0;
+  for (const EncodedBlock& e : j.blocks) {
+    for (int k = 0; k < 3; ++k) crc[k][e.info->id] = e.crc[k];
+    std::memcpy(&scale_bits[e.info->id], &e.scale, 4);
+    raw_bytes += 3 * e.info->bytes();
+  }
+  for (auto& c : crc) detail::allreduce_bor(comm_, c);
+  detail::allreduce_bor(comm_, scale_bits);
+  raw_bytes = detail::allreduce_sum(comm_, raw_bytes);
+
+  // The canonical params CRC, combined on holder 0 from every holder's pieces.
+  std::vector<char> mine(j.pieces.size() * sizeof(CrcPiece));
+  if (!mine.empty()) std::memcpy(mine.data(), j.pieces.data(), mine.size());
+  const std::vector<char> all = detail::gather_bytes(comm_, mine);
+  std::uint32_t params_crc = 0, covered = 1;
+  if (rank_ == 0) {
+    std::vector<CrcPiece> pieces(all.size() / sizeof(CrcPiece));
+    if (!all.empty()) std::memcpy(pieces.data(), all.data(), all.size());
+    const auto c = combine_crc_pieces(std::move(pieces), catalog_.total_numel());
+    covered = c ? 1 : 0;
+    params_crc = c.value_or(0);
+  }
+  detail::bcast_u32(comm_, params_crc);
+  detail::bcast_u32(comm_, covered);
+  if (!covered)
+    throw Error(ExitCode::runtime, "checkpoint " + j.path +
+                                       ": the holders' blocks do not cover every parameter "
+                                       "exactly once");
+  // HDF5 metadata writes are collective: every holder must write identical attributes.
+  detail::bcast_string(comm_, j.deck);
+  detail::bcast_string(comm_, j.layout);
+
+  // How many boxes the busiest holder has per tensor: the number of collective writes.
+  std::vector<std::uint32_t> calls(2 * geom.size(), 0);
+  {
+    std::map<int, std::vector<const BlockInfo*>> mine;
+    for (const EncodedBlock& e : j.blocks) mine[static_cast<int>(e.info->tensor)].push_back(e.info);
+    for (const auto& [t, infos] : mine) {
+      calls[static_cast<std::size_t>(t)] =
+          static_cast<std::uint32_t>(detail::boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
+      calls[geom.size() + static_cast<std::size_t>(t)] = static_cast<std::uint32_t>(
+          detail::sign_boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
+    }
+    detail::allreduce_max(comm_, calls);
+  }
+
+  detail::PrecompressedChunks::reset_counters();
+  detail::PrecompressedChunks::activate(&j.chunks);
+  try {
+    FileWriter w(j, geom, calls, level_, comm_, rank_, size_);
+    run_hook("file_created");
+    write_attributes(w.file(), j, catalog_, params_crc, j.base ? j.base->file : "",
+                     j.base ? j.base->params_crc : 0);
+    if (j.file_codec == Codec::bitdelta) {
+      w.write_signs();
+      H5Id scales(H5_CHECK(
+          H5Gcreate2(w.file(), detail::kScale, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+      for (const TensorGeom& g : geom)
+        w.write_small(scales, g.name(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                      scale_bits.data() + g.first_block, static_cast<std::size_t>(g.n_blocks));
+    } else {
+      w.write_state(0);
+    }
+    run_hook("params_written");
+    w.write_state(1);
+    w.write_state(2);
+    run_hook("moments_written");
+    H5Id crcs(H5_CHECK(H5Gcreate2(w.file(), detail::kCrc, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+    for (int k = 0; k < 3; ++k)
+      w.write_small(crcs, detail::kStateGroups[k], H5T_STD_U32LE, H5T_NATIVE_UINT32,
+                    crc[k].data(), nb);
+    crcs.reset();
+    run_hook("before_complete");
+    detail::write_attr_i64(w.file(), "complete", 1);
+    w.close();
+  } catch (const Error& e) {
+    detail::PrecompressedChunks::activate(nullptr);
+    // A failed write is a runtime fault (disk full, ...), not a bad input file. Another holder
+    // may be inside a collective HDF5 call that will never complete: end the job.
+    if (size_ > 1) fatal_abort(ExitCode::runtime, e.what());
+    throw Error(ExitCode::runtime, e.what());
+  }
+  detail::PrecompressedChunks::activate(nullptr);
+  stats_ = WriteStats{};
+  stats_.precompressed_chunks = detail::PrecompressedChunks::hits();
+  stats_.commit_compressed_chunks = detail::PrecompressedChunks::misses();
+
+  // Publish: holder 0 alone touches names in the directory.
+  std::unique_ptr<Error> err;
+  if (rank_ == 0) {
+    try {
+      run_hook("before_rename");
+      detail::publish(j.tmp, j.path);
+      run_hook("before_latest");
+      detail::write_latest(dir_, detail::base_of(j.path));
+      stats_.deleted = detail::apply_retention(dir_, j.step, keep_);
+      stats_.file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(j.path));
+    } catch (const Error& e) {
+      err = std::make_unique<Error>(e);
+    } catch (const std::exception& e) {
+      err = std::make_unique<Error>(ExitCode::runtime, "checkpoint " + j.path + ": " + e.what());
+    }
+  }
+  detail::agree_on_error(comm_, err.get());
+  stats_.file_bytes = detail::allreduce_sum(comm_, rank_ == 0 ? stats_.file_bytes : 0);
+  if (j.anchor && is_delta(codec_)) {
+    j.new_anchor->file = detail::base_of(j.path);
+    j.new_anchor->params_crc = params_crc;
+    anchor_ = j.new_anchor;
+  }
+  ++written_;
+  stats_.path = j.path;
+  stats_.codec = j.file_codec;
+  stats_.anchor = j.anchor;
+  stats_.raw_bytes = raw_bytes;
+  stats_.encode_seconds = j.encode_seconds;
+  stats_.commit_seconds = now_seconds() - t0;
+}
+
+}  // namespace pdtrain::ckpt

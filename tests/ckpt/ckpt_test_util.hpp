@@ -1,0 +1,150 @@
+#pragma once
+// Helpers shared by the checkpoint tests: small model shapes, deterministic holder states, a
+// scratch directory, and byte surgery on checkpoint files.
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pdtrain/ckpt/checkpoint.hpp"
+#include "pdtrain/core/rng.hpp"
+#include "pdtrain/model/catalog.hpp"
+
+namespace pdtrain::ckpt::test {
+
+// Two layers, 4 heads; max_seq_len 10 does not divide by 4, so wpe's blocks are unequal and
+// some chunks straddle two blocks.
+inline ModelShape tiny_shape() {
+  ModelConfig m;
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.d_model = 16;
+  m.vocab_size = 50;
+  m.seq_len = 8;
+  m.max_seq_len = 10;
+  return resolve_model_shape(m);
+}
+
+// Three heads: the padded vocabulary (128) splits 42/43/43, so wte's blocks are unequal too.
+inline ModelShape uneven_shape() {
+  ModelConfig m;
+  m.n_layer = 2;
+  m.n_head = 3;
+  m.d_model = 12;
+  m.vocab_size = 100;
+  m.seq_len = 8;
+  m.max_seq_len = 11;
+  return resolve_model_shape(m);
+}
+
+using State = std::map<int, BlockState>;
+
+// Parameters ~ N(0, 0.02), m ~ N(0, 1e-3), v ~ |N(0, 1e-5)|: every bit pattern differs.
+inline State random_state(const ParamCatalog& cat, std::uint64_t seed) {
+  State s;
+  const std::uint64_t key = rng_key(seed, 77);
+  for (const BlockInfo& b : cat.blocks()) {
+    BlockState& st = s[b.id];
+    const auto n = static_cast<std::size_t>(b.numel());
+    st.param.resize(n);
+    st.m.resize(n);
+    st.v.resize(n);
+    st.decay = cat.tensor(b.tensor).weight_decay;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t c = 3 * (static_cast<std::uint64_t>(b.id) * 1000003ull + i);
+      st.param[i] = static_cast<float>(0.02 * rng_normal(key, c));
+      st.m[i] = static_cast<float>(1e-3 * rng_normal(key, c + 1));
+      st.v[i] = static_cast<float>(std::abs(1e-5 * rng_normal(key, c + 2)));
+    }
+  }
+  return s;
+}
+
+// A few AdamW-like steps later: params move by ~lr per step, the moments drift.
+inline State trained_like(const State& s0, std::uint64_t seed, double step_size = 1e-3) {
+  State s = s0;
+  const std::uint64_t key = rng_key(seed, 91);
+  for (auto& [id, st] : s)
+    for (std::size_t i = 0; i < st.param.size(); ++i) {
+      const std::uint64_t c = 3 * (static_cast<std::uint64_t>(id) * 1000003ull + i);
+      st.param[i] += static_cast<float>(step_size * rng_normal(key, c));
+      st.m[i] = static_cast<float>(0.35 * st.m[i] + 0.65e-3 * rng_normal(key, c + 1));
+      st.v[i] = static_cast<float>(0.6 * st.v[i] + 0.4e-5 * std::abs(rng_normal(key, c + 2)));
+    }
+  return s;
+}
+
+inline BlockRefs refs(const State& s) {
+  BlockRefs r;
+  for (const auto& [id, st] : s) r[id] = &st;
+  return r;
+}
+
+inline std::vector<int> all_ids(const ParamCatalog& cat) {
+  std::vector<int> ids(cat.blocks().size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+  return ids;
+}
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A fresh directory under /tmp, removed with its contents at scope exit.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    char tmpl[] = "/tmp/pdtrain-ckpt-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Byte offset and size in the file of the chunk holding element `coord` of `dataset`, or of a
+// contiguous dataset's data (coord ignored).
+inline std::pair<std::uint64_t, std::uint64_t> data_location(const std::string& file,
+                                                             const std::string& dataset,
+                                                             const std::vector<hsize_t>& coord) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+  const hid_t dcpl = H5Dget_create_plist(d);
+  std::pair<std::uint64_t, std::uint64_t> loc{0, 0};
+  if (H5Pget_layout(dcpl) == H5D_CHUNKED) {
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    hsize_t size = 0;
+    if (H5Dget_chunk_info_by_coord(d, coord.data(), &mask, &addr, &size) >= 0) loc = {addr, size};
+  } else {
+    loc = {H5Dget_offset(d), H5Dget_storage_size(d)};
+  }
+  H5Pclose(dcpl);
+  H5Dclose(d);
+  H5Fclose(f);
+  return loc;
+}
+
+inline void flip_byte(const std::string& file, std::uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5A);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+}  // namespace pdtrain::ckpt::test

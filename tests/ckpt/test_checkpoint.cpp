@@ -1,0 +1,354 @@
+// Writing and reading checkpoints with one holder (MPI_COMM_WORLD of a singleton run): bit
+// exact round trips per codec, other block assignments, damage detection naming the block,
+// anchors, retention, find_latest_valid and inspect.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "ckpt_test_util.hpp"
+#include "pdtrain/core/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pdtrain::ckpt::test {
+namespace {
+
+const char* kDeck = "[run]\nname = \"ckpt-test\"\n";
+
+void expect_same_state(const State& want, const Checkpoint& got, bool params_too = true) {
+  ASSERT_EQ(got.blocks.size(), want.size());
+  for (const auto& [id, w] : want) {
+    const BlockState& g = got.blocks.at(id);
+    if (params_too) EXPECT_TRUE(same_bits(g.param, w.param)) << "params of block " << id;
+    EXPECT_TRUE(same_bits(g.m, w.m)) << "m of block " << id;
+    EXPECT_TRUE(same_bits(g.v, w.v)) << "v of block " << id;
+    EXPECT_EQ(g.decay, w.decay) << id;
+  }
+}
+
+Checkpoint read_all(const std::string& path, const ParamCatalog& cat) {
+  return read_checkpoint(path, cat, MPI_COMM_WORLD, all_ids(cat));
+}
+
+// The message of the Error(data) that reading `path` throws ("" if it does not throw).
+std::string read_error(const std::string& path, const ParamCatalog& cat) {
+  try {
+    read_all(path, cat);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::data) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+class LosslessRoundTrip : public ::testing::TestWithParam<Codec> {};
+
+TEST_P(LosslessRoundTrip, ReadsBackEveryBitOfParamsAndMoments) {
+  for (const ModelShape& shape : {tiny_shape(), uneven_shape()}) {
+    const ParamCatalog cat(shape);
+    ScratchDir dir;
+    CheckpointWriter w(MPI_COMM_WORLD, cat, GetParam(), 4, dir.path(), 0);
+    const State s1 = random_state(cat, 1), s2 = trained_like(s1, 2), s3 = trained_like(s2, 3);
+    const std::string p1 = w.write(10, 10, 1000, kDeck, "holders=1", refs(s1));
+    const std::string p2 = w.write(20, 20, 2000, kDeck, "holders=1", refs(s2));
+    const std::string p3 = w.write(30, 30, 3000, kDeck, "holders=1", refs(s3));
+    EXPECT_EQ(w.last_stats().anchor, !is_delta(GetParam()));
+    EXPECT_EQ(w.last_stats().codec, GetParam());
+    expect_same_state(s1, read_all(p1, cat));
+    expect_same_state(s2, read_all(p2, cat));
+    const Checkpoint c3 = read_all(p3, cat);
+    expect_same_state(s3, c3);
+    EXPECT_EQ(c3.meta.step, 30);
+    EXPECT_EQ(c3.meta.version, 30);
+    EXPECT_EQ(c3.meta.tokens_seen, 3000);
+    EXPECT_EQ(c3.meta.deck, kDeck);
+    EXPECT_EQ(c3.meta.layout, "holders=1");
+    EXPECT_EQ(c3.meta.codec, GetParam());
+    if (is_delta(GetParam())) EXPECT_EQ(c3.meta.anchor, "ckpt-00000010.h5");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, LosslessRoundTrip,
+                         ::testing::Values(Codec::raw, Codec::zstd, Codec::xor_delta),
+                         [](const auto& info) { return std::string(codec_name(info.param)); });
+
+TEST(Checkpoint, FileHasTheDocumentedLayout) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, dir.path(), 0);
+  const State s = random_state(cat, 1);
+  const std::string path = w.write(7, 7, 70, kDeck, "", refs(s));
+  EXPECT_EQ(path, dir / "ckpt-00000007.h5");
+  const CheckpointMeta m = read_meta(path);
+  EXPECT_TRUE(m.complete);
+  EXPECT_EQ(m.format_version, 1);
+  EXPECT_EQ(m.shape.padded_vocab, 128);
+  std::ifstream latest(dir / "latest");
+  std::string name;
+  std::getline(latest, name);
+  EXPECT_EQ(name, "ckpt-00000007.h5");
+  // Global shapes, chunked on the block grid.
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t d = H5Dopen2(f, "adam_v/qkvw", H5P_DEFAULT);
+  const hid_t sp = H5Dget_space(d);
+  hsize_t dims[3], chunk[3];
+  ASSERT_EQ(H5Sget_simple_extent_dims(sp, dims, nullptr), 3);
+  EXPECT_EQ(dims[0], 2u);
+  EXPECT_EQ(dims[1], 48u);
+  EXPECT_EQ(dims[2], 16u);
+  const hid_t dcpl = H5Dget_create_plist(d);
+  ASSERT_EQ(H5Pget_chunk(dcpl, 3, chunk), 3);
+  EXPECT_EQ(chunk[0], 1u);
+  EXPECT_EQ(chunk[1], 4u);  // one head's q rows: 16 / 4
+  EXPECT_EQ(chunk[2], 16u);
+  EXPECT_EQ(H5Pget_nfilters(dcpl), 2);  // shuffle, zstd
+  unsigned flags = 0, cd[4];
+  size_t ncd = 4;
+  EXPECT_EQ(H5Pget_filter2(dcpl, 1, &flags, &ncd, cd, 0, nullptr, nullptr), 32015);
+  H5Pclose(dcpl);
+  H5Sclose(sp);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+TEST(Checkpoint, BitDeltaParamsDecodeToAnchorPlusScaledSignsMomentsExact) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::bitdelta, 3, dir.path(), 0);
+  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2), s2 = trained_like(s1, 3);
+  w.write(1, 1, 0, kDeck, "", refs(s0));
+  EXPECT_TRUE(w.last_stats().anchor);
+  w.write(2, 2, 0, kDeck, "", refs(s1));
+  const std::string p2 = w.write(3, 3, 0, kDeck, "", refs(s2));
+  EXPECT_EQ(w.last_stats().codec, Codec::bitdelta);
+  const Checkpoint c = read_all(p2, cat);
+  expect_same_state(s2, c, /*params_too=*/false);
+  EXPECT_EQ(c.meta.anchor, "ckpt-00000001.h5");  // always the lossless anchor, not step 2
+  for (const auto& [id, st] : s2) {
+    const auto n = st.param.size();
+    std::vector<std::uint8_t> signs(sign_bytes(n));
+    const float scale = bitdelta_encode(st.param.data(), s0.at(id).param.data(), n, signs.data());
+    std::vector<float> want(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool neg = static_cast<double>(st.param[i]) - s0.at(id).param[i] < 0;
+      want[i] = s0.at(id).param[i] + (neg ? -scale : scale);
+    }
+    EXPECT_TRUE(same_bits(c.blocks.at(id).param, want)) << "block " << id;
+  }
+}
+
+TEST(Checkpoint, AnyAssignmentOfBlocksReadsTheSameBits) {
+  const ParamCatalog cat(uneven_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 2, dir.path(), 0);
+  const State s0 = random_state(cat, 4), s1 = trained_like(s0, 5);
+  w.write(1, 1, 0, kDeck, "", refs(s0));
+  const std::string path = w.write(2, 2, 0, kDeck, "", refs(s1));
+  // Every third block, in a scrambled order: a holder of another layout.
+  std::vector<int> some;
+  for (int id = static_cast<int>(cat.blocks().size()) - 1; id >= 0; id -= 3) some.push_back(id);
+  const Checkpoint c = read_checkpoint(path, cat, MPI_COMM_WORLD, some);
+  ASSERT_EQ(c.blocks.size(), some.size());
+  for (int id : some) {
+    EXPECT_TRUE(same_bits(c.blocks.at(id).param, s1.at(id).param)) << id;
+    EXPECT_TRUE(same_bits(c.blocks.at(id).v, s1.at(id).v)) << id;
+  }
+}
+
+TEST(Checkpoint, AnotherModelShapeIsRejectedNamingBoth) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
+  const State s = random_state(cat, 1);
+  const std::string path = w.write(1, 1, 0, kDeck, "", refs(s));
+  const std::string msg = read_error(path, ParamCatalog(uneven_shape()));
+  EXPECT_NE(msg.find("n_head=4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("n_head=3"), std::string::npos) << msg;
+}
+
+// A flipped byte anywhere in a block's data is caught and the error names the tensor and block.
+struct Damage {
+  Codec codec;
+  std::string dataset;  // where to flip: "params/wte", "crc32c/adam_m", "params_signs/wte"
+  TensorId tensor;      // whose block
+  int index;            // the index-th block of that tensor
+  std::string expect;   // names the dataset in the message
+};
+
+void PrintTo(const Damage& d, std::ostream* os) {
+  *os << codec_name(d.codec) << " " << d.dataset << " block " << d.index;
+}
+
+int block_of(const ParamCatalog& cat, TensorId t, int index) {
+  for (const BlockInfo& b : cat.blocks())
+    if (b.tensor == t && index-- == 0) return b.id;
+  return -1;
+}
+
+class DamageDetection : public ::testing::TestWithParam<Damage> {};
+
+TEST_P(DamageDetection, FlippedByteNamesTensorAndBlock) {
+  const Damage& dmg = GetParam();
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, dmg.codec, 2, dir.path(), 0);
+  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2);
+  w.write(1, 1, 0, kDeck, "", refs(s0));
+  const std::string path =
+      is_delta(dmg.codec) ? w.write(2, 2, 0, kDeck, "", refs(s1)) : dir / "ckpt-00000001.h5";
+  ASSERT_EQ(read_error(path, cat), "");
+
+  const int id = block_of(cat, dmg.tensor, dmg.index);
+  const BlockInfo& b = cat.block(id);
+  std::vector<hsize_t> coord;
+  if (cat.tensor(b.tensor).per_layer) coord.push_back(static_cast<hsize_t>(b.layer));
+  coord.push_back(static_cast<hsize_t>(b.row0));
+  if (cat.tensor(b.tensor).cols > 1) coord.push_back(static_cast<hsize_t>(b.col0));
+  if (dmg.dataset.rfind("params_signs/", 0) == 0) coord = {static_cast<hsize_t>(dmg.index), 0};
+  auto [offset, size] = data_location(path, dmg.dataset, coord);
+  ASSERT_GT(size, 0u) << dmg.dataset;
+  if (dmg.dataset.rfind("crc32c/", 0) == 0) {  // contiguous: the block's entry
+    offset += 4 * static_cast<std::uint64_t>(id);
+    size = 4;
+  }
+  flip_byte(path, offset + size / 2);
+  const std::string msg = read_error(path, cat);
+  const std::string named = dmg.expect + " block " + std::to_string(id) + " " + cat.block_name(b);
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find(named), std::string::npos) << "want '" << named << "' in: " << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Datasets, DamageDetection,
+    ::testing::Values(
+        Damage{Codec::raw, "params/wte", TensorId::wte, 2, "params/wte"},
+        Damage{Codec::raw, "adam_m/qkvw", TensorId::qkvw, 13, "adam_m/qkvw"},
+        Damage{Codec::raw, "adam_v/ln1w", TensorId::ln1w, 1, "adam_v/ln1w"},
+        Damage{Codec::raw, "params/attprojw", TensorId::attprojw, 5, "params/attprojw"},
+        Damage{Codec::raw, "crc32c/adam_m", TensorId::qkvw, 13, "adam_m/qkvw"},
+        Damage{Codec::zstd, "params/qkvw", TensorId::qkvw, 7, "params/qkvw"},
+        Damage{Codec::zstd, "adam_v/wte", TensorId::wte, 1, "adam_v/wte"},
+        Damage{Codec::xor_delta, "params/fcprojw", TensorId::fcprojw, 6, "params/fcprojw"},
+        Damage{Codec::xor_delta, "adam_m/ln2b", TensorId::ln2b, 1, "adam_m/ln2b"},
+        Damage{Codec::bitdelta, "params_signs/wte", TensorId::wte, 3, "params_signs/wte"}),
+    [](const auto& info) {
+      return std::string(codec_name(info.param.codec)) + "_" + std::to_string(info.index);
+    });
+
+TEST(Checkpoint, DeltaNamesAMissingOrForeignAnchor) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2);
+  std::string delta;
+  {
+    CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 5, dir.path(), 0);
+    w.write(1, 1, 0, kDeck, "", refs(s0));
+    delta = w.write(2, 2, 0, kDeck, "", refs(s1));
+  }
+  // Another run's step-1 anchor in its place: same name, other parameters.
+  ScratchDir other;
+  {
+    CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, other.path(), 0);
+    const State x = random_state(cat, 99);
+    w.write(1, 1, 0, kDeck, "", refs(x));
+  }
+  fs::copy_file(other / "ckpt-00000001.h5", dir / "ckpt-00000001.h5",
+                fs::copy_options::overwrite_existing);
+  std::string msg = read_error(delta, cat);
+  EXPECT_NE(msg.find("anchor"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("params_crc32c"), std::string::npos) << msg;
+  fs::remove(dir / "ckpt-00000001.h5");
+  msg = read_error(delta, cat);
+  EXPECT_NE(msg.find("ckpt-00000001.h5 is missing"), std::string::npos) << msg;
+}
+
+std::set<std::string> files_in(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+TEST(Retention, KeepsTheNewestAndTheAnchorsTheyNeed) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 3, dir.path(), 2);
+  State s = random_state(cat, 1);
+  auto name = [](int step) { return checkpoint_file_name(step); };
+  for (int step = 1; step <= 7; ++step) {  // anchors at 1, 4, 7
+    s = trained_like(s, static_cast<std::uint64_t>(step));
+    w.write(step, step, 0, kDeck, "", refs(s));
+    EXPECT_EQ(w.last_stats().anchor, step == 1 || step == 4 || step == 7) << step;
+    if (step == 3) EXPECT_EQ(files_in(dir.path()), (std::set<std::string>{name(1), name(2), name(3), "latest"}));
+    if (step == 5) EXPECT_EQ(files_in(dir.path()), (std::set<std::string>{name(4), name(5), "latest"}));
+    if (step == 6) EXPECT_EQ(files_in(dir.path()), (std::set<std::string>{name(4), name(5), name(6), "latest"}));
+    if (step == 7) EXPECT_EQ(files_in(dir.path()), (std::set<std::string>{name(4), name(6), name(7), "latest"}));
+  }
+  // Every kept checkpoint still decodes.
+  for (int step : {6, 7}) EXPECT_EQ(read_error(dir / name(step), cat), "") << step;
+}
+
+TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, dir.path(), 0);
+  const State s1 = random_state(cat, 1), s2 = trained_like(s1, 2);
+  w.write(1, 1, 0, kDeck, "", refs(s1));
+  const std::string p2 = w.write(2, 2, 0, kDeck, "", refs(s2));
+  EXPECT_EQ(find_latest_valid(dir.path()).path, p2);
+  // Damage one block's chunk of the newest.
+  const BlockInfo& b = cat.block(block_of(cat, TensorId::qkvw, 0));
+  auto [off, size] = data_location(p2, "adam_m/qkvw", {static_cast<hsize_t>(b.layer),
+                                                       static_cast<hsize_t>(b.row0), 0});
+  flip_byte(p2, off + size / 2);
+  const LatestValid l = find_latest_valid(dir.path());
+  EXPECT_EQ(l.path, dir / "ckpt-00000001.h5");
+  ASSERT_EQ(l.warnings.size(), 1u);
+  EXPECT_NE(l.warnings[0].find("ckpt-00000002.h5"), std::string::npos) << l.warnings[0];
+  EXPECT_NE(l.warnings[0].find("adam_m/qkvw block " + std::to_string(b.id)), std::string::npos)
+      << l.warnings[0];
+  // Without the data check the damage goes unseen: that mode trusts the complete flag only.
+  EXPECT_EQ(find_latest_valid(dir.path(), false).path, p2);
+  // A truncated file does not even open.
+  fs::resize_file(p2, fs::file_size(p2) / 2);
+  EXPECT_EQ(find_latest_valid(dir.path(), false).path, dir / "ckpt-00000001.h5");
+}
+
+TEST(Checkpoint, WithoutTheCompleteFlagAFileIsRejected) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
+  const State s = random_state(cat, 1);
+  const std::string path = w.write(1, 1, 0, kDeck, "", refs(s));
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(H5Adelete(f, "complete"), 0);
+  H5Fclose(f);
+  EXPECT_NE(read_error(path, cat).find("incomplete"), std::string::npos);
+  EXPECT_EQ(find_latest_valid(dir.path()).path, "");
+}
+
+TEST(Inspect, DescribesTheFileAndReportsDamagedBlocks) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 2, dir.path(), 0);
+  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2);
+  w.write(1, 1, 0, kDeck, "", refs(s0));
+  const std::string path = w.write(2, 2, 0, kDeck, "", refs(s1));
+  std::string text = inspect(path);
+  const std::string n = std::to_string(cat.blocks().size());
+  for (const std::string& want : {std::string("step 2"), std::string("codec xor"),
+                                  std::string("anchor ckpt-00000001.h5"), std::string("params/qkvw"),
+                                  std::string("[2, 48, 16]"), std::string("adam_v/lnfb"),
+                                  "all " + n + " blocks verify"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  auto [off, size] = data_location(path, "params/wte", {0, 0});
+  flip_byte(path, off + size / 2);
+  text = inspect(path);
+  EXPECT_NE(text.find("1 of " + n + " blocks DAMAGED"), std::string::npos) << text;
+  EXPECT_NE(text.find("params/wte block 0"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace pdtrain::ckpt::test

@@ -1,0 +1,148 @@
+// Restart from HDF5 checkpoints: a run of 2N steps and a run stopped after N steps then
+// restarted print identical losses and the same params_crc32c (every lossless codec); a
+// checkpoint written with one layout restarts on another and the loss continues within 1e-4;
+// --restart auto skips a damaged newest checkpoint. Runs under mpiexec with 4 ranks.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "run_helpers.hpp"
+
+namespace pdtrain::test {
+namespace {
+
+const char* kDeck = R"(
+[run]
+seed = 3
+steps = 12
+[model]
+n_layer = 2
+n_head = 2
+d_model = 16
+vocab_size = 32
+seq_len = 16
+[data]
+copy_lag = 1
+copy_prob = 0.9
+[parallel]
+holders = 1
+[train]
+batch_size = 6
+eval_every = 0
+[optimizer]
+lr = 1e-2
+warmup_steps = 3
+min_lr = 1e-3
+)";
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& tag) {
+  const std::string d = (fs::temp_directory_path() / ("pdtrain-restart-" + tag)).string();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) fs::remove_all(d);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return d;
+}
+
+RunOutcome run(std::vector<std::string> sets, const std::string& dir, const std::string& restart,
+               std::int64_t stop_after, MPI_Comm comm = MPI_COMM_WORLD) {
+  sets.push_back("run.out_dir=" + dir);
+  const Deck deck = parse_deck(kDeck, "restart.toml", sets);
+  RunOptions o;
+  o.verbose = false;
+  o.restart = restart;
+  o.stop_after = stop_after;
+  const TrainResult r = run_training(deck, comm, o);
+  const int reporter = static_cast<int>(deck.parallel.holders + (deck.parallel.pp - 1) * deck.parallel.tp);
+  RunOutcome out;
+  out.losses = r.losses;
+  out.crc = r.params_crc32c;
+  int n = static_cast<int>(out.losses.size());
+  MPI_Bcast(&n, 1, MPI_INT, reporter, comm);
+  out.losses.resize(static_cast<std::size_t>(n));
+  MPI_Bcast(out.losses.data(), n, MPI_DOUBLE, reporter, comm);
+  MPI_Bcast(&out.crc, 1, MPI_UINT32_T, reporter, comm);
+  return out;
+}
+
+class LosslessRestart : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LosslessRestart, IsBitExact) {
+  const std::string codec = std::string("checkpoint.codec=") + GetParam();
+  // Holders 2 and dp 2; checkpoints every 2 steps exercise anchors and deltas.
+  const std::vector<std::string> sets = {"parallel.holders=2", codec, "checkpoint.every=2",
+                                         "checkpoint.anchor_every=2"};
+  const RunOutcome full = run(sets, fresh_dir(std::string("full-") + GetParam()), "", 0);
+  const std::string dir = fresh_dir(std::string("cut-") + GetParam());
+  const RunOutcome first = run(sets, dir, "", 7);
+  const RunOutcome second = run(sets, dir, "auto", 0);
+  ASSERT_EQ(full.losses.size(), 12u);
+  ASSERT_EQ(first.losses.size(), 7u);
+  ASSERT_EQ(second.losses.size(), 5u);
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, full.losses);
+  EXPECT_EQ(second.crc, full.crc);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, LosslessRestart, ::testing::Values("raw", "zstd", "xor"));
+
+TEST(Restart, OnAnotherLayoutContinuesTheLoss) {
+  const RunOutcome full = run({}, fresh_dir("layout-full"), "", 0);
+  const std::string dir = fresh_dir("layout-cut");
+  run({"parallel.holders=2"}, dir, "", 6);  // written by 2 holders, dp 2
+  // ...restarted by 1 holder and a 3-rank tensor-parallel x pipeline layout of the rest.
+  MPI_Comm three = group_of(MPI_COMM_WORLD, 3);
+  RunOutcome second;
+  if (three != MPI_COMM_NULL) {
+    second = run({"parallel.holders=1", "parallel.tp=2", "parallel.dp=1"}, dir, "auto", 0, three);
+    MPI_Comm_free(&three);
+    ASSERT_EQ(second.losses.size(), 6u);
+    for (std::size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(second.losses[i], full.losses[6 + i], 1e-4 * full.losses[6 + i]) << "step " << 7 + i;
+  }
+}
+
+TEST(Restart, BitdeltaRestartIsApproximateButClose) {
+  const std::vector<std::string> sets = {"checkpoint.codec=bitdelta", "checkpoint.every=3",
+                                         "checkpoint.anchor_every=3"};
+  const RunOutcome full = run(sets, fresh_dir("bd-full"), "", 0);
+  const std::string dir = fresh_dir("bd-cut");
+  run(sets, dir, "", 8);  // step 8's checkpoint is a delta against step 6's anchor...
+  const RunOutcome second = run(sets, dir, "auto", 0);  // ...so the restart is approximate
+  ASSERT_EQ(second.losses.size(), 4u);
+  EXPECT_NE(second.crc, full.crc);
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(second.losses[i], full.losses[8 + i], 0.05 * full.losses[8 + i]);
+}
+
+TEST(Restart, AutoSkipsADamagedNewestCheckpoint) {
+  const std::string dir = fresh_dir("damaged");
+  const std::vector<std::string> sets = {"checkpoint.every=3", "checkpoint.codec=raw"};
+  run(sets, dir, "", 6);  // checkpoints at 3 and 6
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string newest = dir + "/checkpoints/ckpt-00000006.h5";
+  if (rank == 0) {  // a write cut short by a crash of the file system: half the file
+    ASSERT_TRUE(fs::exists(newest));
+    fs::resize_file(newest, fs::file_size(newest) / 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // An explicit restart from the damaged file is a data error naming it.
+  try {
+    run(sets, dir, newest, 0);
+    FAIL() << "expected a data error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::data);
+    EXPECT_NE(std::string(e.what()).find("ckpt-00000006.h5"), std::string::npos) << e.what();
+  }
+  const RunOutcome resumed = run(sets, dir, "auto", 0);  // from step 3
+  EXPECT_EQ(resumed.losses.size(), 9u);
+}
+
+}  // namespace
+}  // namespace pdtrain::test
