@@ -6,8 +6,10 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   export OPENBLAS_CORETYPE=SkylakeX
 fi
-# Where pdtrain was built (override with PDTRAIN=/path/to/pdtrain).
-PDTRAIN=${PDTRAIN:-$SLURM_SUBMIT_DIR/build/pdtrain}
+# Where pdtrain was built: $PDTRAIN, else $PDTRAIN_HOME/build/pdtrain (PDTRAIN_HOME defaults to
+# the submit directory, i.e. sbatch from the repository). Output goes under runs/ of the
+# submit directory (mkdir -p runs before the first sbatch: Slurm needs it for --output).
+PDTRAIN=${PDTRAIN:-${PDTRAIN_HOME:-$SLURM_SUBMIT_DIR}/build/pdtrain}
 
 # Runs "$@" (the launcher + pdtrain) in the background and forwards the warning signal that
 # Slurm sends before the time limit (--signal=B:USR1@...) to it: pdtrain finishes its step,

@@ -16,6 +16,11 @@ PACKAGES=(
   libisal-dev
 )
 
+# --slurm: also Slurm and munge, for the test that runs pdtrain under a real Slurm.
+if [ "${1:-}" = "--slurm" ]; then
+  PACKAGES+=(slurmctld slurmd slurm-client munge)
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
