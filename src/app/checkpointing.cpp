@@ -89,7 +89,12 @@ HolderHooks checkpoint_hooks(ckpt::CheckpointWriter& writer, const Deck& deck,
                              layout_text, blocks);
     *last_written = version;
     if (verbose) {
-      std::printf("checkpoint: %s%s\n", path.c_str(), async ? " (writing in the background)" : "");
+      if (async)
+        std::printf("checkpoint: %s (encoding in the background)\n", path.c_str());
+      else
+        std::printf("checkpoint: %s (%.2f s, %.1f MiB)\n", path.c_str(),
+                    writer.last_stats().commit_seconds,
+                    static_cast<double>(writer.last_stats().file_bytes) / 1048576.0);
       std::fflush(stdout);
     }
   };

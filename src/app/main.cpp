@@ -254,9 +254,13 @@ int main(int argc, char** argv) {
   try {
     code = run(argc, argv, rank);
   } catch (const pdtrain::Error& e) {
-    // Collective errors: every rank holds the same message; one prints it.
+    // A collective error: every rank holds the same message; one prints it, all exit in order.
+    // An error only this rank saw: end the whole job now (others may wait on this rank).
+    if (!e.collective()) pdtrain::fatal_abort(e.code(), e.what());
     if (rank == 0) std::fprintf(stderr, "pdtrain: error: %s\n", e.what());
     code = static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    pdtrain::fatal_abort(pdtrain::ExitCode::runtime, std::string("unexpected error: ") + e.what());
   }
   Kokkos::finalize();
   MPI_Finalize();

@@ -51,7 +51,7 @@ void rethrow_collectively(MPI_Comm comm, const Error* local) {
   MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, comm));
   msg.resize(static_cast<std::size_t>(len));
   MPI_CHECK(MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm));
-  throw Error(static_cast<ExitCode>(code), msg);
+  throw Error(static_cast<ExitCode>(code), msg).mark_collective();
 }
 
 namespace {

@@ -19,9 +19,17 @@ class Error : public std::runtime_error {
  public:
   Error(ExitCode code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
   ExitCode code() const { return code_; }
+  // True when every rank of the job holds this same error (see rethrow_collectively): the job
+  // can then end in order. Any other Error was seen by one rank only and must abort the job.
+  bool collective() const { return collective_; }
+  Error& mark_collective() {
+    collective_ = true;
+    return *this;
+  }
 
  private:
   ExitCode code_;
+  bool collective_ = false;
 };
 
 // Ends the whole job (every rank) with `code` after printing `msg` prefixed with this rank.
