@@ -22,6 +22,7 @@ using I32 = std::int32_t;
   template void matmul_forward(const Exec&, R*, const R*, const R*, const R*, int, int, int);      \
   template void matmul_backward(const Exec&, R*, R*, R*, const R*, const R*, const R*, int, int,   \
                                 int);                                                              \
+  template void column_sums_add(const Exec&, R*, const R*, int, int);                               \
   template void bias_add_forward(const Exec&, R*, const R*, int, int);                              \
   template void attention_forward(const Exec&, R*, R*, R*, const R*, int, int, int, int);          \
   template void attention_backward(const Exec&, R*, R*, R*, const R*, const R*, const R*, int,     \
