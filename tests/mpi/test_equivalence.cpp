@@ -52,20 +52,7 @@ int world_size() {
 
 // The single-rank replicated run, computed on rank 0 and shared with all ranks.
 const RunOutcome& reference() {
-  static RunOutcome ref = [] {
-    MPI_Comm one = group_of(MPI_COMM_WORLD, 1);
-    RunOutcome r;
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) r = run_deck(kTinyDeck, {"run.out_dir=" + out_dir("ref")}, one);
-    if (one != MPI_COMM_NULL) MPI_Comm_free(&one);
-    int n = static_cast<int>(r.losses.size());
-    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    r.losses.resize(static_cast<std::size_t>(n));
-    MPI_Bcast(r.losses.data(), n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    MPI_Bcast(&r.crc, 1, MPI_UINT32_T, 0, MPI_COMM_WORLD);
-    return r;
-  }();
+  static const RunOutcome ref = single_rank_run(kTinyDeck, {"run.out_dir=" + out_dir("ref")});
   return ref;
 }
 

@@ -51,22 +51,10 @@ std::string fresh_dir(const std::string& tag) {
 RunOutcome run(std::vector<std::string> sets, const std::string& dir, const std::string& restart,
                std::int64_t stop_after, MPI_Comm comm = MPI_COMM_WORLD) {
   sets.push_back("run.out_dir=" + dir);
-  const Deck deck = parse_deck(kDeck, "restart.toml", sets);
   RunOptions o;
-  o.verbose = false;
   o.restart = restart;
   o.stop_after = stop_after;
-  const TrainResult r = run_training(deck, comm, o);
-  const int reporter = static_cast<int>(deck.parallel.holders + (deck.parallel.pp - 1) * deck.parallel.tp);
-  RunOutcome out;
-  out.losses = r.losses;
-  out.crc = r.params_crc32c;
-  int n = static_cast<int>(out.losses.size());
-  MPI_Bcast(&n, 1, MPI_INT, reporter, comm);
-  out.losses.resize(static_cast<std::size_t>(n));
-  MPI_Bcast(out.losses.data(), n, MPI_DOUBLE, reporter, comm);
-  MPI_Bcast(&out.crc, 1, MPI_UINT32_T, reporter, comm);
-  return out;
+  return run_deck(kDeck, sets, comm, o);
 }
 
 class LosslessRestart : public ::testing::TestWithParam<const char*> {};
