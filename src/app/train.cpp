@@ -179,6 +179,12 @@ StageSpec stage_spec(const Deck& deck, const Layout& layout) {
   return stage_spec(deck, layout.shape(), layout.pp_rank(), layout.tp_rank());
 }
 
+Recompute recompute_mode(const Deck& deck) {
+  if (deck.train.recompute == "full") return Recompute::full;
+  if (deck.train.recompute == "attention") return Recompute::attention;
+  return Recompute::none;
+}
+
 std::int64_t micro_batch_size(const Deck& deck, const LayoutShape& shape) {
   return deck.train.batch_size / (shape.dp * deck.parallel.micro_batches);
 }
@@ -311,7 +317,7 @@ class ComputeLoop {
         micro_batch_(micro_batch_size(deck, layout.shape())),
         T_(deck.model.seq_len),
         slots_(pipeline_in_flight(kind_, layout.shape().pp, layout.pp_rank(), micro_batches_)),
-        stage_(stage_params_, micro_batch_, T_, tp_, slots_),
+        stage_(stage_params_, micro_batch_, T_, tp_, slots_, recompute_mode(deck)),
         runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
                 micro_batch_, T_, slots_, stage_params_.spec().has_head),
         pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,

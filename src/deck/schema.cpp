@@ -131,6 +131,10 @@ std::vector<KeySpec> build_schema() {
       key(&D::train, &TrainConfig::eval_batches, "train.eval_batches",
           "Validation batches of train.batch_size sequences each.")
           .at_least(1),
+      key(&D::train, &TrainConfig::recompute, "train.recompute",
+          "Activation recomputation in backward: attention (drop the T x T probabilities) or "
+          "full (keep only layer outputs); losses are identical to none.")
+          .one_of({"none", "attention", "full"}),
 
       key(&D::optimizer, &OptimizerConfig::lr, "optimizer.lr",
           "Peak learning rate, reached after the warmup.")

@@ -19,8 +19,8 @@ void resize(V& v, std::int64_t n) {
 }  // namespace
 
 GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
-                   TensorParallelOps& tp, int slots)
-    : p_(params), tp_(tp), B_(micro_batch), T_(seq_len) {
+                   TensorParallelOps& tp, int slots, Recompute recompute)
+    : p_(params), tp_(tp), B_(micro_batch), T_(seq_len), recompute_(recompute) {
   const ModelShape& m = params.catalog().shape();
   const StageSpec& s = params.spec();
   C_ = m.d_model;
@@ -40,12 +40,10 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
     resize(a.input, N * C_);
     a.layers.resize(static_cast<std::size_t>(layers_));
     for (LayerActs& l : a.layers) {
-      resize(l.ln1, N * C_), resize(l.ln1_mean, N), resize(l.ln1_rstd, N);
-      resize(l.qkv, N * 3 * Cl_), resize(l.atty, N * Cl_), resize(l.att, att);
-      resize(l.attproj, N * C_), resize(l.residual2, N * C_);
-      resize(l.ln2, N * C_), resize(l.ln2_mean, N), resize(l.ln2_rstd, N);
-      resize(l.fch, N * 4 * Cl_), resize(l.fch_gelu, N * 4 * Cl_);
-      resize(l.fcproj, N * C_), resize(l.residual3, N * C_);
+      if (recompute_ == Recompute::full)
+        resize(l.residual3, N * C_);  // the next layer's input; the rest is recomputed
+      else
+        allocate(l, recompute_ == Recompute::none);
     }
     if (s.has_head) {
       resize(a.lnf, N * C_), resize(a.lnf_mean, N), resize(a.lnf_rstd, N);
@@ -54,10 +52,23 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
     }
   }
   resize(preatt_, att);
+  if (recompute_ == Recompute::full) allocate(scratch_, true);
+  if (recompute_ == Recompute::attention) resize(att_scratch_, att), resize(atty_scratch_, N * Cl_);
   resize(g_.dresidual, N * C_), resize(g_.dln, N * C_), resize(g_.dqkv, N * 3 * Cl_);
   resize(g_.datty, N * Cl_), resize(g_.dpreatt, att), resize(g_.datt, att);
   resize(g_.dfch, N * 4 * Cl_), resize(g_.dfch_gelu, N * 4 * Cl_);
   if (s.has_head) resize(g_.dlogits, N * V_), resize(g_.dlosses, N);
+}
+
+void GptStage::allocate(LayerActs& l, bool keep_att) {
+  const std::int64_t N = B_ * T_;
+  resize(l.ln1, N * C_), resize(l.ln1_mean, N), resize(l.ln1_rstd, N);
+  resize(l.qkv, N * 3 * Cl_), resize(l.atty, N * Cl_);
+  if (keep_att) resize(l.att, B_ * NHl_ * T_ * T_);
+  resize(l.attproj, N * C_), resize(l.residual2, N * C_);
+  resize(l.ln2, N * C_), resize(l.ln2_mean, N), resize(l.ln2_rstd, N);
+  resize(l.fch, N * 4 * Cl_), resize(l.fch_gelu, N * 4 * Cl_);
+  resize(l.fcproj, N * C_), resize(l.residual3, N * C_);
 }
 
 std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
@@ -99,8 +110,15 @@ double GptStage::forward(int slot, const std::int32_t* tokens, const float* inpu
   }
   const float* residual = a.input.data();
   for (std::int64_t i = 0; i < layers_; ++i) {
-    layer_forward(p_.spec().layer_begin + i, residual, a.layers[i]);
-    residual = a.layers[i].residual3.data();
+    LayerActs& kept = a.layers[i];
+    if (recompute_ == Recompute::full) {
+      layer_forward(p_.spec().layer_begin + i, residual, scratch_);
+      exec.fence();
+      std::copy(scratch_.residual3.begin(), scratch_.residual3.end(), kept.residual3.begin());
+    } else {
+      layer_forward(p_.spec().layer_begin + i, residual, kept);
+    }
+    residual = kept.residual3.data();
   }
   if (!p_.spec().has_head) {
     exec.fence();
@@ -121,7 +139,7 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
                        p_.param(T_::ln1w, l), p_.param(T_::ln1b, l), N, C_);
   k::matmul_forward(exec, a.qkv.data(), a.ln1.data(), p_.param(T_::qkvw, l),
                     p_.param(T_::qkvb, l), N, C_, 3 * Cl_);
-  k::attention_forward(exec, a.atty.data(), preatt_.data(), a.att.data(), a.qkv.data(), B_, T_,
+  k::attention_forward(exec, a.atty.data(), preatt_.data(), att_of(a), a.qkv.data(), B_, T_,
                        Cl_, NHl_);
   // Row-parallel projection: partial sums over this shard's heads, summed across the tp group.
   // Its bias is added once, after the sum.
@@ -177,7 +195,13 @@ void GptStage::backward(int slot, float dloss, const float* doutput) {
   }
   for (std::int64_t i = layers_ - 1; i >= 0; --i) {
     const float* residual = i > 0 ? a.layers[i - 1].residual3.data() : a.input.data();
-    layer_backward(p_.spec().layer_begin + i, residual, a.layers[i]);
+    const std::int64_t l = p_.spec().layer_begin + i;
+    if (recompute_ == Recompute::full) {
+      layer_forward(l, residual, scratch_);  // the same inputs, the same bits
+      layer_backward(l, residual, scratch_);
+    } else {
+      layer_backward(l, residual, a.layers[i]);
+    }
   }
   if (p_.spec().has_embedding)
     k::encoder_backward(exec, p_.grad(T_::wte), p_.grad(T_::wpe), g_.dresidual.data(),
@@ -231,8 +255,11 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
   zero(g_.dqkv);
   zero(g_.dpreatt);
   zero(g_.datt);
+  if (a.att.empty())  // recompute the attention probabilities this layer did not keep
+    k::attention_forward(exec, atty_scratch_.data(), preatt_.data(), att_scratch_.data(),
+                         a.qkv.data(), B_, T_, Cl_, NHl_);
   k::attention_backward(exec, g_.dqkv.data(), g_.dpreatt.data(), g_.datt.data(), g_.datty.data(),
-                        a.qkv.data(), a.att.data(), B_, T_, Cl_, NHl_);
+                        a.qkv.data(), att_of(a), B_, T_, Cl_, NHl_);
   zero(g_.dln);
   k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::qkvw, l), p_.grad(T_::qkvb, l),
                      g_.dqkv.data(), a.ln1.data(), p_.param(T_::qkvw, l), N, C_, 3 * Cl_);

@@ -91,28 +91,29 @@ const std::vector<std::string> kFullDeck = {
     "batch_size = 64",                   // 33
     "eval_every = 0",                    // 34
     "eval_batches = 10",                 // 35
-    "[optimizer]",                       // 36
-    "lr = 6e-4",                         // 37
-    "min_lr = 6e-5",                     // 38
-    "warmup_steps = 700",                // 39
-    "weight_decay = 0.0",                // 40
-    "grad_clip = 0.5",                   // 41
-    "beta1 = 0.85",                      // 42
-    "beta2 = 0.999",                     // 43
-    "eps = 1e-6",                        // 44
-    "[pd]",                              // 45
-    "fetch_codec = \"lz4\"",              // 46
-    "push_codec = \"zstd\"",              // 47
-    "staleness = 2",                     // 48
-    "[checkpoint]",                      // 49
-    "every = 100",                       // 50
-    "codec = \"xor\"",                   // 51
-    "anchor_every = 5",                  // 52
-    "keep = 2",                          // 53
-    "async = true",                      // 54
-    "dir = \"/scratch/ckpt\"",           // 55
-    "[output]",                          // 56
-    "trace = true",                      // 57
+    "recompute = \"full\"",               // 36
+    "[optimizer]",                       // 37
+    "lr = 6e-4",                         // 38
+    "min_lr = 6e-5",                     // 39
+    "warmup_steps = 700",                // 40
+    "weight_decay = 0.0",                // 41
+    "grad_clip = 0.5",                   // 42
+    "beta1 = 0.85",                      // 43
+    "beta2 = 0.999",                     // 44
+    "eps = 1e-6",                        // 45
+    "[pd]",                              // 46
+    "fetch_codec = \"lz4\"",              // 47
+    "push_codec = \"zstd\"",              // 48
+    "staleness = 2",                     // 49
+    "[checkpoint]",                      // 50
+    "every = 100",                       // 51
+    "codec = \"xor\"",                   // 52
+    "anchor_every = 5",                  // 53
+    "keep = 2",                          // 54
+    "async = true",                      // 55
+    "dir = \"/scratch/ckpt\"",           // 56
+    "[output]",                          // 57
+    "trace = true",                      // 58
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -176,7 +177,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:44");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:45");
+  EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
@@ -536,9 +538,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 6 parallel + 3 train + 8 optimizer + 3 pd + 6 checkpoint +
+  // 5 run + 9 model + 6 data + 6 parallel + 4 train + 8 optimizer + 3 pd + 6 checkpoint +
   // 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 47u);
+  EXPECT_EQ(deck::schema().size(), 48u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

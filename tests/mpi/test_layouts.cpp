@@ -54,7 +54,8 @@ const RunOutcome& reference() {
 // (dp, tp, pp, holders, schedule)
 using Layout3D = std::tuple<int, int, int, int, const char*>;
 
-RunOutcome run_layout(const Layout3D& l, const std::string& tag) {
+RunOutcome run_layout(const Layout3D& l, const std::string& tag,
+                      std::vector<std::string> extra = {}) {
   const auto [dp, tp, pp, holders, schedule] = l;
   const int size = holders + dp * tp * pp;
   int world = 0, rank = 0;
@@ -64,12 +65,13 @@ RunOutcome run_layout(const Layout3D& l, const std::string& tag) {
   MPI_Comm g = group_of(MPI_COMM_WORLD, size);
   RunOutcome r;
   if (g != MPI_COMM_NULL) {
-    r = run_deck(kDeck,
-                 {"parallel.holders=" + std::to_string(holders), "parallel.dp=" + std::to_string(dp),
-                  "parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
-                  std::string("parallel.schedule=") + schedule,
-                  "run.out_dir=" + out_dir(tag + "-" + std::to_string(rank / size))},
-                 g);
+    std::vector<std::string> sets = {
+        "parallel.holders=" + std::to_string(holders), "parallel.dp=" + std::to_string(dp),
+        "parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
+        std::string("parallel.schedule=") + schedule,
+        "run.out_dir=" + out_dir(tag + "-" + std::to_string(rank / size))};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    r = run_deck(kDeck, sets, g);
     MPI_Comm_free(&g);
   }
   return r;
@@ -122,6 +124,16 @@ TEST(LayoutsReproducible, SameLayoutTwiceGivesIdenticalCrc) {
   if (a.losses.empty()) return;
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.crc, b.crc);
+}
+
+TEST(LayoutsRecompute, RecomputationChangesNothingOnATensorPipelineLayout) {
+  const RunOutcome keep = run_layout({1, 2, 2, 1, "1f1b"}, "rc-none");
+  for (const char* mode : {"train.recompute=attention", "train.recompute=full"}) {
+    const RunOutcome re = run_layout({1, 2, 2, 1, "1f1b"}, std::string("rc-") + mode[16], {mode});
+    if (keep.losses.empty()) continue;
+    EXPECT_EQ(re.losses, keep.losses) << mode;
+    EXPECT_EQ(re.crc, keep.crc) << mode;
+  }
 }
 
 TEST(LayoutsSchedules, OneFOneBAndGPipeGiveIdenticalLosses) {

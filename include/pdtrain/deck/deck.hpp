@@ -60,6 +60,7 @@ struct TrainConfig {
   std::int64_t batch_size = 8;     // sequences per optimizer step, global
   std::int64_t eval_every = 50;    // validation every N steps (and at the end); 0: end only
   std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
+  std::string recompute = "none";  // none | attention | full (activation recomputation)
 
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };

@@ -13,12 +13,18 @@
 
 namespace pdtrain {
 
+// Activation recomputation (gradient checkpointing): `attention` drops the T x T attention
+// probabilities of every layer and recomputes them in backward; `full` keeps only each layer's
+// output and reruns the layer's forward before its backward. Kernels are deterministic, so the
+// gradients (and losses) are bit-identical to `none`.
+enum class Recompute { none, attention, full };
+
 class GptStage {
  public:
   // `micro_batch` sequences of `seq_len` tokens per forward; `slots` activation sets kept for
   // micro-batches whose backward is still pending (1 without pipelining).
   GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
-           TensorParallelOps& tp, int slots = 1);
+           TensorParallelOps& tp, int slots = 1, Recompute recompute = Recompute::none);
 
   // Forward of one micro-batch into activation slot `slot`. The first stage reads `tokens`
   // [B*T]; other stages read `input` [B*T*C]. The last stage also needs `targets` and returns
@@ -54,6 +60,8 @@ class GptStage {
         dlosses;
   };
 
+  void allocate(LayerActs& l, bool keep_att);
+  float* att_of(LayerActs& a) { return a.att.empty() ? att_scratch_.data() : a.att.data(); }
   void layer_forward(std::int64_t l, const float* residual, LayerActs& a);
   void layer_backward(std::int64_t l, const float* residual, LayerActs& a);
   void head_forward(SlotActs& s, const float* residual);
@@ -65,6 +73,9 @@ class GptStage {
   std::int64_t v0_ = 0, v1_ = 0, V_ = 0;  // vocabulary shard rows, real-token logits here
   std::vector<SlotActs> slot_;
   std::vector<float> preatt_;  // scratch: attention scores before softmax
+  Recompute recompute_;
+  LayerActs scratch_;                      // full: the one layer being recomputed
+  std::vector<float> att_scratch_, atty_scratch_;  // attention: recomputed probabilities
   GradScratch g_;
 };
 
