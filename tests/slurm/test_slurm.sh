@@ -33,7 +33,7 @@ done
 [ "$(tail -n +2 runs/slurm-sweep/summary.csv | wc -l)" -eq 2 ] || { echo "FAIL: summary rows"; cat summary.txt; fail=1; }
 
 echo "== 2. time limit: checkpoint on the signal, requeue, resume"
-job=$(sbatch --parsable --time=00:02:00 --signal=B:USR1@70 "$src/jobscripts/single_node.sbatch" \
+job=$(sbatch --parsable --time=00:02:00 --signal=B:USR1@90 "$src/jobscripts/single_node.sbatch" \
         "$src/tests/slurm/long.toml")
 echo "job $job"
 state=""
@@ -49,7 +49,7 @@ echo "state $state, restarts ${restarts:-?}"
 [ "${restarts:-0}" -ge 1 ] || { echo "FAIL: the job was never requeued"; fail=1; }
 grep -q "stopped after step" "$out" || { echo "FAIL: no checkpoint on the signal"; fail=1; }
 grep -q "restart: from .*ckpt-" "$out" || { echo "FAIL: the requeued job did not resume"; fail=1; }
-got=$(grep -oE "final step=2000 .*params_crc32c=[0-9a-f]{8}" "$out" | tail -n 1 | grep -oE "[0-9a-f]{8}$")
+got=$(grep -oE "final step=4000 .*params_crc32c=[0-9a-f]{8}" "$out" | tail -n 1 | grep -oE "[0-9a-f]{8}$")
 mpirun --oversubscribe --mca mpi_yield_when_idle 1 -np 3 "$pdtrain" "$src/tests/slurm/long.toml" \
   --set run.out_dir=runs/uninterrupted > uninterrupted.out 2>&1
 want=$(grep -oE "params_crc32c=[0-9a-f]{8}" uninterrupted.out | tail -n 1 | cut -d= -f2)
