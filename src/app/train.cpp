@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "pdtrain/app/checkpointing.hpp"
+#include "pdtrain/app/stage_cache.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/signals.hpp"
 #include "pdtrain/core/mpi_check.hpp"
@@ -129,6 +130,31 @@ struct Setup {
   std::unique_ptr<data::TokenSource> source;
 };
 
+StageSpec stage_spec(const Deck& deck, const LayoutShape& shape, int p, int t);
+
+// pd.cache_mb must hold the largest single use of every compute rank's stage (a layer, or the
+// tied embedding with the final LayerNorm); less could never run.
+void check_cache_size(const Deck& deck, const Setup& s) {
+  const auto capacity = static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0);
+  for (int p = 0; p < s.shape.pp; ++p)
+    for (int t = 0; t < s.shape.tp; ++t) {
+      const StageParams shard(*s.catalog, stage_spec(deck, s.shape, p, t),
+                              StageParams::Storage::shapes_only);
+      auto plan = GptStage::forward_uses(shard);
+      for (auto& use : GptStage::backward_uses(shard)) plan.push_back(use);
+      const std::int64_t need = ParamCache::min_capacity_bytes(StageCache::units_of(shard), plan);
+      if (capacity < need) {
+        char mib[32], have[32];
+        std::snprintf(mib, sizeof(mib), "%.2f", static_cast<double>(need) / 1048576.0);
+        std::snprintf(have, sizeof(have), "%g", deck.pd.cache_mb);
+        throw Error(ExitCode::deck,
+                    deck.where("pd.cache_mb") + ": " + have + " MiB cannot hold one use of pipeline stage " + std::to_string(p) +
+                        " (tp rank " + std::to_string(t) + "): its largest (a layer, or the tied "
+                        "embedding with the final LayerNorm) needs " + mib + " MiB");
+      }
+    }
+}
+
 // `eval_only`: the validation windows are those of data.path itself, from its first token
 // (how llm.c computes a validation loss over a file).
 Setup make_setup(const Deck& deck, MPI_Comm world, bool eval_only) {
@@ -151,6 +177,7 @@ Setup make_setup(const Deck& deck, MPI_Comm world, bool eval_only) {
                         " would own no parameter block (the model has " +
                         std::to_string(bytes.size()) + " blocks); use fewer holders");
   }
+  if (s.shape.holders > 0 && deck.pd.cache_mb > 0) check_cache_size(deck, s);
   // Every rank opens the data so that a bad file is one collective error, not a hang.
   data::SourceSpec spec = source_spec(deck);
   if (eval_only && spec.kind != data::SourceKind::synthetic) spec.val_path = spec.path;
@@ -215,7 +242,7 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
     }
     const int c = r - ls.holders, t = c % ls.tp, p = (c / ls.tp) % ls.pp;
     const StageSpec spec = stage_spec(deck, ls, p, t);
-    const StageParams shard(cat, spec, /*allocate=*/false);
+    const StageParams shard(cat, spec, StageParams::Storage::shapes_only);
     std::int64_t bytes = 0;
     for (int b : shard.needed_blocks()) bytes += cat.block(b).bytes();
     const int slots = pipeline_in_flight(kind, ls.pp, p, static_cast<int>(deck.parallel.micro_batches));
@@ -311,7 +338,9 @@ class ComputeLoop {
       : deck_(deck), setup_(setup), layout_(layout), opts_(opts), trace_(trace),
         start_step_(start_step),
         tp_(layout.tp_comm()),
-        stage_params_(*setup.catalog, stage_spec(deck, layout)),
+        stage_params_(*setup.catalog, stage_spec(deck, layout),
+                      layout.replicated() ? StageParams::Storage::resident
+                                          : StageParams::Storage::streamed),
         micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
         kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
         micro_batch_(micro_batch_size(deck, layout.shape())),
@@ -325,6 +354,15 @@ class ComputeLoop {
         reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
         service_(std::move(service)) {
     packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+    // PD: parameters stream through a bounded cache with prefetch; the baseline keeps its
+    // whole stage resident.
+    if (!layout.replicated()) {
+      cache_ = std::make_unique<StageCache>(
+          stage_params_, *service_, static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0),
+          static_cast<int>(deck.pd.prefetch_depth), trace);
+      step_plan_ = StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
+                                         layout.pp_rank(), micro_batches_);
+    }
   }
 
   // Evaluation only: the mean loss of the initial parameters over eval_batches batches.
@@ -387,10 +425,11 @@ class ComputeLoop {
       }
     }
     result.final_step = k;
-    ensure_version(k);  // the final parameters; every update is known now
+    learn_updates(k);  // every update is known now
     if (result.reporter) report_known(0.0);
     result.params_crc32c = service_->finish();
     result.wall_seconds = now_seconds() - t_start;
+    if (cache_) write_heat_map();
     if (result.reporter) print_final(result);
     return result;
   }
@@ -412,13 +451,56 @@ class ComputeLoop {
   }
 
   // Makes `version` the parameters in use, fetching only if it is not already; returns the
-  // seconds spent.
+  // seconds spent. With the PD cache the fetches happen during the passes that use them.
   double ensure_version(std::int64_t version) {
+    if (cache_) {
+      pass_version_ = version;
+      return 0.0;
+    }
     if (version == have_version_) return 0.0;
     const double t0 = now_seconds();
     fetch(version);
     have_version_ = version;
     return now_seconds() - t0;
+  }
+
+  // The holders' figures (gradient norm, lr) of every update up to `version` arrive with any
+  // fetch of it: the baseline has them, a PD rank asks for one small block.
+  void learn_updates(std::int64_t version) {
+    if (!cache_) {
+      ensure_version(version);
+      return;
+    }
+    const std::vector<int>& blocks = stage_params_.needed_blocks();
+    int smallest = blocks.front();
+    for (int b : blocks)
+      if (setup_.catalog->block(b).numel() < setup_.catalog->block(smallest).numel()) smallest = b;
+    service_->fetch(version, {smallest}, [](int, const float*) {});
+  }
+
+  // Runs `body` as one pass of the PD cache over `plan` (the baseline just runs it); returns
+  // the seconds the pass waited for parameters.
+  template <class Body>
+  double cache_pass(const std::vector<std::vector<int>>& plan, Body&& body) {
+    if (!cache_) {
+      body();
+      return 0.0;
+    }
+    const double wait0 = cache_->stats().wait_seconds;
+    cache_->begin(pass_version_, plan);
+    body();
+    cache_->end();
+    const double waited = cache_->stats().wait_seconds - wait0;
+    timers_.add("fetch", waited);
+    return waited;
+  }
+
+  void write_heat_map() {
+    const std::string dir = deck_.run.out_dir + "/pd_heat";
+    std::filesystem::create_directories(dir);
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(layout_.world(), &rank));
+    cache_->write_heat_map(dir + "/rank-" + std::to_string(rank) + ".csv");
   }
 
   UpdateInfo fetch(std::int64_t version) {
@@ -437,7 +519,8 @@ class ComputeLoop {
     // The loss is the mean over every token of the global batch, so each micro-batch's and
     // each replica's gradient is a partial sum and they simply add.
     runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
-    const double waited = pipeline_.run_step(runner_);
+    double waited = 0.0;
+    rec.fetch_ms += 1e3 * cache_pass(step_plan_, [&] { waited = pipeline_.run_step(runner_); });
     const double elapsed = now_seconds() - t0;
     rec.compute_ms = 1e3 * elapsed;
     rec.bubble = mean_over_stages(elapsed > 0 ? waited / elapsed : 0.0);
@@ -502,7 +585,10 @@ class ComputeLoop {
     ScopedPhase t(timers_, "eval");
     TraceSpan span(trace_, "eval", "compute");
     runner_.eval(micro_batches_, deck_.train.batch_size);
-    pipeline_.run_forward(runner_, static_cast<int>(batches) * micro_batches_);
+    const int forwards = static_cast<int>(batches) * micro_batches_;
+    cache_pass(cache_ ? StageCache::eval_plan(stage_params_, forwards)
+                      : std::vector<std::vector<int>>{},
+               [&] { pipeline_.run_forward(runner_, forwards); });
     const double tokens = static_cast<double>(batches * deck_.train.batch_size * T_);
     return reducer_.sum(runner_.loss_sum()) / tokens;
   }
@@ -570,6 +656,9 @@ class ComputeLoop {
                 timers_.get("eval"),
                 human_bytes(static_cast<double>(service_->bytes_fetched())).c_str(),
                 human_bytes(static_cast<double>(service_->bytes_pushed())).c_str());
+    if (cache_)
+      std::printf("%s (this rank; per-block table in %s/pd_heat/)\n",
+                  cache_->summary(timers_.get("compute")).c_str(), deck_.run.out_dir.c_str());
     if (r.losses.empty()) return;
     if (r.final_step < deck_.run.steps)
       std::printf("stopped after step %lld of %lld: checkpoint written; continue with "
@@ -597,6 +686,9 @@ class ComputeLoop {
   PipelineExecutor pipeline_;
   GradReducer reducer_;
   std::unique_ptr<ParameterService> service_;
+  std::unique_ptr<StageCache> cache_;        // PD only
+  std::vector<std::vector<int>> step_plan_;  // the cache's uses in one step
+  std::int64_t pass_version_ = 0;            // the version the next pass computes on
   std::vector<float> packed_;
   std::unique_ptr<MetricsWriter> metrics_;
   PhaseTimers timers_;

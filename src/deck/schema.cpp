@@ -176,6 +176,18 @@ std::vector<KeySpec> build_schema() {
           "runs up to s steps ahead of the updates; 0 is exact synchronous training.")
           .at_least(0)
           .at_most(3),
+      key(&D::pd, &PdConfig::prefetch_depth, "pd.prefetch_depth",
+          "Parameter uses (a layer, or the embedding/head) a compute rank fetches ahead of the "
+          "one it computes on, with non-blocking fetches; 0: fetch each when needed (blocking). "
+          "Exact: any depth gives the same numbers.")
+          .at_least(0)
+          .at_most(64),
+      key(&D::pd, &PdConfig::cache_mb, "pd.cache_mb",
+          "Most parameter MiB resident on a compute rank (PD only); 0: no limit (a stage's "
+          "parameters stay until the next version). When full, the unit used farthest in the "
+          "future is evicted and fetched again when needed. Must hold the largest single use "
+          "(one layer, or the tied embedding with the final LayerNorm).")
+          .at_least(0),
 
       key(&D::checkpoint, &CheckpointConfig::every, "checkpoint.every",
           "Write a checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGUSR1).")

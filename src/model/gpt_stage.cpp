@@ -91,12 +91,33 @@ const float* GptStage::output(int slot) const {
   return layers_ > 0 ? a.layers.back().residual3.data() : a.input.data();
 }
 
+// The parameter units forward() and backward() announce with need(), in order: a parameter
+// cache plans its prefetches and evictions from these lists, and need() checks each use
+// against the plan.
+std::vector<std::vector<int>> GptStage::forward_uses(const StageParams& p) {
+  std::vector<std::vector<int>> uses;
+  const std::int64_t layers = p.spec().layer_end - p.spec().layer_begin;
+  if (p.spec().has_embedding) uses.push_back({p.wte_unit(), p.wpe_unit()});
+  for (std::int64_t i = 0; i < layers; ++i) uses.push_back({static_cast<int>(i)});
+  if (p.spec().has_head) uses.push_back({p.lnf_unit(), p.wte_unit()});
+  return uses;
+}
+
+std::vector<std::vector<int>> GptStage::backward_uses(const StageParams& p) {
+  std::vector<std::vector<int>> uses;
+  const std::int64_t layers = p.spec().layer_end - p.spec().layer_begin;
+  if (p.spec().has_head) uses.push_back({p.lnf_unit(), p.wte_unit()});
+  for (std::int64_t i = layers - 1; i >= 0; --i) uses.push_back({static_cast<int>(i)});
+  return uses;  // the embedding's backward needs no parameters
+}
+
 double GptStage::forward(int slot, const std::int32_t* tokens, const float* input,
                          const std::int32_t* targets) {
   SlotActs& a = slot_[slot];
   const std::int64_t N = B_ * T_;
   Exec exec;
   if (p_.spec().has_embedding) {
+    p_.need({p_.wte_unit(), p_.wpe_unit()});
     // Vocabulary-parallel lookup: each shard embeds its own tokens (0 elsewhere), one shard adds
     // the positions, and the sum over the group is the full embedding.
     std::copy_n(tokens, N, a.tokens.begin());
@@ -111,6 +132,7 @@ double GptStage::forward(int slot, const std::int32_t* tokens, const float* inpu
   const float* residual = a.input.data();
   for (std::int64_t i = 0; i < layers_; ++i) {
     LayerActs& kept = a.layers[i];
+    p_.need({static_cast<int>(i)});
     if (recompute_ == Recompute::full) {
       layer_forward(p_.spec().layer_begin + i, residual, scratch_);
       exec.fence();
@@ -125,6 +147,7 @@ double GptStage::forward(int slot, const std::int32_t* tokens, const float* inpu
     return 0.0;
   }
   std::copy_n(targets, N, a.targets.begin());
+  p_.need({p_.lnf_unit(), p_.wte_unit()});
   head_forward(a, residual);
   exec.fence();  // losses are read on the host
   double sum = 0.0;
@@ -189,6 +212,7 @@ void GptStage::backward(int slot, float dloss, const float* doutput) {
   Exec exec;
   const float* last = layers_ > 0 ? a.layers.back().residual3.data() : a.input.data();
   if (p_.spec().has_head) {
+    p_.need({p_.lnf_unit(), p_.wte_unit()});
     head_backward(a, last, dloss);  // leaves d(last residual) in g_.dresidual
   } else {
     std::copy_n(doutput, N * C_, g_.dresidual.begin());
@@ -196,6 +220,7 @@ void GptStage::backward(int slot, float dloss, const float* doutput) {
   for (std::int64_t i = layers_ - 1; i >= 0; --i) {
     const float* residual = i > 0 ? a.layers[i - 1].residual3.data() : a.input.data();
     const std::int64_t l = p_.spec().layer_begin + i;
+    p_.need({static_cast<int>(i)});
     if (recompute_ == Recompute::full) {
       layer_forward(l, residual, scratch_);  // the same inputs, the same bits
       layer_backward(l, residual, scratch_);

@@ -1,6 +1,7 @@
 #include "pdtrain/model/stage_params.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "pdtrain/core/error.hpp"
 
@@ -19,8 +20,15 @@ bool tensor_on_stage(TensorId id, const TensorInfo& t, const StageSpec& s) {
 }
 }  // namespace
 
-StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, bool allocate)
+StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage)
     : cat_(cat), spec_(spec) {
+  const std::int64_t n_layers = spec.layer_end - spec.layer_begin;
+  units_.resize(static_cast<std::size_t>(n_layers + 3));
+  for (std::int64_t i = 0; i < n_layers; ++i)
+    units_[i].name = "layer" + std::to_string(spec.layer_begin + i);
+  units_[wte_unit()].name = "wte";
+  units_[wpe_unit()].name = "wpe";
+  units_[lnf_unit()].name = "lnf";
   const std::int64_t nh = cat.shape().n_head;
   for (const TensorInfo& t : cat.tensors()) {
     LocalTensor& lt = local_[static_cast<int>(t.id)];
@@ -40,12 +48,41 @@ StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, bool al
     }
     lt.offset = numel_;
     numel_ += lt.layers * lt.rows * lt.cols;
+    // Within a unit, tensors follow catalogue order (a layer's tensors are all per-layer).
+    Unit& u = units_[unit_of(t.id, spec.layer_begin)];
+    lt.unit_offset = u.numel;
+    u.numel += lt.rows * lt.cols;
   }
+  for (std::int64_t i = 1; i < n_layers; ++i) units_[i].numel = units_[0].numel;
   for (const BlockInfo& b : cat.blocks())
-    if (owns(b)) needed_.push_back(b.id);
-  if (!allocate) return;
-  params_.assign(static_cast<std::size_t>(numel_), 0.0f);
+    if (owns(b)) {
+      needed_.push_back(b.id);
+      units_[unit_of(b.tensor, b.layer)].blocks.push_back(b.id);
+    }
+  if (storage == Storage::shapes_only) return;
   grads_.assign(static_cast<std::size_t>(numel_), 0.0f);
+  if (storage == Storage::streamed) return;
+  params_.assign(static_cast<std::size_t>(numel_), 0.0f);
+}
+
+int StageParams::unit_of(TensorId id, std::int64_t layer) const {
+  if (cat_.tensor(id).per_layer) return layer_unit(layer);
+  switch (id) {
+    case TensorId::wte: return wte_unit();
+    case TensorId::wpe: return wpe_unit();
+    default: return lnf_unit();
+  }
+}
+
+void StageParams::bind_unit(int u, float* storage) { units_[u].storage = storage; }
+
+float* StageParams::param(TensorId id, std::int64_t layer) {
+  if (!params_.empty()) return params_.data() + where(id, layer);
+  const int u = unit_of(id, cat_.tensor(id).per_layer ? layer : spec_.layer_begin);
+  PDT_CHECK(u >= 0 && u < num_units() && units_[u].storage != nullptr,
+            "parameter unit " + (u >= 0 && u < num_units() ? units_[u].name : std::string("?")) +
+                " used while not resident (a use the parameter cache was not told of)");
+  return units_[u].storage + local_[static_cast<int>(id)].unit_offset;
 }
 
 bool StageParams::owns(const BlockInfo& b) const {
@@ -84,7 +121,7 @@ void StageParams::unpack_param(const BlockInfo& b, const float* packed) {
   std::int64_t r0, c0;
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  float* base = params_.data() + where(b.tensor, b.layer);
+  float* base = param(b.tensor, b.layer);
   for (std::int64_t r = 0; r < b.rows; ++r)
     std::copy_n(packed + r * b.cols, b.cols, base + (r0 + r) * ld + c0);
 }

@@ -75,6 +75,7 @@ void HolderServer::run() {
   Backoff backoff;
   std::vector<char> msg;
   while (done_ranks_ < n_compute) {
+    retire_sent_replies();
     int flag = 0;
     MPI_Status st;
     MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, layout_.world(), &flag, &st));
@@ -91,6 +92,8 @@ void HolderServer::run() {
     received_ += bytes;
     handle(st.MPI_SOURCE, st.MPI_TAG, msg);
   }
+  for (Sending& s : sending_) wait_quietly(&s.request);
+  sending_.clear();
   if (hooks_.at_end) hooks_.at_end(version_, owned_blocks());
   if (verbose_) print_traffic();
   send_final_crc();
@@ -140,6 +143,7 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
   wire::ReplyHeader rh{};
   rh.version = v;
   rh.n = req.n;
+  rh.ticket = req.ticket;
   rh.stop = hooks_.stop_requested && hooks_.stop_requested() ? 1 : 0;
   for (const auto& [version, info] : recent_)
     rh.recent[rh.n_recent++] = wire::WireUpdateInfo{version, info.grad_norm, info.lr};
@@ -154,10 +158,21 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
     data += e.bytes.size();
   }
   sent_ += static_cast<std::int64_t>(reply.size());
-  MPI_Request r;
-  MPI_CHECK(MPI_Isend(reply.data(), static_cast<int>(reply.size()), MPI_BYTE, source,
-                      wire::kFetchReply, layout_.world(), &r));
-  wait_quietly(&r);
+  // Not waited for here: a compute rank that prefetched may be busy in a GEMM and take the
+  // reply later, and meanwhile this holder serves others.
+  Sending& s = sending_.emplace_back();
+  s.bytes = std::move(reply);
+  MPI_CHECK(MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, source,
+                      wire::kFetchReply, layout_.world(), &s.request));
+}
+
+void HolderServer::retire_sent_replies() {
+  while (!sending_.empty()) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&sending_.front().request, &done, MPI_STATUS_IGNORE));
+    if (!done) return;
+    sending_.pop_front();
+  }
 }
 
 void HolderServer::take_push(int source, const std::vector<char>& msg) {

@@ -17,6 +17,11 @@ RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std:
   // Test hook: PDTRAIN_TEST_FLIP_FETCH_BIT=<version> flips one bit of the first block this
   // rank receives at that version, so tests can check that corruption is caught and named.
   if (const char* v = std::getenv("PDTRAIN_TEST_FLIP_FETCH_BIT")) flip_at_version_ = std::atoll(v);
+  if (relays()) MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
+}
+
+RemoteHolders::~RemoteHolders() {
+  if (relay_comm_ != MPI_COMM_NULL) MPI_Comm_free(&relay_comm_);
 }
 
 std::vector<std::vector<int>> RemoteHolders::by_holder(const std::vector<int>& blocks) const {
@@ -27,104 +32,172 @@ std::vector<std::vector<int>> RemoteHolders::by_holder(const std::vector<int>& b
 
 UpdateInfo RemoteHolders::fetch(std::int64_t version, const std::vector<int>& blocks,
                                 const BlockSink& sink) {
-  const auto groups = by_holder(blocks);
-  replies_.resize(groups.size());
-  // Fan-out: the data-parallel replicas of a (pp, tp) position need the same blocks, so only
-  // replica 0 asks the holders and relays the replies to the others with a broadcast. A holder
-  // sends each block once per step whatever dp is.
-  if (layout_.dp_rank() == 0) fetch_from_holders(version, groups);
-  if (layout_.shape().dp > 1) relay_to_replicas();
-  return verify_and_deliver(version, groups, sink);
+  return finish_fetch(start_fetch(version, blocks), sink);
 }
 
-void RemoteHolders::fetch_from_holders(std::int64_t version,
-                                       const std::vector<std::vector<int>>& groups) {
-  const int H = static_cast<int>(groups.size());
-  std::vector<std::vector<char>> requests(H);
-  std::vector<MPI_Request> reqs;
-  for (int h = 0; h < H; ++h) {
-    replies_[h].clear();
-    if (groups[h].empty()) continue;
-    const wire::FetchRequest fr{version, static_cast<std::int64_t>(groups[h].size())};
-    requests[h].resize(sizeof(fr) + groups[h].size() * sizeof(std::int32_t));
-    std::memcpy(requests[h].data(), &fr, sizeof(fr));
-    std::memcpy(requests[h].data() + sizeof(fr), groups[h].data(),
-                groups[h].size() * sizeof(std::int32_t));
-    reqs.emplace_back();
-    MPI_CHECK(MPI_Isend(requests[h].data(), static_cast<int>(requests[h].size()), MPI_BYTE,
-                        layout_.holder_world_rank(h), wire::kFetchRequest, layout_.world(),
-                        &reqs.back()));
+// Fan-out: the data-parallel replicas of a (pp, tp) position need the same blocks, so only
+// replica 0 asks the holders and relays the replies to the others. A holder sends each block
+// once per step whatever dp is.
+ParameterService::Ticket RemoteHolders::start_fetch(std::int64_t version,
+                                                    std::vector<int> blocks) {
+  InFlight& f = in_flight_.emplace_back();
+  f.ticket = next_ticket_++;
+  f.version = version;
+  f.groups = by_holder(blocks);
+  f.replies.resize(f.groups.size());
+  if (layout_.dp_rank() == 0) {
+    send_requests(f);
+  } else {
+    f.stage = InFlight::Stage::relay_sizes;
   }
-  // Replies are as long as their encoding: take them in whatever order they arrive, sizing
-  // each from its probe.
-  int pending = 0;
-  for (int h = 0; h < H; ++h) pending += groups[h].empty() ? 0 : 1;
-  Backoff backoff;
-  while (pending > 0) {
+  progress();
+  return f.ticket;
+}
+
+void RemoteHolders::send_requests(InFlight& f) {
+  const int H = static_cast<int>(f.groups.size());
+  f.requests.resize(H);
+  for (int h = 0; h < H; ++h) {
+    if (f.groups[h].empty()) continue;
+    const wire::FetchRequest fr{f.version, static_cast<std::int64_t>(f.groups[h].size()),
+                                f.ticket};
+    std::vector<char>& m = f.requests[h];
+    m.resize(sizeof(fr) + f.groups[h].size() * sizeof(std::int32_t));
+    std::memcpy(m.data(), &fr, sizeof(fr));
+    std::memcpy(m.data() + sizeof(fr), f.groups[h].data(),
+                f.groups[h].size() * sizeof(std::int32_t));
+    f.sends.emplace_back();
+    MPI_CHECK(MPI_Isend(m.data(), static_cast<int>(m.size()), MPI_BYTE,
+                        layout_.holder_world_rank(h), wire::kFetchRequest, layout_.world(),
+                        &f.sends.back()));
+    ++f.awaited_replies;
+  }
+  f.stage = InFlight::Stage::awaiting_replies;
+}
+
+// Takes every reply that has arrived, whatever fetch it answers (its header names the ticket).
+// Replies are as long as their encoding: each is sized from its probe.
+void RemoteHolders::receive_replies() {
+  for (;;) {
     int flag = 0;
     MPI_Message m;
     MPI_Status st;
     MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, wire::kFetchReply, layout_.world(), &flag, &m, &st));
-    if (!flag) {
-      backoff.pause();
-      continue;
-    }
-    backoff.reset();
+    if (!flag) return;
     int bytes = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-    std::vector<char>& r = replies_[st.MPI_SOURCE];  // holders are world ranks 0..H-1
-    r.resize(static_cast<std::size_t>(bytes));
+    std::vector<char> r(static_cast<std::size_t>(bytes));
     MPI_CHECK(MPI_Mrecv(r.data(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
     from_holders_ += bytes;
-    --pending;
-  }
-  wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
-}
-
-void RemoteHolders::relay_to_replicas() {
-  // Sizes first (they depend on the encoding), then the replies themselves.
-  std::vector<std::int64_t> sizes(replies_.size());
-  for (std::size_t h = 0; h < replies_.size(); ++h)
-    sizes[h] = static_cast<std::int64_t>(replies_[h].size());
-  MPI_Request r;
-  MPI_CHECK(MPI_Ibcast(sizes.data(), static_cast<int>(sizes.size()), MPI_INT64_T, 0,
-                       layout_.dp_comm(), &r));
-  wait_quietly(&r);
-  std::vector<MPI_Request> reqs;
-  for (std::size_t h = 0; h < replies_.size(); ++h) {
-    replies_[h].resize(static_cast<std::size_t>(sizes[h]));
-    if (sizes[h] == 0) continue;
-    reqs.emplace_back();
-    MPI_CHECK(MPI_Ibcast(replies_[h].data(), static_cast<int>(sizes[h]), MPI_BYTE, 0,
-                         layout_.dp_comm(), &reqs.back()));
-  }
-  wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
-}
-
-UpdateInfo RemoteHolders::verify_and_deliver(std::int64_t version,
-                                             const std::vector<std::vector<int>>& groups,
-                                             const BlockSink& sink) {
-  for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
-    if (groups[h].empty()) continue;
+    PDT_CHECK(r.size() >= sizeof(wire::ReplyHeader),
+              "short fetch reply from rank " + std::to_string(st.MPI_SOURCE));
     wire::ReplyHeader rh;
-    std::memcpy(&rh, replies_[h].data(), sizeof(rh));
-    PDT_CHECK(rh.version == version, "holder " + std::to_string(h) + " answered with version " +
-                                         std::to_string(rh.version) + " for a fetch of version " +
-                                         std::to_string(version));
+    std::memcpy(&rh, r.data(), sizeof(rh));
+    InFlight* f = nullptr;
+    for (InFlight& g : in_flight_)
+      if (g.ticket == rh.ticket) f = &g;
+    PDT_CHECK(f != nullptr && f->stage == InFlight::Stage::awaiting_replies,
+              "holder rank " + std::to_string(st.MPI_SOURCE) + " answered unknown fetch " +
+                  std::to_string(rh.ticket));
+    f->replies[st.MPI_SOURCE] = std::move(r);  // holders are world ranks 0..H-1
+    --f->awaited_replies;
+  }
+}
+
+void RemoteHolders::progress() {
+  if (layout_.dp_rank() == 0) receive_replies();
+  // Relays are posted in ticket order: a fetch advances only once the one before it has
+  // posted all of its broadcasts.
+  for (InFlight& f : in_flight_) {
+    advance(f);
+    if (f.stage == InFlight::Stage::relay_sizes ||
+        (f.stage == InFlight::Stage::awaiting_replies))
+      break;
+  }
+}
+
+void RemoteHolders::advance(InFlight& f) {
+  using S = InFlight::Stage;
+  if (f.stage == S::awaiting_replies) {
+    if (f.awaited_replies > 0) return;
+    int sent = 0;
+    MPI_CHECK(MPI_Testall(static_cast<int>(f.sends.size()), f.sends.data(), &sent,
+                          MPI_STATUSES_IGNORE));
+    if (!sent) return;
+    if (!relays()) {
+      f.stage = S::ready;
+      return;
+    }
+    f.stage = S::relay_sizes;
+  }
+  if (f.stage == S::relay_sizes) {
+    if (f.sizes.empty()) {  // post the size broadcast (the root knows the sizes)
+      f.sizes.resize(f.replies.size());
+      for (std::size_t h = 0; h < f.replies.size(); ++h)
+        f.sizes[h] = static_cast<std::int64_t>(f.replies[h].size());
+      MPI_CHECK(MPI_Ibcast(f.sizes.data(), static_cast<int>(f.sizes.size()), MPI_INT64_T, 0,
+                           relay_comm_, &f.sizes_req));
+    }
+    int done = 0;
+    MPI_CHECK(MPI_Test(&f.sizes_req, &done, MPI_STATUS_IGNORE));
+    if (!done) return;
+    for (std::size_t h = 0; h < f.replies.size(); ++h) {
+      f.replies[h].resize(static_cast<std::size_t>(f.sizes[h]));
+      if (f.sizes[h] == 0) continue;
+      f.relay_reqs.emplace_back();
+      MPI_CHECK(MPI_Ibcast(f.replies[h].data(), static_cast<int>(f.sizes[h]), MPI_BYTE, 0,
+                           relay_comm_, &f.relay_reqs.back()));
+    }
+    f.stage = S::relay_data;
+  }
+  if (f.stage == S::relay_data) {
+    int done = 0;
+    MPI_CHECK(MPI_Testall(static_cast<int>(f.relay_reqs.size()), f.relay_reqs.data(), &done,
+                          MPI_STATUSES_IGNORE));
+    if (done) f.stage = S::ready;
+  }
+}
+
+UpdateInfo RemoteHolders::finish_fetch(Ticket ticket, const BlockSink& sink) {
+  PDT_CHECK(!in_flight_.empty() && in_flight_.front().ticket == ticket,
+            "fetches must finish in the order they were started");
+  Backoff backoff;
+  for (;;) {
+    progress();
+    if (in_flight_.front().stage == InFlight::Stage::ready) break;
+    backoff.pause();
+  }
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  return verify_and_deliver(f, sink);
+}
+
+UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink) {
+  const std::int64_t version = f.version;
+  for (int h = 0; h < static_cast<int>(f.groups.size()); ++h) {
+    const std::vector<int>& group = f.groups[h];
+    if (group.empty()) continue;
+    std::vector<char>& reply = f.replies[h];
+    wire::ReplyHeader rh;
+    std::memcpy(&rh, reply.data(), sizeof(rh));
+    PDT_CHECK(rh.version == version && rh.ticket == f.ticket,
+              "holder " + std::to_string(h) + " answered with version " +
+                  std::to_string(rh.version) + " for a fetch of version " +
+                  std::to_string(version));
     stop_ = stop_ || rh.stop != 0;
     for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
       known_[rh.recent[i].version] =
           UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr};
-    const char* hdr = replies_[h].data() + sizeof(rh);
-    char* data = replies_[h].data() + sizeof(rh) + groups[h].size() * sizeof(wire::BlockHeader);
+    const char* hdr = reply.data() + sizeof(rh);
+    char* data = reply.data() + sizeof(rh) + group.size() * sizeof(wire::BlockHeader);
     if (version == flip_at_version_) {
       data[0] ^= 0x10;
       flip_at_version_ = -1;
     }
-    for (std::size_t i = 0; i < groups[h].size(); ++i) {
+    for (std::size_t i = 0; i < group.size(); ++i) {
       wire::BlockHeader bh;
       std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
-      const int b = groups[h][i];
+      const int b = group[i];
       const BlockDesc& d = table_.blocks[b];
       PDT_CHECK(bh.id == b && bh.version == version,
                 "block " + d.name + " arrived as id " + std::to_string(bh.id) + " version " +

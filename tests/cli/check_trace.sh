@@ -11,7 +11,7 @@ for ((r = 0; r < ranks; r++)); do
   [ -s "$f" ] || { echo "FAIL: missing $f"; fail=1; continue; }
   grep -q "\"pid\":$r," "$out/trace/trace.json" || { echo "FAIL: merged trace lacks rank $r"; fail=1; }
 done
-for what in '"name":"forward mb0"' '"name":"backward mb3"' '"cat":"p2p"' '"name":"fetch v1"' \
+for what in '"name":"forward mb0"' '"name":"backward mb3"' '"cat":"p2p"' '"name":"fetch wte v1"' \
             '"name":"push"' '"name":"update v1"'; do
   grep -q "$what" "$out/trace/trace.json" || { echo "FAIL: merged trace lacks $what"; fail=1; }
 done

@@ -105,15 +105,17 @@ const std::vector<std::string> kFullDeck = {
     "fetch_codec = \"lz4\"",              // 47
     "push_codec = \"zstd\"",              // 48
     "staleness = 2",                     // 49
-    "[checkpoint]",                      // 50
-    "every = 100",                       // 51
-    "codec = \"xor\"",                   // 52
-    "anchor_every = 5",                  // 53
-    "keep = 2",                          // 54
-    "async = true",                      // 55
-    "dir = \"/scratch/ckpt\"",           // 56
-    "[output]",                          // 57
-    "trace = true",                      // 58
+    "prefetch_depth = 3",                // 50
+    "cache_mb = 64.5",                   // 51
+    "[checkpoint]",                      // 52
+    "every = 100",                       // 53
+    "codec = \"xor\"",                   // 54
+    "anchor_every = 5",                  // 55
+    "keep = 2",                          // 56
+    "async = true",                      // 57
+    "dir = \"/scratch/ckpt\"",           // 58
+    "[output]",                          // 59
+    "trace = true",                      // 60
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -186,6 +188,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.fetch_codec, "lz4");
   EXPECT_EQ(d.pd.push_codec, "zstd");
   EXPECT_EQ(d.pd.staleness, 2);
+  EXPECT_EQ(d.pd.prefetch_depth, 3);
+  EXPECT_EQ(d.pd.cache_mb, 64.5);
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
   EXPECT_TRUE(d.checkpoint.async);
@@ -540,7 +544,7 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 TEST(DeckSchema, CoversEveryDeckField) {
   // 5 run + 9 model + 6 data + 6 parallel + 4 train + 8 optimizer + 3 pd + 6 checkpoint +
   // 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 48u);
+  EXPECT_EQ(deck::schema().size(), 50u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "run_helpers.hpp"
 
@@ -133,6 +135,54 @@ TEST(Equivalence, LosslessWireCodecsAreBitIdenticalToRaw) {
   if (raw.losses.empty()) return;
   EXPECT_EQ(raw.losses, packed.losses);
   EXPECT_EQ(raw.crc, packed.crc);
+}
+
+// Fetches of one unit (`layer0`) a compute rank made, from its heat map.
+std::int64_t layer0_fetches(const std::string& dir, int rank) {
+  std::ifstream f(dir + "/pd_heat/rank-" + std::to_string(rank) + ".csv");
+  std::string line;
+  std::getline(f, line);  // header: block,name,unit,bytes,uses,fetches
+  while (std::getline(f, line))
+    if (line.find(",layer0,") != std::string::npos) return std::stoll(line.substr(line.rfind(',') + 1));
+  return -1;
+}
+
+// Prefetch depth and the cache limit change when blocks move, never what they hold: the runs
+// are bit-identical to the single rank (dp 1) and to the default settings (dp 3, relayed).
+TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
+  ASSERT_GE(world_size(), 4);
+  RunOutcome dp3 = run_on_groups(4, {"parallel.holders=1"}, "cache-default");
+  // 0.02 MiB holds one layer of this model (0.0125 MiB) but not two: layers are re-fetched.
+  const std::vector<std::vector<std::string>> settings = {
+      {"pd.prefetch_depth=0"},
+      {"pd.prefetch_depth=1", "pd.cache_mb=0.02"},
+      {"pd.prefetch_depth=5", "pd.cache_mb=0.02"},
+      {"pd.prefetch_depth=8"}};
+  for (std::size_t i = 0; i < settings.size(); ++i) {
+    std::vector<std::string> sets = settings[i];
+    sets.push_back("parallel.holders=1");
+    const std::string tag = "cache" + std::to_string(i);
+    RunOutcome one = run_on_groups(2, sets, tag + "-dp1");
+    if (!one.losses.empty()) {
+      EXPECT_EQ(one.losses, reference().losses) << i;
+      EXPECT_EQ(one.crc, reference().crc) << i;
+    }
+    RunOutcome three = run_on_groups(4, sets, tag + "-dp3");
+    if (!three.losses.empty()) {
+      EXPECT_EQ(three.losses, dp3.losses) << i;
+      EXPECT_EQ(three.crc, dp3.crc) << i;
+    }
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 1) {  // the dp-1 run's compute rank: layer0 used twice per step, 20 steps
+      const std::int64_t fetches = layer0_fetches(out_dir(tag + "-dp1-0"), 1);
+      const bool bounded = settings[i].size() == 2;
+      if (bounded)
+        EXPECT_GT(fetches, 20) << i;  // evicted between forward and backward
+      else
+        EXPECT_EQ(fetches, 20 + 1) << i;  // once per version, plus the final evaluation's
+    }
+  }
 }
 
 TEST(Reproducibility, BoundedStalenessIsReproducible) {

@@ -36,6 +36,11 @@ class GptStage {
   // stages receive `doutput` [B*T*C] from the next stage.
   void backward(int slot, float dloss, const float* doutput);
 
+  // The parameter units one forward / backward uses, in the order it announces them through
+  // StageParams::need().
+  static std::vector<std::vector<int>> forward_uses(const StageParams& p);
+  static std::vector<std::vector<int>> backward_uses(const StageParams& p);
+
   const float* output(int slot) const;  // residual stream after the last layer [B*T*C]
   const float* dinput() const { return g_.dresidual.data(); }  // d(input) after backward
   const float* probs(int slot) const { return slot_[slot].probs.data(); }

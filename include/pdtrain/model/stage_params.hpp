@@ -1,9 +1,16 @@
 #pragma once
 // The parameters one compute rank works on: its pipeline stage's layers (plus the embedding on
 // the first stage and the final LayerNorm/head on the last) and its tensor-parallel shard of
-// each. Local tensors live in one flat buffer (and a mirror for gradients); blocks fetched from
-// the holders are unpacked into place, gradients are packed back into blocks for pushing.
+// each. Gradients live in one flat buffer for the whole step; blocks fetched from the holders
+// are unpacked into place, gradients are packed back into blocks for pushing.
+//
+// Parameters are grouped into residency units, the sets of tensors the model uses together:
+// one unit per layer, and wte, wpe and the final LayerNorm. With Storage::resident every unit
+// lives in one flat buffer laid out like the gradients (the whole stage at once). With
+// Storage::streamed a parameter cache binds each unit to memory only while it is resident, and
+// the model announces each use with need(), so a rank can hold a few layers at a time.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pdtrain/model/catalog.hpp"
@@ -17,10 +24,21 @@ struct StageSpec {
   std::int64_t tp_size = 1, tp_rank = 0;
 };
 
+// Told by the model before each use of a set of units (see GptStage::forward_uses()).
+class UnitUser {
+ public:
+  virtual ~UnitUser() = default;
+  virtual void need(const std::vector<int>& units) = 0;
+};
+
 class StageParams {
  public:
-  // `allocate = false` computes the shard's blocks and sizes only (for --dry-run).
-  StageParams(const ParamCatalog& cat, const StageSpec& spec, bool allocate = true);
+  enum class Storage {
+    shapes_only,  // the shard's blocks and sizes only (for --dry-run)
+    resident,     // every parameter in one buffer
+    streamed,     // units bound by a cache (bind_unit); gradients still in one buffer
+  };
+  StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage = Storage::resident);
 
   const StageSpec& spec() const { return spec_; }
   const ParamCatalog& catalog() const { return cat_; }
@@ -28,11 +46,32 @@ class StageParams {
   const std::vector<int>& needed_blocks() const { return needed_; }
   std::int64_t numel() const { return numel_; }
 
-  // Local tensor of `id` for global layer `layer` (ignored for non-layered tensors).
-  float* param(TensorId id, std::int64_t layer = 0) { return params_.data() + where(id, layer); }
+  // Local tensor of `id` for global layer `layer` (ignored for non-layered tensors). A param's
+  // unit must be resident.
+  float* param(TensorId id, std::int64_t layer = 0);
   float* grad(TensorId id, std::int64_t layer = 0) { return grads_.data() + where(id, layer); }
-  float* params() { return params_.data(); }
+  float* params() { return params_.data(); }  // Storage::resident: same layout as grads()
   float* grads() { return grads_.data(); }
+
+  // Residency units: layers first (unit i = the stage's i-th layer), then wte, wpe, lnf.
+  int num_units() const { return static_cast<int>(units_.size()); }
+  int layer_unit(std::int64_t layer) const { return static_cast<int>(layer - spec_.layer_begin); }
+  int wte_unit() const { return num_units() - 3; }
+  int wpe_unit() const { return num_units() - 2; }
+  int lnf_unit() const { return num_units() - 1; }
+  std::int64_t unit_numel(int u) const { return units_[u].numel; }
+  const std::vector<int>& unit_blocks(int u) const { return units_[u].blocks; }  // needed ones
+  const std::string& unit_name(int u) const { return units_[u].name; }
+  // Streamed storage: gives unit u the memory at `storage` (unit_numel floats), or takes it
+  // away (nullptr). Blocks of the unit are unpacked there.
+  void bind_unit(int u, float* storage);
+  bool resident(int u) const { return units_[u].storage != nullptr; }
+  // The model calls need() before using a set of units; a cache (the UnitUser) makes them
+  // resident. Without a user every unit already is.
+  void set_unit_user(UnitUser* user) { user_ = user; }
+  void need(const std::vector<int>& units) {
+    if (user_) user_->need(units);
+  }
   // Local rows/cols of one layer's slice of `id` on this rank.
   std::int64_t local_rows(TensorId id) const { return local_[static_cast<int>(id)].rows; }
   std::int64_t local_cols(TensorId id) const { return local_[static_cast<int>(id)].cols; }
@@ -53,8 +92,16 @@ class StageParams {
     bool present = false;
     std::int64_t layers = 0, rows = 0, cols = 0, offset = 0;
     std::int64_t unit_begin = 0, unit_end = 0;  // head units of this tp shard
+    std::int64_t unit_offset = 0;               // within its residency unit's storage
+  };
+  struct Unit {
+    std::string name;
+    std::int64_t numel = 0;
+    std::vector<int> blocks;
+    float* storage = nullptr;
   };
   std::int64_t where(TensorId id, std::int64_t layer) const;
+  int unit_of(TensorId id, std::int64_t layer) const;
   // Local (row, col) of the block's first element and the local row stride.
   void block_origin(const BlockInfo& b, std::int64_t* row, std::int64_t* col) const;
   bool owns(const BlockInfo& b) const;
@@ -65,6 +112,8 @@ class StageParams {
   std::vector<int> needed_;
   std::int64_t numel_ = 0;
   std::vector<float> params_, grads_;
+  std::vector<Unit> units_;
+  UnitUser* user_ = nullptr;
 };
 
 }  // namespace pdtrain

@@ -2,6 +2,7 @@
 // What the PD layer knows about parameters: blocks by id, their sizes, whether they take
 // weight decay, and a name for messages. Nothing about the model's shapes.
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <string>
@@ -40,6 +41,19 @@ class ParameterService {
   // Returns the update that produced `version`.
   virtual UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                            const BlockSink& sink) = 0;
+  // The same fetch split in two, so several can be in flight while this rank computes:
+  // start_fetch() sends the request and returns at once; progress() moves every fetch in flight
+  // forward (call it now and then: MPI moves large messages only inside MPI calls);
+  // finish_fetch() waits for the oldest fetch in flight (fetches finish in the order they were
+  // started), checks it and hands its blocks to `sink`. This default runs the whole fetch in
+  // finish_fetch(), which suits a service that has the parameters at hand.
+  using Ticket = std::int64_t;
+  virtual Ticket start_fetch(std::int64_t version, std::vector<int> blocks) {
+    queued_.push_back({next_ticket_, version, std::move(blocks)});
+    return next_ticket_++;
+  }
+  virtual void progress() {}
+  virtual UpdateInfo finish_fetch(Ticket ticket, const BlockSink& sink);
   // The update that produced `version`, if this rank has learnt it (fetch replies carry the
   // holders' recent updates, so later steps' figures arrive before their versions are fetched).
   virtual std::optional<UpdateInfo> update_info(std::int64_t version) const = 0;
@@ -53,6 +67,15 @@ class ParameterService {
   // Bytes this rank moved through the service so far (fetched, pushed).
   virtual std::int64_t bytes_fetched() const = 0;
   virtual std::int64_t bytes_pushed() const = 0;
+
+ private:
+  struct Queued {
+    Ticket ticket;
+    std::int64_t version;
+    std::vector<int> blocks;
+  };
+  std::deque<Queued> queued_;  // the default start_fetch()'s requests
+  Ticket next_ticket_ = 0;
 };
 
 }  // namespace pdtrain

@@ -76,6 +76,7 @@ class HolderServer {
   void finish_step();
   void encode(Owned& o);
   void serve_deferred();
+  void retire_sent_replies();  // frees replies the network has taken, in order
   void send_final_crc();
   void print_traffic() const;
 
@@ -92,6 +93,11 @@ class HolderServer {
   std::map<std::int64_t, std::int64_t> missing_;   // step -> gradients still expected
   std::map<std::int64_t, UpdateInfo> recent_;      // the updates of the versions kept
   std::deque<Pending> deferred_;
+  struct Sending {
+    std::vector<char> bytes;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::deque<Sending> sending_;  // replies on their way (std::deque: elements never move)
   int done_ranks_ = 0;
   std::int64_t sent_ = 0, received_ = 0;  // bytes on the wire, for the traffic line
   bool verbose_ = false;

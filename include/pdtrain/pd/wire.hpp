@@ -16,6 +16,7 @@ enum Tag : int {
 struct FetchRequest {
   std::int64_t version;
   std::int64_t n;
+  std::int64_t ticket;  // chosen by the requester, echoed in the reply (several may be in flight)
 };
 
 struct WireUpdateInfo {
@@ -31,6 +32,7 @@ inline constexpr int kMaxRecentUpdates = 4;  // staleness <= 3 keeps at most 4 v
 struct ReplyHeader {
   std::int64_t version;  // of the blocks in this reply
   std::int64_t n;        // blocks
+  std::int64_t ticket;   // the request's
   std::int64_t stop;     // 1: a holder was asked to stop (signal); compute ranks end the run
   std::int64_t n_recent;
   WireUpdateInfo recent[kMaxRecentUpdates];

@@ -1,0 +1,81 @@
+#include "pdtrain/app/stage_cache.hpp"
+
+#include <cstdio>
+#include <fstream>
+
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/model/gpt_stage.hpp"
+
+namespace pdtrain {
+
+StageCache::StageCache(StageParams& params, ParameterService& service,
+                       std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace)
+    : params_(params),
+      cache_(service, units_of(params), *this, capacity_bytes, prefetch_depth, trace) {
+  params_.set_unit_user(this);
+}
+
+StageCache::~StageCache() { params_.set_unit_user(nullptr); }
+
+std::vector<CacheUnit> StageCache::units_of(const StageParams& p) {
+  std::vector<CacheUnit> units;
+  for (int u = 0; u < p.num_units(); ++u)
+    units.push_back(CacheUnit{p.unit_name(u), p.unit_numel(u), p.unit_blocks(u)});
+  return units;
+}
+
+std::vector<std::vector<int>> StageCache::step_plan(const StageParams& p, PipelineKind kind,
+                                                    int stages, int stage, int micro_batches) {
+  const auto fwd = GptStage::forward_uses(p), bwd = GptStage::backward_uses(p);
+  std::vector<std::vector<int>> plan;
+  for (const PipelineAction& a : pipeline_actions(kind, stages, stage, micro_batches)) {
+    if (a.kind == ActionKind::forward) plan.insert(plan.end(), fwd.begin(), fwd.end());
+    if (a.kind == ActionKind::backward) plan.insert(plan.end(), bwd.begin(), bwd.end());
+  }
+  return plan;
+}
+
+std::vector<std::vector<int>> StageCache::eval_plan(const StageParams& p, int forwards) {
+  const auto fwd = GptStage::forward_uses(p);
+  std::vector<std::vector<int>> plan;
+  for (int i = 0; i < forwards; ++i) plan.insert(plan.end(), fwd.begin(), fwd.end());
+  return plan;
+}
+
+void StageCache::unpack(int block, const float* data) {
+  params_.unpack_param(params_.catalog().block(block), data);
+}
+
+void StageCache::write_heat_map(const std::string& path) const {
+  std::ofstream f(path);
+  f << "block,name,unit,bytes,uses,fetches\n";
+  const CacheStats& s = cache_.stats();
+  for (int u = 0; u < params_.num_units(); ++u)
+    for (int b : params_.unit_blocks(u))
+      f << b << ',' << params_.catalog().block_name(params_.catalog().block(b)) << ','
+        << params_.unit_name(u) << ',' << params_.catalog().block(b).bytes() << ','
+        << s.unit_uses[u] << ',' << s.unit_fetches[u] << '\n';
+  if (!f) throw Error(ExitCode::runtime, "cannot write " + path);
+}
+
+std::string StageCache::summary(double step_seconds) const {
+  const CacheStats& s = cache_.stats();
+  const double mib = 1024.0 * 1024.0;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "cache: limit %s | peak %.1f MiB | uses %lld: hit %.1f %%, late %lld, miss %lld | "
+                "fetched %.1f MiB (re-fetched %.1f MiB) | exposed wait %.2f s (%.1f %% of steps)",
+                cache_.capacity_bytes() > 0
+                    ? (std::to_string(static_cast<double>(cache_.capacity_bytes()) / 1048576.0).substr(0, 6) + " MiB").c_str()
+                    : "none",
+                static_cast<double>(s.peak_bytes) / mib, static_cast<long long>(s.uses),
+                s.uses > 0 ? 100.0 * static_cast<double>(s.hits) / static_cast<double>(s.uses)
+                           : 0.0,
+                static_cast<long long>(s.late), static_cast<long long>(s.misses),
+                static_cast<double>(s.bytes_fetched) / mib,
+                static_cast<double>(s.bytes_refetched) / mib, s.wait_seconds,
+                step_seconds > 0 ? 100.0 * s.wait_seconds / step_seconds : 0.0);
+  return buf;
+}
+
+}  // namespace pdtrain

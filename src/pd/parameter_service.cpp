@@ -1,0 +1,14 @@
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/pd/blocks.hpp"
+
+namespace pdtrain {
+
+UpdateInfo ParameterService::finish_fetch(Ticket ticket, const BlockSink& sink) {
+  PDT_CHECK(!queued_.empty() && queued_.front().ticket == ticket,
+            "fetches must finish in the order they were started");
+  const Queued q = std::move(queued_.front());
+  queued_.pop_front();
+  return fetch(q.version, q.blocks, sink);
+}
+
+}  // namespace pdtrain
