@@ -127,10 +127,47 @@ struct Setup {
   std::unique_ptr<ParamCatalog> catalog;
   BlockTable table;
   std::vector<int> owner;  // holder of each block (PD only)
+  std::vector<int> node;   // node of every rank (in PD order, see spread_holders)
+  std::vector<int> job_rank;  // PD-ordered rank -> rank in the job's communicator
   std::unique_ptr<data::TokenSource> source;
 };
 
 StageSpec stage_spec(const Deck& deck, const LayoutShape& shape, int p, int t);
+
+// World rank of the compute rank that fetches for pipeline stage p, tensor rank t: data-parallel
+// replica 0 (it relays to the others). Compute ranks follow the holders, tp fastest.
+int fetcher_rank(const LayoutShape& shape, int p, int t) { return shape.holders + p * shape.tp + t; }
+
+// Blocks go to holders by the bytes they serve per step (one copy per fetching rank), on the
+// node where most of their fetchers run when a holder is there.
+std::vector<int> place_near_fetchers(const Deck& deck, const Setup& s) {
+  const std::size_t n = s.catalog->blocks().size();
+  std::vector<std::int64_t> served(n, 0);
+  std::vector<std::vector<int>> votes(n);  // nodes of each block's fetchers
+  for (int p = 0; p < s.shape.pp; ++p)
+    for (int t = 0; t < s.shape.tp; ++t) {
+      const StageParams shard(*s.catalog, stage_spec(deck, s.shape, p, t),
+                              StageParams::Storage::shapes_only);
+      for (int b : shard.needed_blocks()) {
+        served[b] += s.catalog->block(b).bytes();
+        votes[b].push_back(s.node[fetcher_rank(s.shape, p, t)]);
+      }
+    }
+  std::vector<int> block_node(n, 0);
+  for (std::size_t b = 0; b < n; ++b) {
+    std::sort(votes[b].begin(), votes[b].end());
+    int best = 0, best_count = 0;
+    for (std::size_t i = 0; i < votes[b].size();) {
+      std::size_t j = i;
+      while (j < votes[b].size() && votes[b][j] == votes[b][i]) ++j;
+      if (static_cast<int>(j - i) > best_count) best = votes[b][i], best_count = static_cast<int>(j - i);
+      i = j;
+    }
+    block_node[b] = best;
+  }
+  const std::vector<int> holder_node(s.node.begin(), s.node.begin() + s.shape.holders);
+  return place_blocks_near(served, block_node, holder_node);
+}
 
 // pd.cache_mb must hold the largest single use of every compute rank's stage (a layer, or the
 // tied embedding with the final LayerNorm); less could never run.
@@ -155,6 +192,28 @@ void check_cache_size(const Deck& deck, const Setup& s) {
     }
 }
 
+// Holders are ranks 0..H-1 of the run's communicator. Launchers fill nodes in rank order, so
+// on several nodes the job's ranks are reordered to put the holders on different nodes (holder
+// h on node h mod nodes), each serving the fetchers nearest it; on one node nothing moves.
+void spread_holders(Setup& s, const std::vector<int>& job_node) {
+  const int n = static_cast<int>(job_node.size());
+  const int nodes = 1 + *std::max_element(job_node.begin(), job_node.end());
+  std::vector<bool> taken(job_node.size(), false);
+  for (int h = 0; h < s.shape.holders; ++h) {
+    const int want = nodes > 1 ? h % nodes : 0;
+    int pick = -1;
+    for (int r = 0; r < n && pick < 0; ++r)
+      if (!taken[r] && job_node[r] == want) pick = r;
+    for (int r = 0; r < n && pick < 0; ++r)  // that node is full of holders already
+      if (!taken[r]) pick = r;
+    taken[pick] = true;
+    s.job_rank.push_back(pick);
+  }
+  for (int r = 0; r < n; ++r)
+    if (!taken[r]) s.job_rank.push_back(r);
+  for (int r : s.job_rank) s.node.push_back(job_node[r]);
+}
+
 // `eval_only`: the validation windows are those of data.path itself, from its first token
 // (how llm.c computes a validation loss over a file).
 Setup make_setup(const Deck& deck, MPI_Comm world, bool eval_only) {
@@ -164,10 +223,9 @@ Setup make_setup(const Deck& deck, MPI_Comm world, bool eval_only) {
   s.shape = resolve_layout(deck, world_size);
   s.catalog = std::make_unique<ParamCatalog>(model_shape(deck));
   s.table = block_table(*s.catalog, deck);
+  spread_holders(s, node_of_ranks(world));
   if (s.shape.holders > 0) {
-    std::vector<std::int64_t> bytes;
-    for (const BlockInfo& b : s.catalog->blocks()) bytes.push_back(b.bytes());
-    s.owner = place_blocks(bytes, s.shape.holders);
+    s.owner = place_near_fetchers(deck, s);
     std::vector<int> owned(static_cast<std::size_t>(s.shape.holders), 0);
     for (int o : s.owner) ++owned[o];
     for (int h = 0; h < s.shape.holders; ++h)
@@ -175,7 +233,7 @@ Setup make_setup(const Deck& deck, MPI_Comm world, bool eval_only) {
         throw Error(ExitCode::layout,
                     deck.where("parallel.holders") + ": holder " + std::to_string(h) +
                         " would own no parameter block (the model has " +
-                        std::to_string(bytes.size()) + " blocks); use fewer holders");
+                        std::to_string(s.owner.size()) + " blocks); use fewer holders");
   }
   if (s.shape.holders > 0 && deck.pd.cache_mb > 0) check_cache_size(deck, s);
   // Every rank opens the data so that a bad file is one collective error, not a hang.
@@ -231,11 +289,13 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   const auto kind = *pipeline_kind_from_string(deck.parallel.schedule);
   for (int r = 0; r < ls.world(); ++r) {
     std::printf("  %s", layout.describe_rank(r).c_str());
+    if (s.job_rank[r] != r) std::printf(" [job rank %d]", s.job_rank[r]);
     if (r < ls.holders) {
       std::int64_t n = 0, bytes = 0;
       for (std::size_t b = 0; b < s.owner.size(); ++b)
         if (s.owner[b] == r) ++n, bytes += cat.block(static_cast<int>(b)).bytes();
-      std::printf(": owns %lld blocks, %s params + %s AdamW state\n", static_cast<long long>(n),
+      std::printf(" on node %d: owns %lld blocks, %s params + %s AdamW state\n", s.node[r],
+                  static_cast<long long>(n),
                   human_bytes(static_cast<double>(bytes)).c_str(),
                   human_bytes(2.0 * static_cast<double>(bytes)).c_str());
       continue;
@@ -243,22 +303,35 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
     const int c = r - ls.holders, t = c % ls.tp, p = (c / ls.tp) % ls.pp;
     const StageSpec spec = stage_spec(deck, ls, p, t);
     const StageParams shard(cat, spec, StageParams::Storage::shapes_only);
-    std::int64_t bytes = 0;
-    for (int b : shard.needed_blocks()) bytes += cat.block(b).bytes();
+    std::int64_t bytes = 0, local = 0;
+    for (int b : shard.needed_blocks()) {
+      bytes += cat.block(b).bytes();
+      if (ls.holders > 0 && s.node[s.owner[b]] == s.node[fetcher_rank(ls, p, t)])
+        local += cat.block(b).bytes();
+    }
     const int slots = pipeline_in_flight(kind, ls.pp, p, static_cast<int>(deck.parallel.micro_batches));
     const std::int64_t acts = GptStage::memory_bytes(cat.shape(), spec, micro_batch_size(deck, ls),
                                                      deck.model.seq_len, slots);
-    std::printf(": layers %lld..%lld%s%s, fetches %zu blocks (%s); memory: params+grads %s, "
+    // PD ranks hold at most pd.cache_mb of parameters (plus the whole stage's gradients); the
+    // baseline holds its stage's parameters, gradients and AdamW state.
+    const double cap = deck.pd.cache_mb * 1048576.0, b = static_cast<double>(bytes);
+    const double params = ls.holders > 0 && cap > 0 ? std::min(cap, b) : b;
+    std::string where;
+    const int fetcher = fetcher_rank(ls, p, t);
+    if (ls.holders > 0 && fetcher == r)
+      where = ", " + std::to_string(static_cast<int>(100.0 * static_cast<double>(local) / b)) +
+              " % of them from holders on its node " + std::to_string(s.node[r]);
+    else if (ls.holders > 0)
+      where = ", relayed by rank " + std::to_string(fetcher);
+    std::printf(": layers %lld..%lld%s%s, fetches %zu blocks (%s%s); memory: params %s, grads %s, "
                 "activations %s (%d slot(s))%s\n",
                 static_cast<long long>(spec.layer_begin),
                 static_cast<long long>(spec.layer_end - 1),
                 spec.has_embedding ? " + embedding" : "", spec.has_head ? " + head" : "",
-                shard.needed_blocks().size(), human_bytes(static_cast<double>(bytes)).c_str(),
-                human_bytes(2.0 * static_cast<double>(bytes)).c_str(),
+                shard.needed_blocks().size(), human_bytes(b).c_str(), where.c_str(),
+                human_bytes(params).c_str(), human_bytes(b).c_str(),
                 human_bytes(static_cast<double>(acts)).c_str(), slots,
-                ls.holders == 0
-                    ? (" + AdamW " + human_bytes(2.0 * static_cast<double>(bytes))).c_str()
-                    : "");
+                ls.holders == 0 ? (" + AdamW " + human_bytes(2.0 * b)).c_str() : "");
   }
 }
 
@@ -754,20 +827,43 @@ void restore_collectively(const RestartPoint& rp, const ParamCatalog& cat, MPI_C
 
 }  // namespace
 
-TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opts) {
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(world, &rank));
+// The run's communicator: the job's ranks in PD order (see spread_holders), freed at the end.
+class OrderedComm {
+ public:
+  OrderedComm(MPI_Comm job, const std::vector<int>& job_rank) {
+    int me = 0;
+    MPI_CHECK(MPI_Comm_rank(job, &me));
+    const int key = static_cast<int>(std::find(job_rank.begin(), job_rank.end(), me) -
+                                     job_rank.begin());
+    MPI_CHECK(MPI_Comm_split(job, 0, key, &comm_));
+  }
+  ~OrderedComm() { MPI_Comm_free(&comm_); }
+  OrderedComm(const OrderedComm&) = delete;
+  OrderedComm& operator=(const OrderedComm&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts) {
   Setup setup;
   {
     std::unique_ptr<Error> err;
     try {
-      setup = make_setup(deck, world, opts.eval_batches > 0);
-      if (rank == 0 && !opts.dry_run && opts.eval_batches == 0) write_resolved_deck(deck);
+      setup = make_setup(deck, job, opts.eval_batches > 0);
+      int job_rank = 0;
+      MPI_CHECK(MPI_Comm_rank(job, &job_rank));
+      if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) write_resolved_deck(deck);
     } catch (const Error& e) {
       err = std::make_unique<Error>(e);
     }
-    rethrow_collectively(world, err.get());
+    rethrow_collectively(job, err.get());
   }
+  const OrderedComm ordered(job, setup.job_rank);
+  const MPI_Comm world = ordered.get();
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
   Layout layout(setup.shape, world);
   if (opts.dry_run) {
     if (rank == 0) print_dry_run(deck, setup, layout);

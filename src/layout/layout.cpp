@@ -1,5 +1,7 @@
 #include "pdtrain/layout/layout.hpp"
 
+#include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 #include "pdtrain/core/error.hpp"
@@ -135,6 +137,68 @@ std::vector<int> place_blocks(const std::vector<std::int64_t>& block_bytes, int 
     before += block_bytes[i];
   }
   return owner;
+}
+
+std::vector<int> place_blocks_near(const std::vector<std::int64_t>& served,
+                                   const std::vector<int>& block_node,
+                                   const std::vector<int>& holder_node) {
+  const int H = static_cast<int>(holder_node.size());
+  const bool one_node = std::all_of(holder_node.begin(), holder_node.end(),
+                                    [&](int n) { return n == holder_node[0]; }) &&
+                        std::all_of(block_node.begin(), block_node.end(),
+                                    [&](int n) { return n == holder_node[0]; });
+  if (one_node) return place_blocks(served, H);
+  // Balance first (every holder serves about total / H), locality second: blocks fill their
+  // node's holders one after the other up to that share (contiguous runs, so a layer's blocks
+  // come from few holders); what a node's holders cannot take, or a node without holders
+  // needs, goes to the least-loaded holder.
+  std::int64_t total = 0;
+  for (auto b : served) total += b;
+  const double share = static_cast<double>(total) / H;
+  std::vector<double> load(static_cast<std::size_t>(H), 0.0);
+  std::vector<int> owner(served.size(), 0);
+  for (std::size_t b = 0; b < served.size(); ++b) {
+    const double half = 0.5 * static_cast<double>(served[b]);
+    int pick = -1;
+    for (int h = 0; h < H && pick < 0; ++h)
+      if (holder_node[h] == block_node[b] && load[h] + half <= share) pick = h;
+    if (pick < 0) pick = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[b] = pick;
+    load[pick] += static_cast<double>(served[b]);
+  }
+  return owner;
+}
+
+std::vector<int> node_of_ranks(MPI_Comm comm) {
+  int rank = 0, size = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  int leader = rank;  // the lowest rank of comm on my node
+  if (const char* k = std::getenv("PDTRAIN_TEST_RANKS_PER_NODE")) {
+    const int per = std::max(1, std::atoi(k));
+    leader = rank / per * per;
+  } else {
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+    MPI_Group g_node, g_comm;
+    MPI_CHECK(MPI_Comm_group(node, &g_node));
+    MPI_CHECK(MPI_Comm_group(comm, &g_comm));
+    const int zero = 0;
+    MPI_CHECK(MPI_Group_translate_ranks(g_node, 1, &zero, g_comm, &leader));
+    MPI_CHECK(MPI_Group_free(&g_node));
+    MPI_CHECK(MPI_Group_free(&g_comm));
+    MPI_CHECK(MPI_Comm_free(&node));
+  }
+  std::vector<int> leaders(static_cast<std::size_t>(size));
+  MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm));
+  std::vector<int> node(leaders.size());
+  std::vector<int> seen;  // leaders in order of first appearance
+  for (std::size_t r = 0; r < leaders.size(); ++r) {
+    auto it = std::find(seen.begin(), seen.end(), leaders[r]);
+    if (it == seen.end()) it = seen.insert(seen.end(), leaders[r]);
+    node[r] = static_cast<int>(it - seen.begin());
+  }
+  return node;
 }
 
 }  // namespace pdtrain

@@ -43,3 +43,34 @@ TEST(PlaceBlocks, ContiguousAndBalancedByBytes) {
 
 }  // namespace
 }  // namespace pdtrain
+
+namespace pdtrain {
+namespace {
+
+TEST(PlaceBlocksNear, OneNodeIsTheContiguousBalancedPlacement) {
+  const std::vector<std::int64_t> served = {40, 10, 10, 20, 30, 10, 40};
+  EXPECT_EQ(place_blocks_near(served, std::vector<int>(7, 0), {0, 0, 0}),
+            place_blocks(served, 3));
+}
+
+TEST(PlaceBlocksNear, BlocksStayOnTheirNodeWhenBalanceAllows) {
+  // Blocks 0-3 are fetched from node 0, 4-7 from node 1; one holder per node.
+  const std::vector<std::int64_t> served(8, 100);
+  const std::vector<int> owner =
+      place_blocks_near(served, {0, 0, 0, 0, 1, 1, 1, 1}, std::vector<int>{0, 1});
+  EXPECT_EQ(owner, (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
+}
+
+TEST(PlaceBlocksNear, BalanceWinsOverLocality) {
+  // Every block is fetched on node 0 but holders sit on nodes 0 and 1: each still serves half.
+  const std::vector<std::int64_t> served(10, 100);
+  const std::vector<int> owner = place_blocks_near(served, std::vector<int>(10, 0), {0, 1});
+  std::int64_t load[2] = {0, 0};
+  for (std::size_t b = 0; b < owner.size(); ++b) load[owner[b]] += served[b];
+  EXPECT_EQ(load[0], 500);
+  EXPECT_EQ(load[1], 500);
+  EXPECT_EQ(owner[0], 0);  // node 0's holder is filled first
+}
+
+}  // namespace
+}  // namespace pdtrain

@@ -71,4 +71,17 @@ class Layout {
 // serves about the same bytes per step. Returns owner[block].
 std::vector<int> place_blocks(const std::vector<std::int64_t>& block_bytes, int holders);
 
+// Placement near the fetchers: `served[b]` is the bytes holders send per step for block b,
+// `block_node[b]` the node most of its fetching ranks run on, `holder_node[h]` holder h's node.
+// Every holder serves about the same bytes; within that, a block goes to a holder on its
+// node when one has room. One node: place_blocks(served, H).
+std::vector<int> place_blocks_near(const std::vector<std::int64_t>& served,
+                                   const std::vector<int>& block_node,
+                                   const std::vector<int>& holder_node);
+
+// The node (0, 1, ... in order of first rank) of every rank of `comm`, from
+// MPI_Comm_split_type(shared). Test hook: PDTRAIN_TEST_RANKS_PER_NODE=k pretends that ranks
+// k*i .. k*i+k-1 share node i.
+std::vector<int> node_of_ranks(MPI_Comm comm);
+
 }  // namespace pdtrain
