@@ -593,9 +593,11 @@ class ComputeLoop {
     // each replica's gradient is a partial sum and they simply add.
     runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
     double waited = 0.0;
-    rec.fetch_ms += 1e3 * cache_pass(step_plan_, [&] { waited = pipeline_.run_step(runner_); });
+    const double fetch_wait =
+        cache_pass(step_plan_, [&] { waited = pipeline_.run_step(runner_); });
+    rec.fetch_ms += 1e3 * fetch_wait;
     const double elapsed = now_seconds() - t0;
-    rec.compute_ms = 1e3 * elapsed;
+    rec.compute_ms = 1e3 * (elapsed - fetch_wait);  // the wait is fetch_ms
     rec.bubble = mean_over_stages(elapsed > 0 ? waited / elapsed : 0.0);
   }
 

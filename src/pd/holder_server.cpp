@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <span>
 
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
@@ -86,26 +87,26 @@ void HolderServer::run() {
     backoff.reset();
     int bytes = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-    msg.resize(static_cast<std::size_t>(bytes));
+    // Grows, never shrinks: a push is hundreds of MiB and must not be zero-filled every step.
+    if (msg.size() < static_cast<std::size_t>(bytes)) msg.resize(static_cast<std::size_t>(bytes));
     MPI_CHECK(MPI_Recv(msg.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, layout_.world(),
                        MPI_STATUS_IGNORE));
     received_ += bytes;
-    handle(st.MPI_SOURCE, st.MPI_TAG, msg);
+    handle(st.MPI_SOURCE, st.MPI_TAG, std::span<const char>(msg.data(), static_cast<std::size_t>(bytes)));
   }
-  for (Sending& s : sending_) wait_quietly(&s.request);
-  sending_.clear();
+  drain_sent_replies();
   if (hooks_.at_end) hooks_.at_end(version_, owned_blocks());
   if (verbose_) print_traffic();
   send_final_crc();
 }
 
-void HolderServer::handle(int source, int tag, std::vector<char>& msg) {
+void HolderServer::handle(int source, int tag, std::span<const char> msg) {
   switch (tag) {
     case wire::kFetchRequest: {
       wire::FetchRequest req;
       std::memcpy(&req, msg.data(), sizeof(req));
-      if (req.version > version_) {
-        deferred_.push_back({source, msg});
+      if (!ready(msg)) {
+        deferred_.push_back({source, std::vector<char>(msg.begin(), msg.end())});
       } else {
         PDT_CHECK(req.version >= version_ - staleness_,
                   "rank " + std::to_string(source) + " asked for parameter version " +
@@ -129,17 +130,17 @@ void HolderServer::handle(int source, int tag, std::vector<char>& msg) {
   }
 }
 
-void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
+void HolderServer::serve_fetch(int source, std::span<const char> msg) {
   ScopedPhase t(timers_, "serve");
   TraceSpan span(trace_, "serve fetch", "pd");
   wire::FetchRequest req;
   std::memcpy(&req, msg.data(), sizeof(req));
   const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
   const std::int64_t v = req.version;
-  std::size_t data_bytes = 0;
-  for (std::int64_t i = 0; i < req.n; ++i) data_bytes += owned_.at(ids[i]).versions.at(v).bytes.size();
-  const std::size_t head = sizeof(wire::ReplyHeader) + req.n * sizeof(wire::BlockHeader);
-  std::vector<char> reply(head + data_bytes);
+  // The reply is the headers plus each block's encoded bytes where they already are: one
+  // message described by an hindexed datatype, so the payload is never copied here.
+  Sending& s = sending_.emplace_back();
+  s.bytes.resize(sizeof(wire::ReplyHeader) + req.n * sizeof(wire::BlockHeader));
   wire::ReplyHeader rh{};
   rh.version = v;
   rh.n = req.n;
@@ -147,23 +148,30 @@ void HolderServer::serve_fetch(int source, const std::vector<char>& msg) {
   rh.stop = hooks_.stop_requested && hooks_.stop_requested() ? 1 : 0;
   for (const auto& [version, info] : recent_)
     rh.recent[rh.n_recent++] = wire::WireUpdateInfo{version, info.grad_norm, info.lr};
-  std::memcpy(reply.data(), &rh, sizeof(rh));
-  char* hdr = reply.data() + sizeof(rh);
-  char* data = reply.data() + head;
+  std::memcpy(s.bytes.data(), &rh, sizeof(rh));
+  std::vector<MPI_Aint> where{0};
+  std::vector<int> lengths{static_cast<int>(s.bytes.size())};
+  MPI_CHECK(MPI_Get_address(s.bytes.data(), &where[0]));
+  std::int64_t total = static_cast<std::int64_t>(s.bytes.size());
   for (std::int64_t i = 0; i < req.n; ++i) {
     const Encoded& e = owned_.at(ids[i]).versions.at(v);
     const wire::BlockHeader bh{ids[i], e.crc, v, static_cast<std::int64_t>(e.bytes.size())};
-    std::memcpy(hdr + i * sizeof(bh), &bh, sizeof(bh));
-    std::memcpy(data, e.bytes.data(), e.bytes.size());
-    data += e.bytes.size();
+    std::memcpy(s.bytes.data() + sizeof(rh) + i * sizeof(bh), &bh, sizeof(bh));
+    if (e.bytes.empty()) continue;
+    where.emplace_back();
+    MPI_CHECK(MPI_Get_address(e.bytes.data(), &where.back()));
+    lengths.push_back(static_cast<int>(e.bytes.size()));
+    total += static_cast<std::int64_t>(e.bytes.size());
   }
-  sent_ += static_cast<std::int64_t>(reply.size());
+  MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(where.size()), lengths.data(),
+                                     where.data(), MPI_BYTE, &s.type));
+  MPI_CHECK(MPI_Type_commit(&s.type));
+  sent_ += total;
   // Not waited for here: a compute rank that prefetched may be busy in a GEMM and take the
-  // reply later, and meanwhile this holder serves others.
-  Sending& s = sending_.emplace_back();
-  s.bytes = std::move(reply);
-  MPI_CHECK(MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, source,
-                      wire::kFetchReply, layout_.world(), &s.request));
+  // reply later, and meanwhile this holder serves others. The encoded blocks stay untouched
+  // until the reply has gone (finish_step drains replies before re-encoding).
+  MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, s.type, source, wire::kFetchReply, layout_.world(),
+                      &s.request));
 }
 
 void HolderServer::retire_sent_replies() {
@@ -171,11 +179,20 @@ void HolderServer::retire_sent_replies() {
     int done = 0;
     MPI_CHECK(MPI_Test(&sending_.front().request, &done, MPI_STATUS_IGNORE));
     if (!done) return;
+    MPI_CHECK(MPI_Type_free(&sending_.front().type));
     sending_.pop_front();
   }
 }
 
-void HolderServer::take_push(int source, const std::vector<char>& msg) {
+void HolderServer::drain_sent_replies() {
+  for (Sending& s : sending_) {
+    wait_quietly(&s.request);
+    MPI_CHECK(MPI_Type_free(&s.type));
+  }
+  sending_.clear();
+}
+
+void HolderServer::take_push(int source, std::span<const char> msg) {
   wire::PushHeader ph;
   std::memcpy(&ph, msg.data(), sizeof(ph));
   PDT_CHECK(ph.step > version_ && ph.step <= version_ + 1 + staleness_,
@@ -221,6 +238,9 @@ void HolderServer::take_push(int source, const std::vector<char>& msg) {
 // exchanging per-block sums of squares and adding them in block order, so the norm (and the
 // clip) is the same for any number of holders.
 void HolderServer::finish_step() {
+  // Every fetch of the version being replaced was answered before its step's gradients came;
+  // waiting for the sends to finish lets encode() reuse the blocks' bytes safely.
+  drain_sent_replies();
   ScopedPhase t(timers_, "update");
   TraceSpan span(trace_, "update v" + std::to_string(version_ + 1), "holder");
   const std::int64_t step = version_ + 1;
@@ -246,8 +266,12 @@ void HolderServer::finish_step() {
                             all.data(), counts.data(), displs.data(), MPI_DOUBLE,
                             layout_.holders_comm(), &r));
   wait_quietly(&r);
-  // place_blocks() assigns contiguous runs in block order, so holder order is block order.
-  const double norm = global_norm(all);
+  // Holder h's sums are its blocks in id order; put them back in block order, so the norm adds
+  // up the same way for any placement.
+  std::vector<double> by_block(owner_.size());
+  std::vector<int> next(displs);
+  for (std::size_t b = 0; b < owner_.size(); ++b) by_block[b] = all[next[owner_[b]]++];
+  const double norm = global_norm(by_block);
   const double lr = learning_rate(opt_, step);
   const auto scale = static_cast<float>(clip_factor(opt_, norm));
   version_ = step;
@@ -255,6 +279,7 @@ void HolderServer::finish_step() {
   for (auto& [id, o] : owned_) {
     adamw_update(opt_, step, lr, scale, grads[i++].data(), o.state);
     encode(o);
+    if (!deferred_.empty()) serve_deferred();  // the next step starts while this one updates
   }
   recent_[version_] = UpdateInfo{version_, norm, lr};
   recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
@@ -262,12 +287,23 @@ void HolderServer::finish_step() {
   serve_deferred();
 }
 
+// Whether every block a fetch request names exists at the requested version. During an update
+// blocks reach the new version one by one, in block order (the order the next forward needs
+// them), and waiting fetches are served as soon as theirs are ready.
+bool HolderServer::ready(std::span<const char> msg) const {
+  wire::FetchRequest req;
+  std::memcpy(&req, msg.data(), sizeof(req));
+  if (req.version > version_) return false;
+  const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
+  for (std::int64_t i = 0; i < req.n; ++i)
+    if (!owned_.at(ids[i]).versions.count(req.version)) return false;
+  return true;
+}
+
 void HolderServer::serve_deferred() {
   std::deque<Pending> still;
   for (Pending& p : deferred_) {
-    wire::FetchRequest req;
-    std::memcpy(&req, p.msg.data(), sizeof(req));
-    if (req.version <= version_)
+    if (ready(p.msg))
       serve_fetch(p.source, p.msg);
     else
       still.push_back(std::move(p));
@@ -304,11 +340,12 @@ void HolderServer::send_final_crc() {
                          counts.data(), displs.data(), MPI_FLOAT, 0, layout_.holders_comm(), &r));
   wait_quietly(&r);
   if (!root) return;
+  // Holder h's data is its blocks in id order, at displs[h]; placement need not be contiguous.
   std::vector<const float*> ptrs(owner_.size());
-  const float* p = all.data();
+  std::vector<std::int64_t> next(displs.begin(), displs.end());
   for (std::size_t b = 0; b < owner_.size(); ++b) {
-    ptrs[b] = p;
-    p += table_.blocks[b].numel;
+    ptrs[b] = all.data() + next[owner_[b]];
+    next[owner_[b]] += table_.blocks[b].numel;
   }
   std::uint32_t crc = table_.canonical_crc(ptrs);
   MPI_CHECK(MPI_Send(&crc, 1, MPI_UINT32_T, layout_.reporter_world_rank(), wire::kFinalCrc,

@@ -86,13 +86,13 @@ void RemoteHolders::receive_replies() {
     if (!flag) return;
     int bytes = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-    std::vector<char> r(static_cast<std::size_t>(bytes));
-    MPI_CHECK(MPI_Mrecv(r.data(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
+    Buffer r = take_buffer(static_cast<std::size_t>(bytes));
+    MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
     from_holders_ += bytes;
-    PDT_CHECK(r.size() >= sizeof(wire::ReplyHeader),
+    PDT_CHECK(r.size >= sizeof(wire::ReplyHeader),
               "short fetch reply from rank " + std::to_string(st.MPI_SOURCE));
     wire::ReplyHeader rh;
-    std::memcpy(&rh, r.data(), sizeof(rh));
+    std::memcpy(&rh, r.data.get(), sizeof(rh));
     InFlight* f = nullptr;
     for (InFlight& g : in_flight_)
       if (g.ticket == rh.ticket) f = &g;
@@ -134,7 +134,7 @@ void RemoteHolders::advance(InFlight& f) {
     if (f.sizes.empty()) {  // post the size broadcast (the root knows the sizes)
       f.sizes.resize(f.replies.size());
       for (std::size_t h = 0; h < f.replies.size(); ++h)
-        f.sizes[h] = static_cast<std::int64_t>(f.replies[h].size());
+        f.sizes[h] = static_cast<std::int64_t>(f.replies[h].size);
       MPI_CHECK(MPI_Ibcast(f.sizes.data(), static_cast<int>(f.sizes.size()), MPI_INT64_T, 0,
                            relay_comm_, &f.sizes_req));
     }
@@ -142,10 +142,12 @@ void RemoteHolders::advance(InFlight& f) {
     MPI_CHECK(MPI_Test(&f.sizes_req, &done, MPI_STATUS_IGNORE));
     if (!done) return;
     for (std::size_t h = 0; h < f.replies.size(); ++h) {
+      if (f.replies[h].capacity < static_cast<std::size_t>(f.sizes[h]))
+        f.replies[h] = take_buffer(static_cast<std::size_t>(f.sizes[h]));
       f.replies[h].resize(static_cast<std::size_t>(f.sizes[h]));
       if (f.sizes[h] == 0) continue;
       f.relay_reqs.emplace_back();
-      MPI_CHECK(MPI_Ibcast(f.replies[h].data(), static_cast<int>(f.sizes[h]), MPI_BYTE, 0,
+      MPI_CHECK(MPI_Ibcast(f.replies[h].data.get(), static_cast<int>(f.sizes[h]), MPI_BYTE, 0,
                            relay_comm_, &f.relay_reqs.back()));
     }
     f.stage = S::relay_data;
@@ -177,9 +179,9 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink)
   for (int h = 0; h < static_cast<int>(f.groups.size()); ++h) {
     const std::vector<int>& group = f.groups[h];
     if (group.empty()) continue;
-    std::vector<char>& reply = f.replies[h];
+    char* reply = f.replies[h].data.get();
     wire::ReplyHeader rh;
-    std::memcpy(&rh, reply.data(), sizeof(rh));
+    std::memcpy(&rh, reply, sizeof(rh));
     PDT_CHECK(rh.version == version && rh.ticket == f.ticket,
               "holder " + std::to_string(h) + " answered with version " +
                   std::to_string(rh.version) + " for a fetch of version " +
@@ -188,8 +190,8 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink)
     for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
       known_[rh.recent[i].version] =
           UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr};
-    const char* hdr = reply.data() + sizeof(rh);
-    char* data = reply.data() + sizeof(rh) + group.size() * sizeof(wire::BlockHeader);
+    const char* hdr = reply + sizeof(rh);
+    char* data = reply + sizeof(rh) + group.size() * sizeof(wire::BlockHeader);
     if (version == flip_at_version_) {
       data[0] ^= 0x10;
       flip_at_version_ = -1;
@@ -206,15 +208,41 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink)
       PDT_CHECK(crc32c(data, nb) == bh.crc,
                 "CRC mismatch in block " + d.name + " (version " + std::to_string(version) +
                     ") fetched from holder " + std::to_string(h));
-      decoded_.resize(static_cast<std::size_t>(d.numel));
-      PDT_CHECK(wire_decode(fetch_codec_, data, nb, decoded_.data(), d.numel),
-                std::string("cannot decode (") + to_string(fetch_codec_) + ") block " + d.name);
-      sink(b, decoded_.data());
+      if (fetch_codec_ == WireCodec::raw &&
+          reinterpret_cast<std::uintptr_t>(data) % alignof(float) == 0) {
+        // Raw floats are used where they arrived (the buffer outlives the sink call).
+        PDT_CHECK(nb == static_cast<std::size_t>(d.numel) * sizeof(float),
+                  "block " + d.name + " arrived with " + std::to_string(nb) + " bytes");
+        sink(b, reinterpret_cast<const float*>(data));
+      } else {
+        decoded_.resize(static_cast<std::size_t>(d.numel));
+        PDT_CHECK(wire_decode(fetch_codec_, data, nb, decoded_.data(), d.numel),
+                  std::string("cannot decode (") + to_string(fetch_codec_) + ") block " + d.name);
+        sink(b, decoded_.data());
+      }
       data += nb;
       fetched_ += static_cast<std::int64_t>(nb);
     }
   }
+  for (Buffer& r : f.replies)
+    if (r.capacity > 0) spare_.push_back(std::move(r));
   return known_.count(version) ? known_.at(version) : UpdateInfo{version, 0.0, 0.0};
+}
+
+// The smallest spare buffer that fits (or a new one); at most a few are kept.
+RemoteHolders::Buffer RemoteHolders::take_buffer(std::size_t bytes) {
+  std::size_t best = spare_.size();
+  for (std::size_t i = 0; i < spare_.size(); ++i)
+    if (spare_[i].capacity >= bytes && (best == spare_.size() || spare_[i].capacity < spare_[best].capacity))
+      best = i;
+  Buffer b;
+  if (best < spare_.size()) {
+    b = std::move(spare_[best]);
+    spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(best));
+  }
+  while (spare_.size() > 8) spare_.erase(spare_.begin());
+  b.resize(bytes);
+  return b;
 }
 
 std::optional<UpdateInfo> RemoteHolders::update_info(std::int64_t version) const {
@@ -232,29 +260,58 @@ void RemoteHolders::push(std::int64_t step, const std::vector<int>& blocks, cons
     where[b] = p;
     p += table_.blocks[b].numel;
   }
-  std::vector<std::vector<char>> msgs;
+  // One message per holder: headers, then each block's payload. Raw payloads are sent from
+  // where they are (an hindexed datatype); other codecs encode into the message.
+  struct Message {
+    std::vector<char> bytes;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+  };
+  std::vector<Message> msgs(groups.size());
   std::vector<MPI_Request> reqs;
   for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
     if (groups[h].empty()) continue;
     const std::size_t head =
         sizeof(wire::PushHeader) + groups[h].size() * sizeof(wire::BlockHeader);
-    std::vector<char>& m = msgs.emplace_back(head);
+    Message& m = msgs[h];
+    std::vector<MPI_Aint> at;
+    std::vector<int> len;
+    std::int64_t numel = 0;
+    for (int b : groups[h]) numel += table_.blocks[b].numel;
+    m.bytes.reserve(head + (push_codec_ == WireCodec::raw ? 0 : static_cast<std::size_t>(numel) * 4));
+    m.bytes.resize(head);
     const wire::PushHeader ph{step, static_cast<std::int64_t>(groups[h].size())};
-    std::memcpy(m.data(), &ph, sizeof(ph));
+    std::memcpy(m.bytes.data(), &ph, sizeof(ph));
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       const int b = groups[h][i];
-      const std::size_t at = m.size();
-      const std::size_t nb = wire_encode(push_codec_, where[b], table_.blocks[b].numel, m);
-      const wire::BlockHeader bh{b, crc32c(m.data() + at, nb), step,
-                                 static_cast<std::int64_t>(nb)};
-      std::memcpy(m.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
-      pushed_ += static_cast<std::int64_t>(nb);
+      wire::BlockHeader bh{b, 0, step, 0};
+      if (push_codec_ == WireCodec::raw) {
+        bh.bytes = table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float));
+        bh.crc = crc32c(where[b], static_cast<std::size_t>(bh.bytes));
+        at.emplace_back();
+        MPI_CHECK(MPI_Get_address(where[b], &at.back()));
+        len.push_back(static_cast<int>(bh.bytes));
+      } else {
+        const std::size_t from = m.bytes.size();
+        bh.bytes = static_cast<std::int64_t>(
+            wire_encode(push_codec_, where[b], table_.blocks[b].numel, m.bytes));
+        bh.crc = crc32c(m.bytes.data() + from, static_cast<std::size_t>(bh.bytes));
+      }
+      std::memcpy(m.bytes.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
+      pushed_ += bh.bytes;
     }
+    at.insert(at.begin(), 0);
+    MPI_CHECK(MPI_Get_address(m.bytes.data(), &at.front()));
+    len.insert(len.begin(), static_cast<int>(m.bytes.size()));
+    MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(at.size()), len.data(), at.data(),
+                                       MPI_BYTE, &m.type));
+    MPI_CHECK(MPI_Type_commit(&m.type));
     reqs.emplace_back();
-    MPI_CHECK(MPI_Isend(m.data(), static_cast<int>(m.size()), MPI_BYTE,
-                        layout_.holder_world_rank(h), wire::kPush, layout_.world(), &reqs.back()));
+    MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, m.type, layout_.holder_world_rank(h), wire::kPush,
+                        layout_.world(), &reqs.back()));
   }
   wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
+  for (Message& m : msgs)
+    if (m.type != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&m.type));
 }
 
 std::uint32_t RemoteHolders::finish() {

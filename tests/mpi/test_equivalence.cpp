@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -183,6 +184,25 @@ TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
         EXPECT_EQ(fetches, 20 + 1) << i;  // once per version, plus the final evaluation's
     }
   }
+}
+
+// On several nodes the holders move to other ranks and blocks to holders near their fetchers;
+// the numbers (losses, canonical CRC) must not notice. Nodes are faked: 2 ranks per node.
+TEST(Equivalence, HoldersSpreadOverNodesChangeNothing) {
+  ASSERT_GE(world_size(), 4);
+  const std::vector<std::string> sets = {"parallel.holders=2", "parallel.pp=2",
+                                         "parallel.micro_batches=2"};
+  RunOutcome one_node = run_on_groups(4, sets, "nodes-1");
+  setenv("PDTRAIN_TEST_RANKS_PER_NODE", "2", 1);
+  RunOutcome two_nodes = run_on_groups(4, sets, "nodes-2");
+  setenv("PDTRAIN_TEST_RANKS_PER_NODE", "1", 1);  // every rank its own node
+  RunOutcome four_nodes = run_on_groups(4, sets, "nodes-4");
+  unsetenv("PDTRAIN_TEST_RANKS_PER_NODE");
+  if (one_node.losses.empty()) return;
+  EXPECT_EQ(two_nodes.losses, one_node.losses);
+  EXPECT_EQ(two_nodes.crc, one_node.crc);
+  EXPECT_EQ(four_nodes.losses, one_node.losses);
+  EXPECT_EQ(four_nodes.crc, one_node.crc);
 }
 
 TEST(Reproducibility, BoundedStalenessIsReproducible) {

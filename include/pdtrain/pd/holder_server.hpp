@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "pdtrain/core/timer.hpp"
@@ -70,13 +71,15 @@ class HolderServer {
     std::map<std::int64_t, std::map<int, std::vector<float>>> pushes;
   };
 
-  void handle(int source, int tag, std::vector<char>& msg);
-  void serve_fetch(int source, const std::vector<char>& msg);
-  void take_push(int source, const std::vector<char>& msg);
+  void handle(int source, int tag, std::span<const char> msg);
+  void serve_fetch(int source, std::span<const char> msg);
+  bool ready(std::span<const char> fetch_request) const;
+  void take_push(int source, std::span<const char> msg);
   void finish_step();
   void encode(Owned& o);
   void serve_deferred();
   void retire_sent_replies();  // frees replies the network has taken, in order
+  void drain_sent_replies();   // waits for every reply on its way
   void send_final_crc();
   void print_traffic() const;
 
@@ -94,7 +97,8 @@ class HolderServer {
   std::map<std::int64_t, UpdateInfo> recent_;      // the updates of the versions kept
   std::deque<Pending> deferred_;
   struct Sending {
-    std::vector<char> bytes;
+    std::vector<char> bytes;  // the headers; the payload is the blocks' encoded bytes
+    MPI_Datatype type = MPI_DATATYPE_NULL;
     MPI_Request request = MPI_REQUEST_NULL;
   };
   std::deque<Sending> sending_;  // replies on their way (std::deque: elements never move)

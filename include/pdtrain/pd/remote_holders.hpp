@@ -4,6 +4,7 @@
 // flight at once (prefetching); they complete in the order they were started.
 #include <deque>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "pdtrain/layout/layout.hpp"
@@ -39,12 +40,22 @@ class RemoteHolders final : public ParameterService {
   // replies then go to the other replicas by broadcast over relay_comm_ (sizes first: they
   // depend on the encoding). Relays are posted in ticket order on every replica, which keeps
   // the broadcasts matched.
+  // A message buffer that grows without zero-filling (a reply can be tens of MiB); reused
+  // across fetches.
+  struct Buffer {
+    std::unique_ptr<char[]> data;
+    std::size_t size = 0, capacity = 0;
+    void resize(std::size_t n) {
+      if (n > capacity) data.reset(new char[n]), capacity = n;
+      size = n;
+    }
+  };
   struct InFlight {
     Ticket ticket = 0;
     std::int64_t version = 0;
     std::vector<std::vector<int>> groups;     // block ids by owning holder
     std::vector<std::vector<char>> requests;  // per holder, kept until sent
-    std::vector<std::vector<char>> replies;   // per holder
+    std::vector<Buffer> replies;              // per holder
     std::vector<MPI_Request> sends;
     int awaited_replies = 0;
     std::vector<std::int64_t> sizes;           // relay: reply sizes
@@ -68,6 +79,8 @@ class RemoteHolders final : public ParameterService {
   MPI_Comm relay_comm_ = MPI_COMM_NULL;  // a duplicate of dp_comm: relays only
   std::deque<InFlight> in_flight_;       // oldest first
   Ticket next_ticket_ = 0;
+  Buffer take_buffer(std::size_t bytes);
+  std::vector<Buffer> spare_;                 // buffers of delivered replies
   std::vector<float> decoded_;                // one block, decoded
   std::map<std::int64_t, UpdateInfo> known_;  // updates learnt from reply headers
   bool stop_ = false;
