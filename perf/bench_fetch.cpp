@@ -99,7 +99,7 @@ double time_ping_pong(int rank, std::int64_t bytes, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  pdtrain::init_mpi(&argc, &argv);
   const bool small = argc > 1 && std::string(argv[1]) == "--short";
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Parameter/compute decoupling against the replicated baseline on the same compute rank:
 #   (a) holders = 0: one rank holds parameters, gradients and AdamW state
-#   (b) PD, blocking: one holder + the compute rank, each layer fetched when needed
-#   (c) PD, prefetch: the same with pd.prefetch_depth uses fetched ahead, and the parameter
-#       cache bounded (pd.cache_mb) so the compute rank holds a fraction of the parameters
+#   (b) PD, blocking: one holder + the compute rank, each layer fetched when needed by the
+#       compute thread itself (pd.prefetch_depth = 0, pd.fetch_thread = false)
+#   (c) PD, prefetch: the same with pd.prefetch_depth uses fetched ahead by the fetch thread,
+#       and the parameter cache bounded (pd.cache_mb) so the compute rank holds a fraction of
+#       the parameters
+#   (d) as (c) with pd.staleness = 1 (the push -> update -> fetch chain overlaps the next step)
 # Prints step-time ratios b/a and c/a, the exposed fetch wait as a share of the step, bytes
 # fetched per step, and the compute rank's resident parameter + optimizer bytes against the
 # baseline's. Step time is the mean over steps 2..N-1 (step 1 warms up, step N evaluates).
@@ -30,8 +33,9 @@ run() {  # name ranks extra-sets...
     > "$out/$name.log" 2>&1 || { cat "$out/$name.log"; echo "bench_pd: FAIL: run $name"; exit 1; }
 }
 run a 1 --set parallel.holders=0
-run b 2 --set parallel.holders=1 --set pd.prefetch_depth=0
+run b 2 --set parallel.holders=1 --set pd.prefetch_depth=0 --set pd.fetch_thread=false
 run c 2 --set parallel.holders=1 --set pd.prefetch_depth=2 --set pd.cache_mb=$cache_mb
+run d 2 --set parallel.holders=1 --set pd.prefetch_depth=2 --set pd.cache_mb=$cache_mb --set pd.staleness=1
 
 # mean step_ms, fetch_ms over steps 2..N-1 from metrics.csv
 mean() {  # file column-name
@@ -42,14 +46,16 @@ mean() {  # file column-name
 params=$(grep -o '| [0-9]* parameters' "$out/a.log" | grep -o '[0-9]*')
 steps=$(awk -F, 'END { print $1 }' "$out/a/metrics.csv")
 echo "bench_pd: $(grep -m1 '^model:' "$out/a.log")"
-for r in a b c; do
+for r in a b c d; do
   echo "config $r: step_ms=$(mean "$out/$r" step_ms) fetch_wait_ms=$(mean "$out/$r" fetch_ms) | $(grep -m1 '^summary:' "$out/$r.log")"
   grep -m1 '^cache:' "$out/$r.log" || true
+  grep -m1 '^holder 0:' "$out/$r.log" || true
 done
 awk -v a="$(mean "$out/a" step_ms)" -v b="$(mean "$out/b" step_ms)" -v c="$(mean "$out/c" step_ms)" \
-    -v wb="$(mean "$out/b" fetch_ms)" -v wc="$(mean "$out/c" fetch_ms)" 'BEGIN {
-  printf "ratio b/a=%.3f c/a=%.3f (target c/a <= 1.05)\n", b / a, c / a
-  printf "exposed fetch wait: b %.1f %% c %.1f %% of the step (target <= 5 %%)\n", 100 * wb / b, 100 * wc / c }'
+    -v d="$(mean "$out/d" step_ms)" -v wb="$(mean "$out/b" fetch_ms)" \
+    -v wc="$(mean "$out/c" fetch_ms)" -v wd="$(mean "$out/d" fetch_ms)" 'BEGIN {
+  printf "ratio b/a=%.3f c/a=%.3f d/a=%.3f (target c/a <= 1.05)\n", b / a, c / a, d / a
+  printf "exposed fetch wait: b %.1f %% c %.1f %% d %.1f %% of the step (target <= 5 %%)\n", 100 * wb / b, 100 * wc / c, 100 * wd / d }'
 # Bytes: fetched per step from the cache line; resident = the cache's peak (no optimizer state on
 # a compute rank) against the baseline's parameters + AdamW m and v (3 x 4 bytes per parameter).
 peak=$(grep -m1 '^cache:' "$out/c.log" | sed -E 's/.*peak ([0-9.]+) MiB.*/\1/')

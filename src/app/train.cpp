@@ -918,7 +918,8 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
                            static_cast<HolderServer*>(nullptr));
       service = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner,
                                                 *wire_codec_from_string(deck.pd.fetch_codec),
-                                                *wire_codec_from_string(deck.pd.push_codec));
+                                                *wire_codec_from_string(deck.pd.push_codec),
+                                                deck.pd.fetch_thread);
     }
     ComputeLoop loop(deck, setup, layout, opts, std::move(service), restart.step, &trace);
     setup.table.init = nullptr;

@@ -9,6 +9,12 @@
 
 namespace pdtrain {
 
+int init_mpi(int* argc, char*** argv) {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  return provided;
+}
+
 int world_rank() {
   int init = 0, fin = 0;
   MPI_Initialized(&init);

@@ -188,6 +188,10 @@ std::vector<KeySpec> build_schema() {
           "future is evicted and fetched again when needed. Must hold the largest single use "
           "(one layer, or the tied embedding with the final LayerNorm).")
           .at_least(0),
+      key(&D::pd, &PdConfig::fetch_thread, "pd.fetch_thread",
+          "Move fetches (requests, replies, relays, CRC checks, unpacking) on a background thread "
+          "of each compute rank, so they overlap compute even without asynchronous MPI progress; "
+          "needs MPI_THREAD_MULTIPLE, else the compute thread does it between layers."),
 
       key(&D::checkpoint, &CheckpointConfig::every, "checkpoint.every",
           "Write a checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGUSR1).")

@@ -117,7 +117,8 @@ bool ParamCache::start(int unit, std::size_t needed_at) {
   if (!make_room(units_[unit].numel, needed_at)) return false;
   s.storage = take_buffer(units_[unit].numel);
   store_.bind(unit, s.storage);
-  s.ticket = service_.start_fetch(version_, units_[unit].blocks);
+  s.ticket = service_.start_fetch(version_, units_[unit].blocks,
+                                  [this](int block, const float* data) { store_.unpack(block, data); });
   s.in_flight = true;
   s.started = now_seconds();
   s.version = version_;
@@ -135,8 +136,7 @@ void ParamCache::wait_for(int unit) {
   const double t0 = now_seconds();
   while (state_[unit].in_flight) {
     const int u = fifo_.front();
-    service_.finish_fetch(state_[u].ticket,
-                          [this](int block, const float* data) { store_.unpack(block, data); });
+    service_.finish_fetch(state_[u].ticket);
     state_[u].in_flight = false;
     fifo_.erase(fifo_.begin());
     if (trace_)

@@ -11,16 +11,27 @@
 namespace pdtrain {
 
 RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-                             WireCodec fetch_codec, WireCodec push_codec)
+                             WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread)
     : layout_(layout), table_(table), owner_(std::move(owner)), fetch_codec_(fetch_codec),
       push_codec_(push_codec) {
   // Test hook: PDTRAIN_TEST_FLIP_FETCH_BIT=<version> flips one bit of the first block this
   // rank receives at that version, so tests can check that corruption is caught and named.
   if (const char* v = std::getenv("PDTRAIN_TEST_FLIP_FETCH_BIT")) flip_at_version_ = std::atoll(v);
   if (relays()) MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
+  int level = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Query_thread(&level));
+  if (fetch_thread && level == MPI_THREAD_MULTIPLE) worker_ = std::thread([this] { worker_loop(); });
 }
 
 RemoteHolders::~RemoteHolders() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    worker_.join();
+  }
   if (relay_comm_ != MPI_COMM_NULL) MPI_Comm_free(&relay_comm_);
 }
 
@@ -32,26 +43,120 @@ std::vector<std::vector<int>> RemoteHolders::by_holder(const std::vector<int>& b
 
 UpdateInfo RemoteHolders::fetch(std::int64_t version, const std::vector<int>& blocks,
                                 const BlockSink& sink) {
-  return finish_fetch(start_fetch(version, blocks), sink);
+  return finish_fetch(start_fetch(version, blocks, sink));
 }
 
 // Fan-out: the data-parallel replicas of a (pp, tp) position need the same blocks, so only
 // replica 0 asks the holders and relays the replies to the others. A holder sends each block
 // once per step whatever dp is.
-ParameterService::Ticket RemoteHolders::start_fetch(std::int64_t version,
-                                                    std::vector<int> blocks) {
-  InFlight& f = in_flight_.emplace_back();
-  f.ticket = next_ticket_++;
-  f.version = version;
-  f.groups = by_holder(blocks);
-  f.replies.resize(f.groups.size());
-  if (layout_.dp_rank() == 0) {
-    send_requests(f);
-  } else {
-    f.stage = InFlight::Stage::relay_sizes;
+ParameterService::Ticket RemoteHolders::start_fetch(std::int64_t version, std::vector<int> blocks,
+                                                    BlockSink sink) {
+  auto f = std::make_shared<InFlight>();
+  f->ticket = next_ticket_++;
+  f->version = version;
+  f->sink = std::move(sink);
+  f->groups = by_holder(blocks);
+  f->replies.resize(f->groups.size());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_flight_.push_back(f);
   }
-  progress();
-  return f.ticket;
+  if (background())
+    changed_.notify_all();
+  else
+    advance_all();
+  return f->ticket;
+}
+
+void RemoteHolders::progress() {
+  if (!background()) advance_all();
+}
+
+UpdateInfo RemoteHolders::finish_fetch(Ticket ticket) {
+  Job front;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    PDT_CHECK(!in_flight_.empty() && in_flight_.front()->ticket == ticket,
+              "fetches must finish in the order they were started");
+    front = in_flight_.front();
+  }
+  if (background()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return front->delivered; });
+  } else {
+    Backoff backoff;
+    while (!front->delivered) {
+      if (advance_all())
+        backoff.reset();
+      else
+        backoff.pause();
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  in_flight_.pop_front();
+  return front->info;
+}
+
+bool RemoteHolders::undelivered() const {
+  for (const Job& j : in_flight_)
+    if (!j->delivered) return true;
+  return false;
+}
+
+// The background thread: works while fetches are undelivered, sleeps on the condition
+// variable otherwise (an idle compute rank does not poll).
+void RemoteHolders::worker_loop() {
+  Backoff backoff;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return stopping_ || undelivered(); });
+      if (stopping_ && !undelivered()) return;
+    }
+    if (advance_all())
+      backoff.reset();
+    else
+      backoff.pause();
+  }
+}
+
+bool RemoteHolders::advance_all() {
+  std::vector<Job> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Job& j : in_flight_)
+      if (!j->delivered) jobs.push_back(j);
+  }
+  bool moved = false;
+  for (const Job& j : jobs)
+    if (j->stage == InFlight::Stage::created) {
+      if (layout_.dp_rank() == 0)
+        send_requests(*j);
+      else
+        j->stage = InFlight::Stage::relay_sizes;
+      moved = true;
+    }
+  if (layout_.dp_rank() == 0) moved = receive_replies(jobs) || moved;
+  // Relays are posted in ticket order: a fetch advances only once the one before it has
+  // posted all of its broadcasts.
+  for (const Job& j : jobs) {
+    moved = advance(*j) || moved;
+    if (j->stage == InFlight::Stage::relay_sizes || j->stage == InFlight::Stage::awaiting_replies)
+      break;
+  }
+  // Deliver in order.
+  for (const Job& j : jobs) {
+    if (j->stage != InFlight::Stage::ready) break;
+    const UpdateInfo info = verify_and_deliver(*j);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      j->info = info;
+      j->delivered = true;
+    }
+    changed_.notify_all();
+    moved = true;
+  }
+  return moved;
 }
 
 void RemoteHolders::send_requests(InFlight& f) {
@@ -77,13 +182,15 @@ void RemoteHolders::send_requests(InFlight& f) {
 
 // Takes every reply that has arrived, whatever fetch it answers (its header names the ticket).
 // Replies are as long as their encoding: each is sized from its probe.
-void RemoteHolders::receive_replies() {
+bool RemoteHolders::receive_replies(const std::vector<Job>& jobs) {
+  bool got = false;
   for (;;) {
     int flag = 0;
     MPI_Message m;
     MPI_Status st;
     MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, wire::kFetchReply, layout_.world(), &flag, &m, &st));
-    if (!flag) return;
+    if (!flag) return got;
+    got = true;
     int bytes = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
     Buffer r = take_buffer(static_cast<std::size_t>(bytes));
@@ -94,8 +201,8 @@ void RemoteHolders::receive_replies() {
     wire::ReplyHeader rh;
     std::memcpy(&rh, r.data.get(), sizeof(rh));
     InFlight* f = nullptr;
-    for (InFlight& g : in_flight_)
-      if (g.ticket == rh.ticket) f = &g;
+    for (const Job& g : jobs)
+      if (g->ticket == rh.ticket) f = g.get();
     PDT_CHECK(f != nullptr && f->stage == InFlight::Stage::awaiting_replies,
               "holder rank " + std::to_string(st.MPI_SOURCE) + " answered unknown fetch " +
                   std::to_string(rh.ticket));
@@ -104,29 +211,18 @@ void RemoteHolders::receive_replies() {
   }
 }
 
-void RemoteHolders::progress() {
-  if (layout_.dp_rank() == 0) receive_replies();
-  // Relays are posted in ticket order: a fetch advances only once the one before it has
-  // posted all of its broadcasts.
-  for (InFlight& f : in_flight_) {
-    advance(f);
-    if (f.stage == InFlight::Stage::relay_sizes ||
-        (f.stage == InFlight::Stage::awaiting_replies))
-      break;
-  }
-}
-
-void RemoteHolders::advance(InFlight& f) {
+bool RemoteHolders::advance(InFlight& f) {
   using S = InFlight::Stage;
+  const S before = f.stage;
   if (f.stage == S::awaiting_replies) {
-    if (f.awaited_replies > 0) return;
+    if (f.awaited_replies > 0) return false;
     int sent = 0;
     MPI_CHECK(MPI_Testall(static_cast<int>(f.sends.size()), f.sends.data(), &sent,
                           MPI_STATUSES_IGNORE));
-    if (!sent) return;
+    if (!sent) return false;
     if (!relays()) {
       f.stage = S::ready;
-      return;
+      return true;
     }
     f.stage = S::relay_sizes;
   }
@@ -140,7 +236,7 @@ void RemoteHolders::advance(InFlight& f) {
     }
     int done = 0;
     MPI_CHECK(MPI_Test(&f.sizes_req, &done, MPI_STATUS_IGNORE));
-    if (!done) return;
+    if (!done) return f.stage != before;
     for (std::size_t h = 0; h < f.replies.size(); ++h) {
       if (f.replies[h].capacity < static_cast<std::size_t>(f.sizes[h]))
         f.replies[h] = take_buffer(static_cast<std::size_t>(f.sizes[h]));
@@ -158,24 +254,13 @@ void RemoteHolders::advance(InFlight& f) {
                           MPI_STATUSES_IGNORE));
     if (done) f.stage = S::ready;
   }
+  return f.stage != before;
 }
 
-UpdateInfo RemoteHolders::finish_fetch(Ticket ticket, const BlockSink& sink) {
-  PDT_CHECK(!in_flight_.empty() && in_flight_.front().ticket == ticket,
-            "fetches must finish in the order they were started");
-  Backoff backoff;
-  for (;;) {
-    progress();
-    if (in_flight_.front().stage == InFlight::Stage::ready) break;
-    backoff.pause();
-  }
-  InFlight f = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  return verify_and_deliver(f, sink);
-}
-
-UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink) {
+UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f) {
   const std::int64_t version = f.version;
+  bool stop = false;
+  std::vector<UpdateInfo> learnt;
   for (int h = 0; h < static_cast<int>(f.groups.size()); ++h) {
     const std::vector<int>& group = f.groups[h];
     if (group.empty()) continue;
@@ -186,10 +271,9 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink)
               "holder " + std::to_string(h) + " answered with version " +
                   std::to_string(rh.version) + " for a fetch of version " +
                   std::to_string(version));
-    stop_ = stop_ || rh.stop != 0;
+    stop = stop || rh.stop != 0;
     for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
-      known_[rh.recent[i].version] =
-          UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr};
+      learnt.push_back(UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr});
     const char* hdr = reply + sizeof(rh);
     char* data = reply + sizeof(rh) + group.size() * sizeof(wire::BlockHeader);
     if (version == flip_at_version_) {
@@ -213,12 +297,12 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink)
         // Raw floats are used where they arrived (the buffer outlives the sink call).
         PDT_CHECK(nb == static_cast<std::size_t>(d.numel) * sizeof(float),
                   "block " + d.name + " arrived with " + std::to_string(nb) + " bytes");
-        sink(b, reinterpret_cast<const float*>(data));
+        f.sink(b, reinterpret_cast<const float*>(data));
       } else {
         decoded_.resize(static_cast<std::size_t>(d.numel));
         PDT_CHECK(wire_decode(fetch_codec_, data, nb, decoded_.data(), d.numel),
                   std::string("cannot decode (") + to_string(fetch_codec_) + ") block " + d.name);
-        sink(b, decoded_.data());
+        f.sink(b, decoded_.data());
       }
       data += nb;
       fetched_ += static_cast<std::int64_t>(nb);
@@ -226,6 +310,9 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink)
   }
   for (Buffer& r : f.replies)
     if (r.capacity > 0) spare_.push_back(std::move(r));
+  if (stop) stop_ = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const UpdateInfo& u : learnt) known_[u.version] = u;
   return known_.count(version) ? known_.at(version) : UpdateInfo{version, 0.0, 0.0};
 }
 
@@ -233,7 +320,8 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f, const BlockSink& sink)
 RemoteHolders::Buffer RemoteHolders::take_buffer(std::size_t bytes) {
   std::size_t best = spare_.size();
   for (std::size_t i = 0; i < spare_.size(); ++i)
-    if (spare_[i].capacity >= bytes && (best == spare_.size() || spare_[i].capacity < spare_[best].capacity))
+    if (spare_[i].capacity >= bytes &&
+        (best == spare_.size() || spare_[i].capacity < spare_[best].capacity))
       best = i;
   Buffer b;
   if (best < spare_.size()) {
@@ -246,6 +334,7 @@ RemoteHolders::Buffer RemoteHolders::take_buffer(std::size_t bytes) {
 }
 
 std::optional<UpdateInfo> RemoteHolders::update_info(std::int64_t version) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = known_.find(version);
   if (it == known_.end()) return std::nullopt;
   return it->second;

@@ -107,15 +107,16 @@ const std::vector<std::string> kFullDeck = {
     "staleness = 2",                     // 49
     "prefetch_depth = 3",                // 50
     "cache_mb = 64.5",                   // 51
-    "[checkpoint]",                      // 52
-    "every = 100",                       // 53
-    "codec = \"xor\"",                   // 54
-    "anchor_every = 5",                  // 55
-    "keep = 2",                          // 56
-    "async = true",                      // 57
-    "dir = \"/scratch/ckpt\"",           // 58
-    "[output]",                          // 59
-    "trace = true",                      // 60
+    "fetch_thread = false",              // 52
+    "[checkpoint]",                      // 53
+    "every = 100",                       // 54
+    "codec = \"xor\"",                   // 55
+    "anchor_every = 5",                  // 56
+    "keep = 2",                          // 57
+    "async = true",                      // 58
+    "dir = \"/scratch/ckpt\"",           // 59
+    "[output]",                          // 60
+    "trace = true",                      // 61
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -190,6 +191,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.staleness, 2);
   EXPECT_EQ(d.pd.prefetch_depth, 3);
   EXPECT_EQ(d.pd.cache_mb, 64.5);
+  EXPECT_FALSE(d.pd.fetch_thread);
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
   EXPECT_TRUE(d.checkpoint.async);
@@ -544,7 +546,7 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 TEST(DeckSchema, CoversEveryDeckField) {
   // 5 run + 9 model + 6 data + 6 parallel + 4 train + 8 optimizer + 3 pd + 6 checkpoint +
   // 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 50u);
+  EXPECT_EQ(deck::schema().size(), 51u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

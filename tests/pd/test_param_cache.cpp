@@ -31,15 +31,15 @@ class FakeService final : public ParameterService {
     }
     return {version, 0, 0};
   }
-  Ticket start_fetch(std::int64_t version, std::vector<int> blocks) override {
+  Ticket start_fetch(std::int64_t version, std::vector<int> blocks, BlockSink sink) override {
     started.push_back(blocks.front());
     ++in_flight;
     max_in_flight = std::max(max_in_flight, in_flight);
-    return ParameterService::start_fetch(version, std::move(blocks));
+    return ParameterService::start_fetch(version, std::move(blocks), std::move(sink));
   }
-  UpdateInfo finish_fetch(Ticket t, const BlockSink& sink) override {
+  UpdateInfo finish_fetch(Ticket t) override {
     --in_flight;
-    return ParameterService::finish_fetch(t, sink);
+    return ParameterService::finish_fetch(t);
   }
   std::optional<UpdateInfo> update_info(std::int64_t) const override { return std::nullopt; }
   void push(std::int64_t, const std::vector<int>&, const float*) override {}

@@ -2,11 +2,13 @@
 // the exit status is non-zero on every rank if any rank failed.
 #include <mpi.h>
 
+#include "pdtrain/core/mpi_check.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <gtest/gtest.h>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  pdtrain::init_mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

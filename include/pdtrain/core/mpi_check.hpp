@@ -9,6 +9,9 @@
 
 namespace pdtrain {
 [[noreturn]] void mpi_fail(int rc, const char* call, const char* file, int line);
+// MPI_Init_thread asking for MPI_THREAD_MULTIPLE (the PD fetch thread needs it; everything
+// else works with less). Returns the level provided.
+int init_mpi(int* argc, char*** argv);
 int world_rank();  // rank in MPI_COMM_WORLD, or -1 before MPI_Init / after MPI_Finalize
 }  // namespace pdtrain
 

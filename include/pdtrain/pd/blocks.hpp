@@ -42,18 +42,19 @@ class ParameterService {
   virtual UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                            const BlockSink& sink) = 0;
   // The same fetch split in two, so several can be in flight while this rank computes:
-  // start_fetch() sends the request and returns at once; progress() moves every fetch in flight
-  // forward (call it now and then: MPI moves large messages only inside MPI calls);
-  // finish_fetch() waits for the oldest fetch in flight (fetches finish in the order they were
-  // started), checks it and hands its blocks to `sink`. This default runs the whole fetch in
-  // finish_fetch(), which suits a service that has the parameters at hand.
+  // start_fetch() sends the request and returns at once; `sink` gets each block when it has
+  // arrived and been checked (possibly on another thread, before finish_fetch returns, so it
+  // must only write where nothing else looks until then); progress() moves the fetches in
+  // flight forward where no background thread does; finish_fetch() waits for the oldest fetch
+  // in flight (fetches finish in the order they were started) to be delivered. This default
+  // runs the whole fetch in finish_fetch(), which suits a service with the parameters at hand.
   using Ticket = std::int64_t;
-  virtual Ticket start_fetch(std::int64_t version, std::vector<int> blocks) {
-    queued_.push_back({next_ticket_, version, std::move(blocks)});
+  virtual Ticket start_fetch(std::int64_t version, std::vector<int> blocks, BlockSink sink) {
+    queued_.push_back({next_ticket_, version, std::move(blocks), std::move(sink)});
     return next_ticket_++;
   }
   virtual void progress() {}
-  virtual UpdateInfo finish_fetch(Ticket ticket, const BlockSink& sink);
+  virtual UpdateInfo finish_fetch(Ticket ticket);
   // The update that produced `version`, if this rank has learnt it (fetch replies carry the
   // holders' recent updates, so later steps' figures arrive before their versions are fetched).
   virtual std::optional<UpdateInfo> update_info(std::int64_t version) const = 0;
@@ -73,6 +74,7 @@ class ParameterService {
     Ticket ticket;
     std::int64_t version;
     std::vector<int> blocks;
+    BlockSink sink;
   };
   std::deque<Queued> queued_;  // the default start_fetch()'s requests
   Ticket next_ticket_ = 0;

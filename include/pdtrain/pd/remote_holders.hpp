@@ -2,9 +2,18 @@
 // The compute side of PD: fetches blocks from the holders that own them and pushes gradients
 // to them, checking every block's version and CRC32C on arrival. Several fetches can be in
 // flight at once (prefetching); they complete in the order they were started.
+//
+// With MPI_THREAD_MULTIPLE (and pd.fetch_thread), a background thread moves the fetches:
+// it sends requests, receives and relays replies, checks and unpacks blocks while the compute
+// thread runs kernels, so fetch time hides behind compute even where MPI has no asynchronous
+// progress. Otherwise the compute thread does the same work in progress()/finish_fetch().
+#include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "pdtrain/layout/layout.hpp"
@@ -16,16 +25,16 @@ namespace pdtrain {
 class RemoteHolders final : public ParameterService {
  public:
   RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-                WireCodec fetch_codec, WireCodec push_codec);
+                WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread = true);
   ~RemoteHolders() override;
   RemoteHolders(const RemoteHolders&) = delete;
   RemoteHolders& operator=(const RemoteHolders&) = delete;
 
   UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                    const BlockSink& sink) override;
-  Ticket start_fetch(std::int64_t version, std::vector<int> blocks) override;
+  Ticket start_fetch(std::int64_t version, std::vector<int> blocks, BlockSink sink) override;
   void progress() override;
-  UpdateInfo finish_fetch(Ticket ticket, const BlockSink& sink) override;
+  UpdateInfo finish_fetch(Ticket ticket) override;
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   std::uint32_t finish() override;
   std::optional<UpdateInfo> update_info(std::int64_t version) const override;
@@ -34,12 +43,9 @@ class RemoteHolders final : public ParameterService {
   // Bytes (encoded) this rank received from holders; the rest of bytes_fetched() came by relay.
   std::int64_t bytes_from_holders() const { return from_holders_; }
   std::int64_t bytes_pushed() const override { return pushed_; }
+  bool background() const { return worker_.joinable(); }
 
  private:
-  // One fetch in flight. Data-parallel replica 0 of a (pp, tp) position asks the holders; the
-  // replies then go to the other replicas by broadcast over relay_comm_ (sizes first: they
-  // depend on the encoding). Relays are posted in ticket order on every replica, which keeps
-  // the broadcasts matched.
   // A message buffer that grows without zero-filling (a reply can be tens of MiB); reused
   // across fetches.
   struct Buffer {
@@ -50,41 +56,59 @@ class RemoteHolders final : public ParameterService {
       size = n;
     }
   };
+  // One fetch in flight. Data-parallel replica 0 of a (pp, tp) position asks the holders; the
+  // replies then go to the other replicas by broadcast over relay_comm_ (sizes first: they
+  // depend on the encoding). Relays are posted in ticket order on every replica, which keeps
+  // the broadcasts matched. Only the thread that moves fetches touches a job's fields, except
+  // `delivered` and `info`, which are guarded by mutex_.
   struct InFlight {
     Ticket ticket = 0;
     std::int64_t version = 0;
+    BlockSink sink;
     std::vector<std::vector<int>> groups;     // block ids by owning holder
     std::vector<std::vector<char>> requests;  // per holder, kept until sent
     std::vector<Buffer> replies;              // per holder
     std::vector<MPI_Request> sends;
     int awaited_replies = 0;
-    std::vector<std::int64_t> sizes;           // relay: reply sizes
+    std::vector<std::int64_t> sizes;  // relay: reply sizes
     MPI_Request sizes_req = MPI_REQUEST_NULL;
     std::vector<MPI_Request> relay_reqs;
-    enum class Stage { awaiting_replies, relay_sizes, relay_data, ready } stage{};
+    enum class Stage { created, awaiting_replies, relay_sizes, relay_data, ready } stage{};
+    bool delivered = false;  // checked and handed to the sink
+    UpdateInfo info;
   };
+  using Job = std::shared_ptr<InFlight>;
 
   // Block ids of `blocks` grouped by owning holder, keeping their order.
   std::vector<std::vector<int>> by_holder(const std::vector<int>& blocks) const;
   bool relays() const { return layout_.shape().dp > 1; }
+  // One round of work on every fetch in flight; true if anything moved.
+  bool advance_all();
   void send_requests(InFlight& f);
-  void receive_replies();
-  void advance(InFlight& f);
-  UpdateInfo verify_and_deliver(InFlight& f, const BlockSink& sink);
+  bool receive_replies(const std::vector<Job>& jobs);
+  bool advance(InFlight& f);
+  UpdateInfo verify_and_deliver(InFlight& f);
+  void worker_loop();
+  bool undelivered() const;  // with mutex_ held
+  Buffer take_buffer(std::size_t bytes);
 
   const Layout& layout_;
   const BlockTable& table_;
   std::vector<int> owner_;
   WireCodec fetch_codec_, push_codec_;
   MPI_Comm relay_comm_ = MPI_COMM_NULL;  // a duplicate of dp_comm: relays only
-  std::deque<InFlight> in_flight_;       // oldest first
+  mutable std::mutex mutex_;             // in_flight_ (the deque), delivery, known_
+  std::condition_variable changed_;      // a job was added, delivered, or the worker must stop
+  std::deque<Job> in_flight_;            // oldest first
+  bool stopping_ = false;
+  std::thread worker_;
   Ticket next_ticket_ = 0;
-  Buffer take_buffer(std::size_t bytes);
   std::vector<Buffer> spare_;                 // buffers of delivered replies
   std::vector<float> decoded_;                // one block, decoded
   std::map<std::int64_t, UpdateInfo> known_;  // updates learnt from reply headers
-  bool stop_ = false;
-  std::int64_t fetched_ = 0, pushed_ = 0, from_holders_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::int64_t> fetched_{0}, from_holders_{0};
+  std::int64_t pushed_ = 0;
   std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
 };
 
