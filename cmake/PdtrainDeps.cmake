@@ -35,6 +35,66 @@ add_library(pdtrain::blas INTERFACE IMPORTED GLOBAL)
 target_link_libraries(pdtrain::blas INTERFACE BLAS::BLAS)
 target_include_directories(pdtrain::blas SYSTEM INTERFACE ${PDTRAIN_CBLAS_INCLUDE})
 
+# --- oneDNN (optional), the default GEMM backend when found; PDTRAIN_GEMM_BACKEND picks.
+# Debian's dnnl-config.cmake (built with an OpenCL GPU runtime) calls find_package(OpenCL
+# REQUIRED), a hard configure error without the OpenCL headers, which the CPU matmul never
+# needs: the config is tried only when OpenCL is there, else the header and library directly.
+find_package(OpenCL QUIET)
+if(OpenCL_FOUND)
+  find_package(dnnl CONFIG QUIET)
+endif()
+find_path(PDTRAIN_DNNL_INCLUDE oneapi/dnnl/dnnl.hpp)
+if(dnnl_FOUND AND TARGET DNNL::dnnl)
+  set(PDTRAIN_DNNL_LINK DNNL::dnnl)
+else()
+  find_library(PDTRAIN_DNNL_LIB dnnl)
+  if(PDTRAIN_DNNL_INCLUDE AND PDTRAIN_DNNL_LIB)
+    set(PDTRAIN_DNNL_LINK ${PDTRAIN_DNNL_LIB})
+  endif()
+endif()
+if(PDTRAIN_DNNL_LINK AND PDTRAIN_DNNL_INCLUDE)
+  file(STRINGS ${PDTRAIN_DNNL_INCLUDE}/oneapi/dnnl/dnnl_version.h _dnnl_ver
+       REGEX "#define DNNL_VERSION_(MAJOR|MINOR|PATCH) ")
+  string(REGEX REPLACE ".*MAJOR ([0-9]+).*MINOR ([0-9]+).*PATCH ([0-9]+).*" "\\1.\\2.\\3"
+         PDTRAIN_DNNL_VERSION "${_dnnl_ver}")
+  add_library(pdtrain::onednn INTERFACE IMPORTED GLOBAL)
+  target_include_directories(pdtrain::onednn SYSTEM INTERFACE ${PDTRAIN_DNNL_INCLUDE})
+  target_link_libraries(pdtrain::onednn INTERFACE ${PDTRAIN_DNNL_LINK})
+  # With the OpenMP threading runtime the backend sets oneDNN's thread count through the
+  # OpenMP API (omp_set_num_threads), so it links the runtime itself (no -fopenmp needed).
+  file(STRINGS ${PDTRAIN_DNNL_INCLUDE}/oneapi/dnnl/dnnl_config.h _dnnl_omp
+       REGEX "#define DNNL_CPU_THREADING_RUNTIME DNNL_RUNTIME_OMP")
+  if(_dnnl_omp)
+    find_package(OpenMP REQUIRED COMPONENTS CXX)
+    target_link_libraries(pdtrain::onednn INTERFACE ${OpenMP_CXX_LIBRARIES})
+  endif()
+  set(_gemm_default onednn)
+else()
+  set(_gemm_default blas)
+endif()
+set(PDTRAIN_GEMM_BACKEND ${_gemm_default} CACHE STRING "GEMM backend: onednn or blas")
+set_property(CACHE PDTRAIN_GEMM_BACKEND PROPERTY STRINGS onednn blas)
+# pdtrain::gemm_backend: what pdtrain_kernels links for its GEMMs (BLAS is linked either way,
+# for the fp64 GEMMs and blas_runtime).
+add_library(pdtrain::gemm_backend INTERFACE IMPORTED GLOBAL)
+if(PDTRAIN_GEMM_BACKEND STREQUAL "onednn")
+  if(NOT TARGET pdtrain::onednn)
+    message(FATAL_ERROR "pdtrain: PDTRAIN_GEMM_BACKEND=onednn but oneDNN (dnnl) was not found")
+  endif()
+  target_link_libraries(pdtrain::gemm_backend INTERFACE pdtrain::onednn)
+  target_compile_definitions(pdtrain::gemm_backend INTERFACE PDTRAIN_GEMM_ONEDNN)
+  message(STATUS "pdtrain: GEMM backend oneDNN ${PDTRAIN_DNNL_VERSION} (${PDTRAIN_DNNL_LINK})")
+elseif(PDTRAIN_GEMM_BACKEND STREQUAL "blas")
+  if(TARGET pdtrain::onednn)
+    message(STATUS "pdtrain: GEMM backend CBLAS (oneDNN ${PDTRAIN_DNNL_VERSION} found, not used)")
+  else()
+    message(STATUS "pdtrain: GEMM backend CBLAS (oneDNN not found)")
+  endif()
+else()
+  message(FATAL_ERROR "pdtrain: PDTRAIN_GEMM_BACKEND must be onednn or blas, not "
+                      "'${PDTRAIN_GEMM_BACKEND}'")
+endif()
+
 # --- ISA-L for CRC32C.
 find_path(PDTRAIN_ISAL_INCLUDE isa-l/crc.h REQUIRED)
 find_library(PDTRAIN_ISAL_LIB isal REQUIRED)

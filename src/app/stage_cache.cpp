@@ -20,7 +20,7 @@ StageCache::~StageCache() { params_.set_unit_user(nullptr); }
 std::vector<CacheUnit> StageCache::units_of(const StageParams& p) {
   std::vector<CacheUnit> units;
   for (int u = 0; u < p.num_units(); ++u)
-    units.push_back(CacheUnit{p.unit_name(u), p.unit_numel(u), p.unit_blocks(u)});
+    units.push_back(CacheUnit{p.unit_name(u), p.unit_storage(u), p.unit_blocks(u)});
   return units;
 }
 

@@ -264,6 +264,16 @@ StageSpec stage_spec(const Deck& deck, const Layout& layout) {
   return stage_spec(deck, layout.shape(), layout.pp_rank(), layout.tp_rank());
 }
 
+// The fetch codec in use: bf16 precision makes holders serve bf16 copies of their fp32 masters.
+WireCodec fetch_codec(const Deck& deck) {
+  return deck.train.precision == "bf16" ? WireCodec::bf16
+                                        : *wire_codec_from_string(deck.pd.fetch_codec);
+}
+
+Precision precision(const Deck& deck) {
+  return deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+}
+
 Recompute recompute_mode(const Deck& deck) {
   if (deck.train.recompute == "full") return Recompute::full;
   if (deck.train.recompute == "attention") return Recompute::attention;
@@ -413,7 +423,8 @@ class ComputeLoop {
         tp_(layout.tp_comm()),
         stage_params_(*setup.catalog, stage_spec(deck, layout),
                       layout.replicated() ? StageParams::Storage::resident
-                                          : StageParams::Storage::streamed),
+                                          : StageParams::Storage::streamed,
+                      precision(deck)),
         micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
         kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
         micro_batch_(micro_batch_size(deck, layout.shape())),
@@ -686,11 +697,15 @@ class ComputeLoop {
                 static_cast<long long>(deck_.train.batch_size), static_cast<long long>(T_));
     if (ls.pp > 1)
       std::printf(" | %d micro-batches, %s schedule", micro_batches_, to_string(kind_));
+    if (deck_.train.precision == "bf16")
+      std::printf(" | bf16 matmuls (fp32 accumulation, fp32 master weights)");
     if (!layout_.replicated()) {
-      const WireCodec f = *wire_codec_from_string(deck_.pd.fetch_codec);
+      const WireCodec f = fetch_codec(deck_);
       const WireCodec p = *wire_codec_from_string(deck_.pd.push_codec);
       std::printf("\nwire: fetch %s, push %s%s", to_string(f), to_string(p),
-                  is_lossy(f) || is_lossy(p)
+                  deck_.train.precision == "bf16" && !is_lossy(p)
+                      ? " (bf16 precision: holders serve bf16 copies of fp32 masters)"
+                  : is_lossy(f) || is_lossy(p)
                       ? " | LOSSY: numerics differ from exact synchronous training"
                       : " (lossless)");
     }
@@ -888,7 +903,7 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
   if (layout.is_holder()) {
     HolderServer server(layout, setup.table, setup.owner,
                         push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
-                        *wire_codec_from_string(deck.pd.fetch_codec),
+                        fetch_codec(deck),
                         *wire_codec_from_string(deck.pd.push_codec),
                         static_cast<int>(deck.pd.staleness), &trace);
     server.set_verbose(opts.verbose && training);
@@ -917,7 +932,7 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
       restore_collectively(restart, *setup.catalog, MPI_COMM_NULL, world,
                            static_cast<HolderServer*>(nullptr));
       service = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner,
-                                                *wire_codec_from_string(deck.pd.fetch_codec),
+                                                fetch_codec(deck),
                                                 *wire_codec_from_string(deck.pd.push_codec),
                                                 deck.pd.fetch_thread);
     }

@@ -304,6 +304,17 @@ const std::vector<CrossRule>& cross_rules() {
          return "must be empty (random) or llmc:PATH, got " + val(d, "model.init");
        },
        [](const Deck& d) { return "must be empty or llmc:PATH, got " + val(d, "model.init"); }},
+      // bf16 precision puts bf16 weights on the wire; lz4 would recompress float bytes.
+      {"pd.fetch_codec", "train.precision",
+       [](const Deck& d) { return d.train.precision != "bf16" || d.pd.fetch_codec != "lz4"; },
+       [](const Deck& d) {
+         return "must be raw or bf16 when train.precision is bf16 (holders then serve bf16 "
+                "copies), got " + val(d, "pd.fetch_codec");
+       },
+       [](const Deck& d) {
+         return "bf16 serves bf16 weights, which pd.fetch_codec = " + val(d, "pd.fetch_codec") +
+                " cannot carry; got " + val(d, "train.precision");
+       }},
       {"optimizer.min_lr", "optimizer.lr",
        [](const Deck& d) { return d.optimizer.min_lr <= d.optimizer.lr; },
        [](const Deck& d) {

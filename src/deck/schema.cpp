@@ -135,6 +135,13 @@ std::vector<KeySpec> build_schema() {
           "Activation recomputation in backward: attention (drop the T x T probabilities) or "
           "full (keep only layer outputs); losses are identical to none.")
           .one_of({"none", "attention", "full"}),
+      key(&D::train, &TrainConfig::precision, "train.precision",
+          "bf16: mixed precision. Holders keep fp32 master weights and AdamW state and serve "
+          "bf16 copies (half the fetch bytes); compute ranks run the matmuls on bf16 inputs with "
+          "fp32 accumulation and keep LayerNorm, softmax, GELU and the loss in fp32; gradients "
+          "stay fp32 (pd.push_codec decides the wire). No loss scaling: bf16 has fp32's exponent "
+          "range.")
+          .one_of({"fp32", "bf16"}),
 
       key(&D::optimizer, &OptimizerConfig::lr, "optimizer.lr",
           "Peak learning rate, reached after the warmup.")

@@ -20,7 +20,8 @@ void resize(V& v, std::int64_t n) {
 
 GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
                    TensorParallelOps& tp, int slots, Recompute recompute)
-    : p_(params), tp_(tp), B_(micro_batch), T_(seq_len), recompute_(recompute) {
+    : p_(params), tp_(tp), B_(micro_batch), T_(seq_len), recompute_(recompute),
+      bf16_(params.bf16()) {
   const ModelShape& m = params.catalog().shape();
   const StageSpec& s = params.spec();
   C_ = m.d_model;
@@ -46,7 +47,11 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
         allocate(l, recompute_ == Recompute::none);
     }
     if (s.has_head) {
-      resize(a.lnf, N * C_), resize(a.lnf_mean, N), resize(a.lnf_rstd, N);
+      if (bf16_)
+        resize(a.lnf_h, N * C_);
+      else
+        resize(a.lnf, N * C_);
+      resize(a.lnf_mean, N), resize(a.lnf_rstd, N);
       resize(a.logits, N * V_), resize(a.probs, N * V_), resize(a.losses, N);
       resize(a.rowmax, N), resize(a.ce_stats, 2 * N);
     }
@@ -58,17 +63,50 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
   resize(g_.datty, N * Cl_), resize(g_.dpreatt, att), resize(g_.datt, att);
   resize(g_.dfch, N * 4 * Cl_), resize(g_.dfch_gelu, N * 4 * Cl_);
   if (s.has_head) resize(g_.dlogits, N * V_), resize(g_.dlosses, N);
+  if (bf16_) resize(g_.dout_h, N * std::max({4 * Cl_, C_, s.has_head ? V_ : 0}));
 }
 
 void GptStage::allocate(LayerActs& l, bool keep_att) {
   const std::int64_t N = B_ * T_;
-  resize(l.ln1, N * C_), resize(l.ln1_mean, N), resize(l.ln1_rstd, N);
+  if (bf16_) {
+    resize(l.ln1_h, N * C_), resize(l.atty_h, N * Cl_), resize(l.ln2_h, N * C_);
+    resize(l.fch_gelu_h, N * 4 * Cl_);
+  } else {
+    resize(l.ln1, N * C_), resize(l.ln2, N * C_), resize(l.fch_gelu, N * 4 * Cl_);
+  }
+  resize(l.ln1_mean, N), resize(l.ln1_rstd, N);
   resize(l.qkv, N * 3 * Cl_), resize(l.atty, N * Cl_);
   if (keep_att) resize(l.att, B_ * NHl_ * T_ * T_);
   resize(l.attproj, N * C_), resize(l.residual2, N * C_);
-  resize(l.ln2, N * C_), resize(l.ln2_mean, N), resize(l.ln2_rstd, N);
-  resize(l.fch, N * 4 * Cl_), resize(l.fch_gelu, N * 4 * Cl_);
+  resize(l.ln2_mean, N), resize(l.ln2_rstd, N);
+  resize(l.fch, N * 4 * Cl_);
   resize(l.fcproj, N * C_), resize(l.residual3, N * C_);
+}
+
+void GptStage::linear_forward(float* out, const float* x, const bf16* x_h, TensorId w,
+                              std::int64_t l, const float* bias, std::int64_t C,
+                              std::int64_t OC) {
+  Exec exec;
+  const int N = static_cast<int>(B_ * T_);
+  if (bf16_)
+    k::matmul_forward(exec, out, x_h, p_.param_bf16(w, l), bias, N, static_cast<int>(C),
+                      static_cast<int>(OC));
+  else
+    k::matmul_forward(exec, out, x, p_.param(w, l), bias, N, static_cast<int>(C),
+                      static_cast<int>(OC));
+}
+
+void GptStage::linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                               const float* x, const bf16* x_h, TensorId w, std::int64_t l,
+                               std::int64_t C, std::int64_t OC) {
+  Exec exec;
+  const int N = static_cast<int>(B_ * T_);
+  if (bf16_)
+    k::matmul_backward(exec, dx, dweight, dbias, dout, g_.dout_h.data(), x_h,
+                       p_.param_bf16(w, l), N, static_cast<int>(C), static_cast<int>(OC));
+  else
+    k::matmul_backward(exec, dx, dweight, dbias, dout, x, p_.param(w, l), N,
+                       static_cast<int>(C), static_cast<int>(OC));
 }
 
 std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
@@ -158,27 +196,43 @@ double GptStage::forward(int slot, const std::int32_t* tokens, const float* inpu
 void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a) {
   const std::int64_t N = B_ * T_;
   Exec exec;
-  k::layernorm_forward(exec, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
-                       p_.param(T_::ln1w, l), p_.param(T_::ln1b, l), N, C_);
-  k::matmul_forward(exec, a.qkv.data(), a.ln1.data(), p_.param(T_::qkvw, l),
-                    p_.param(T_::qkvb, l), N, C_, 3 * Cl_);
+  // In bf16 precision LayerNorm and GELU write their (matmul input) outputs as bf16 directly.
+  if (bf16_)
+    k::layernorm_forward(exec, a.ln1_h.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
+                         p_.param(T_::ln1w, l), p_.param(T_::ln1b, l), N, C_);
+  else
+    k::layernorm_forward(exec, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
+                         p_.param(T_::ln1w, l), p_.param(T_::ln1b, l), N, C_);
+  linear_forward(a.qkv.data(), a.ln1.data(), a.ln1_h.data(), T_::qkvw, l, p_.param(T_::qkvb, l),
+                 C_, 3 * Cl_);
   k::attention_forward(exec, a.atty.data(), preatt_.data(), att_of(a), a.qkv.data(), B_, T_,
                        Cl_, NHl_);
+  if (bf16_) {
+    exec.fence();
+    k::to_bf16(a.atty.data(), a.atty_h.data(), N * Cl_);
+  }
   // Row-parallel projection: partial sums over this shard's heads, summed across the tp group.
   // Its bias is added once, after the sum.
-  k::matmul_forward(exec, a.attproj.data(), a.atty.data(), p_.param(T_::attprojw, l),
-                    static_cast<const float*>(nullptr), N, Cl_, C_);
+  linear_forward(a.attproj.data(), a.atty.data(), a.atty_h.data(), T_::attprojw, l, nullptr, Cl_,
+                 C_);
   exec.fence();
   tp_.allreduce_sum(a.attproj.data(), N * C_);
   k::bias_add_forward(exec, a.attproj.data(), p_.param(T_::attprojb, l), N, C_);
   k::residual_forward(exec, a.residual2.data(), residual, a.attproj.data(), N * C_);
-  k::layernorm_forward(exec, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                       a.residual2.data(), p_.param(T_::ln2w, l), p_.param(T_::ln2b, l), N, C_);
-  k::matmul_forward(exec, a.fch.data(), a.ln2.data(), p_.param(T_::fcw, l), p_.param(T_::fcb, l),
-                    N, C_, 4 * Cl_);
-  k::gelu_forward(exec, a.fch_gelu.data(), a.fch.data(), N * 4 * Cl_);
-  k::matmul_forward(exec, a.fcproj.data(), a.fch_gelu.data(), p_.param(T_::fcprojw, l),
-                    static_cast<const float*>(nullptr), N, 4 * Cl_, C_);
+  if (bf16_)
+    k::layernorm_forward(exec, a.ln2_h.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                         a.residual2.data(), p_.param(T_::ln2w, l), p_.param(T_::ln2b, l), N, C_);
+  else
+    k::layernorm_forward(exec, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                         a.residual2.data(), p_.param(T_::ln2w, l), p_.param(T_::ln2b, l), N, C_);
+  linear_forward(a.fch.data(), a.ln2.data(), a.ln2_h.data(), T_::fcw, l, p_.param(T_::fcb, l), C_,
+                 4 * Cl_);
+  if (bf16_)
+    k::gelu_forward(exec, a.fch_gelu_h.data(), a.fch.data(), N * 4 * Cl_);
+  else
+    k::gelu_forward(exec, a.fch_gelu.data(), a.fch.data(), N * 4 * Cl_);
+  linear_forward(a.fcproj.data(), a.fch_gelu.data(), a.fch_gelu_h.data(), T_::fcprojw, l, nullptr,
+                 4 * Cl_, C_);
   exec.fence();
   tp_.allreduce_sum(a.fcproj.data(), N * C_);
   k::bias_add_forward(exec, a.fcproj.data(), p_.param(T_::fcprojb, l), N, C_);
@@ -188,13 +242,16 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
 void GptStage::head_forward(SlotActs& s, const float* residual) {
   const std::int64_t N = B_ * T_;
   Exec exec;
-  k::layernorm_forward(exec, s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
-                       p_.param(T_::lnfw), p_.param(T_::lnfb), N, C_);
+  if (bf16_)
+    k::layernorm_forward(exec, s.lnf_h.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
+                         p_.param(T_::lnfw), p_.param(T_::lnfb), N, C_);
+  else
+    k::layernorm_forward(exec, s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
+                         p_.param(T_::lnfw), p_.param(T_::lnfb), N, C_);
   // Tied head over this rank's vocabulary shard, real tokens only: padded wte rows never enter
   // (llm.c masks them out of the softmax; skipping them is the same and cheaper).
   if (V_ > 0)
-    k::matmul_forward(exec, s.logits.data(), s.lnf.data(), p_.param(T_::wte),
-                      static_cast<const float*>(nullptr), N, C_, V_);
+    linear_forward(s.logits.data(), s.lnf.data(), s.lnf_h.data(), T_::wte, 0, nullptr, C_, V_);
   // Parallel cross-entropy: only per-row statistics cross the group, never logits.
   k::crossentropy_rowmax(exec, s.rowmax.data(), s.logits.data(), N, V_);
   exec.fence();
@@ -244,8 +301,8 @@ void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
                                    g_.dlosses.data(), N, V_, static_cast<int>(v0_));
   std::fill(g_.dln.begin(), g_.dln.end(), 0.0f);
   if (V_ > 0)
-    k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::wte), static_cast<float*>(nullptr),
-                       g_.dlogits.data(), s.lnf.data(), p_.param(T_::wte), N, C_, V_);
+    linear_backward(g_.dln.data(), p_.grad(T_::wte), nullptr, g_.dlogits.data(), s.lnf.data(),
+                    s.lnf_h.data(), T_::wte, 0, C_, V_);
   exec.fence();
   tp_.allreduce_sum(g_.dln.data(), N * C_);  // partial over the vocabulary shards
   std::fill(g_.dresidual.begin(), g_.dresidual.end(), 0.0f);
@@ -261,22 +318,22 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
   Exec exec;
   auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
   zero(g_.dfch_gelu);
-  k::matmul_backward(exec, g_.dfch_gelu.data(), p_.grad(T_::fcprojw, l), p_.grad(T_::fcprojb, l),
-                     g_.dresidual.data(), a.fch_gelu.data(), p_.param(T_::fcprojw, l), N, 4 * Cl_,
-                     C_);
+  linear_backward(g_.dfch_gelu.data(), p_.grad(T_::fcprojw, l), p_.grad(T_::fcprojb, l),
+                  g_.dresidual.data(), a.fch_gelu.data(), a.fch_gelu_h.data(), T_::fcprojw, l,
+                  4 * Cl_, C_);
   zero(g_.dfch);
   k::gelu_backward(exec, g_.dfch.data(), a.fch.data(), g_.dfch_gelu.data(), N * 4 * Cl_);
   zero(g_.dln);
-  k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::fcw, l), p_.grad(T_::fcb, l), g_.dfch.data(),
-                     a.ln2.data(), p_.param(T_::fcw, l), N, C_, 4 * Cl_);
+  linear_backward(g_.dln.data(), p_.grad(T_::fcw, l), p_.grad(T_::fcb, l), g_.dfch.data(),
+                  a.ln2.data(), a.ln2_h.data(), T_::fcw, l, C_, 4 * Cl_);
   exec.fence();
   tp_.allreduce_sum(g_.dln.data(), N * C_);  // column-parallel input gradient
   k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln2w, l), p_.grad(T_::ln2b, l),
                         g_.dln.data(), a.residual2.data(), p_.param(T_::ln2w, l),
                         a.ln2_mean.data(), a.ln2_rstd.data(), N, C_);
   zero(g_.datty);
-  k::matmul_backward(exec, g_.datty.data(), p_.grad(T_::attprojw, l), p_.grad(T_::attprojb, l),
-                     g_.dresidual.data(), a.atty.data(), p_.param(T_::attprojw, l), N, Cl_, C_);
+  linear_backward(g_.datty.data(), p_.grad(T_::attprojw, l), p_.grad(T_::attprojb, l),
+                  g_.dresidual.data(), a.atty.data(), a.atty_h.data(), T_::attprojw, l, Cl_, C_);
   zero(g_.dqkv);
   zero(g_.dpreatt);
   zero(g_.datt);
@@ -286,8 +343,8 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
   k::attention_backward(exec, g_.dqkv.data(), g_.dpreatt.data(), g_.datt.data(), g_.datty.data(),
                         a.qkv.data(), att_of(a), B_, T_, Cl_, NHl_);
   zero(g_.dln);
-  k::matmul_backward(exec, g_.dln.data(), p_.grad(T_::qkvw, l), p_.grad(T_::qkvb, l),
-                     g_.dqkv.data(), a.ln1.data(), p_.param(T_::qkvw, l), N, C_, 3 * Cl_);
+  linear_backward(g_.dln.data(), p_.grad(T_::qkvw, l), p_.grad(T_::qkvb, l), g_.dqkv.data(),
+                  a.ln1.data(), a.ln1_h.data(), T_::qkvw, l, C_, 3 * Cl_);
   exec.fence();
   tp_.allreduce_sum(g_.dln.data(), N * C_);
   k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln1w, l), p_.grad(T_::ln1b, l),

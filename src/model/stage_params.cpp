@@ -20,8 +20,9 @@ bool tensor_on_stage(TensorId id, const TensorInfo& t, const StageSpec& s) {
 }
 }  // namespace
 
-StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage)
-    : cat_(cat), spec_(spec) {
+StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage,
+                         Precision precision)
+    : cat_(cat), spec_(spec), precision_(precision) {
   const std::int64_t n_layers = spec.layer_end - spec.layer_begin;
   units_.resize(static_cast<std::size_t>(n_layers + 3));
   for (std::int64_t i = 0; i < n_layers; ++i)
@@ -63,6 +64,16 @@ StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage
   grads_.assign(static_cast<std::size_t>(numel_), 0.0f);
   if (storage == Storage::streamed) return;
   params_.assign(static_cast<std::size_t>(numel_), 0.0f);
+  if (bf16()) params_bf16_.assign(static_cast<std::size_t>(numel_), kernels::bf16{0});
+}
+
+const kernels::bf16* StageParams::param_bf16(TensorId id, std::int64_t layer) {
+  PDT_CHECK(bf16(), "bf16 copy of a parameter asked for in fp32 precision");
+  if (!params_.empty()) return params_bf16_.data() + where(id, layer);
+  const int u = unit_of(id, cat_.tensor(id).per_layer ? layer : spec_.layer_begin);
+  param(id, layer);  // checks residency
+  return reinterpret_cast<const kernels::bf16*>(units_[u].storage + units_[u].numel) +
+         local_[static_cast<int>(id)].unit_offset;
 }
 
 int StageParams::unit_of(TensorId id, std::int64_t layer) const {
@@ -122,8 +133,23 @@ void StageParams::unpack_param(const BlockInfo& b, const float* packed) {
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
   float* base = param(b.tensor, b.layer);
-  for (std::int64_t r = 0; r < b.rows; ++r)
-    std::copy_n(packed + r * b.cols, b.cols, base + (r0 + r) * ld + c0);
+  if (!bf16()) {
+    for (std::int64_t r = 0; r < b.rows; ++r)
+      std::copy_n(packed + r * b.cols, b.cols, base + (r0 + r) * ld + c0);
+    return;
+  }
+  // bf16 precision: the values rounded to bf16 (idempotent on blocks that came as bf16), and
+  // their bf16 copy, in one pass.
+  auto* base_h = const_cast<kernels::bf16*>(param_bf16(b.tensor, b.layer));
+  for (std::int64_t r = 0; r < b.rows; ++r) {
+    const float* in = packed + r * b.cols;
+    float* out = base + (r0 + r) * ld + c0;
+    kernels::bf16* out_h = base_h + (r0 + r) * ld + c0;
+    for (std::int64_t c = 0; c < b.cols; ++c) {
+      out_h[c] = kernels::to_bf16(in[c]);
+      out[c] = kernels::to_float(out_h[c]);
+    }
+  }
 }
 
 void StageParams::pack_grad(const BlockInfo& b, float* packed) const {

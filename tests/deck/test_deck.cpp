@@ -92,31 +92,32 @@ const std::vector<std::string> kFullDeck = {
     "eval_every = 0",                    // 34
     "eval_batches = 10",                 // 35
     "recompute = \"full\"",               // 36
-    "[optimizer]",                       // 37
-    "lr = 6e-4",                         // 38
-    "min_lr = 6e-5",                     // 39
-    "warmup_steps = 700",                // 40
-    "weight_decay = 0.0",                // 41
-    "grad_clip = 0.5",                   // 42
-    "beta1 = 0.85",                      // 43
-    "beta2 = 0.999",                     // 44
-    "eps = 1e-6",                        // 45
-    "[pd]",                              // 46
-    "fetch_codec = \"lz4\"",              // 47
-    "push_codec = \"zstd\"",              // 48
-    "staleness = 2",                     // 49
-    "prefetch_depth = 3",                // 50
-    "cache_mb = 64.5",                   // 51
-    "fetch_thread = false",              // 52
-    "[checkpoint]",                      // 53
-    "every = 100",                       // 54
-    "codec = \"xor\"",                   // 55
-    "anchor_every = 5",                  // 56
-    "keep = 2",                          // 57
-    "async = true",                      // 58
-    "dir = \"/scratch/ckpt\"",           // 59
-    "[output]",                          // 60
-    "trace = true",                      // 61
+    "precision = \"bf16\"",               // 37
+    "[optimizer]",                       // 38
+    "lr = 6e-4",                         // 39
+    "min_lr = 6e-5",                     // 40
+    "warmup_steps = 700",                // 41
+    "weight_decay = 0.0",                // 42
+    "grad_clip = 0.5",                   // 43
+    "beta1 = 0.85",                      // 44
+    "beta2 = 0.999",                     // 45
+    "eps = 1e-6",                        // 46
+    "[pd]",                              // 47
+    "fetch_codec = \"bf16\"",             // 48
+    "push_codec = \"zstd\"",              // 49
+    "staleness = 2",                     // 50
+    "prefetch_depth = 3",                // 51
+    "cache_mb = 64.5",                   // 52
+    "fetch_thread = false",              // 53
+    "[checkpoint]",                      // 54
+    "every = 100",                       // 55
+    "codec = \"xor\"",                   // 56
+    "anchor_every = 5",                  // 57
+    "keep = 2",                          // 58
+    "async = true",                      // 59
+    "dir = \"/scratch/ckpt\"",           // 60
+    "[output]",                          // 61
+    "trace = true",                      // 62
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -180,18 +181,19 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:45");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:46");
   EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
   EXPECT_TRUE(d.output.trace);
-  EXPECT_EQ(d.pd.fetch_codec, "lz4");
+  EXPECT_EQ(d.pd.fetch_codec, "bf16");
   EXPECT_EQ(d.pd.push_codec, "zstd");
   EXPECT_EQ(d.pd.staleness, 2);
   EXPECT_EQ(d.pd.prefetch_depth, 3);
   EXPECT_EQ(d.pd.cache_mb, 64.5);
   EXPECT_FALSE(d.pd.fetch_thread);
+  EXPECT_EQ(d.train.precision, "bf16");
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
   EXPECT_TRUE(d.checkpoint.async);
@@ -546,7 +548,7 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 TEST(DeckSchema, CoversEveryDeckField) {
   // 5 run + 9 model + 6 data + 6 parallel + 4 train + 8 optimizer + 3 pd + 6 checkpoint +
   // 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 51u);
+  EXPECT_EQ(deck::schema().size(), 52u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -61,6 +61,7 @@ struct TrainConfig {
   std::int64_t eval_every = 50;    // validation every N steps (and at the end); 0: end only
   std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
   std::string recompute = "none";  // none | attention | full (activation recomputation)
+  std::string precision = "fp32";  // fp32 | bf16 (bf16 matmuls, fp32 master weights)
 
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };

@@ -34,6 +34,16 @@ using Index = std::int64_t;  // element offsets: B*NH*T*T and N*V can exceed int
 template <class Real>
 using NotDeduced = std::type_identity_t<Real>;
 
+// A kernel's result stored as Out: the value itself, or rounded to bf16 (to nearest even) where a
+// kernel writes the bf16 input of a mixed-precision matmul directly (one pass, no fp32 copy).
+template <class Out, class Real>
+KOKKOS_INLINE_FUNCTION Out to_out(Real v) {
+  if constexpr (std::is_same_v<Out, bf16>)
+    return to_bf16(static_cast<float>(v));
+  else
+    return static_cast<Out>(v);
+}
+
 namespace detail {
 
 #if KOKKOS_VERSION >= 40000
@@ -309,8 +319,9 @@ void encoder_backward(const Exec& exec, Real* dwte, Real* dwpe, const Real* dout
 
 // out[N,C], mean[N], rstd[N] (saved for backward), inp[N,C], weight[C], bias[C].
 // Parallel over rows; a row is read in cache three times (mean, two-pass variance, output).
-template <class Exec, class Real>
-void layernorm_forward(const Exec& exec, Real* out, Real* mean, Real* rstd, const Real* inp,
+// Out = Real, or bf16 for the input of a bf16 matmul (statistics stay in Real).
+template <class Exec, class Real, class Out>
+void layernorm_forward(const Exec& exec, Out* out, Real* mean, Real* rstd, const Real* inp,
                        const Real* weight, const Real* bias, int N, int C) {
   detail::for_each(
       "pdtrain::layernorm_forward", exec, N, KOKKOS_LAMBDA(const Index n) {
@@ -319,8 +330,8 @@ void layernorm_forward(const Exec& exec, Real* out, Real* mean, Real* rstd, cons
         // two-pass variance: no cancellation when |mean| >> std
         const Real var = detail::sum_sq_dev(x, m, C) / C;
         const Real s = Real(1) / detail::sqrt(var + Real(1e-5));
-        Real* y = out + n * C;
-        for (int i = 0; i < C; ++i) y[i] = (x[i] - m) * s * weight[i] + bias[i];
+        Out* y = out + n * C;
+        for (int i = 0; i < C; ++i) y[i] = to_out<Out>((x[i] - m) * s * weight[i] + bias[i]);
         mean[n] = m;
         rstd[n] = s;
       });
@@ -430,6 +441,34 @@ void matmul_backward(const Exec& exec, NotDeduced<Real>* dinp, Real* dweight,
   if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC);
 }
 
+// Mixed precision (train.precision = "bf16"): the same products with bf16 inputs and weights,
+// fp32 accumulation and fp32 outputs/gradients. dout is rounded to bf16 once (into
+// dout_bf16, N*OC) for both backward products; bias gradients use the fp32 dout.
+template <class Exec>
+void matmul_forward(const Exec& exec, float* out, const bf16* inp, const bf16* weight,
+                    const float* bias, int N, int C, int OC) {
+  if (bias != nullptr) {
+    detail::for_each(
+        "pdtrain::matmul_forward_bias", exec, N, KOKKOS_LAMBDA(const Index n) {
+          float* y = out + n * OC;
+          for (int o = 0; o < OC; ++o) y[o] = bias[o];
+        });
+  }
+  exec.fence();
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, bias != nullptr ? 1.0f : 0.0f, out, OC);
+}
+
+template <class Exec>
+void matmul_backward(const Exec& exec, float* dinp, float* dweight, float* dbias,
+                     const float* dout, bf16* dout_bf16, const bf16* inp, const bf16* weight,
+                     int N, int C, int OC) {
+  exec.fence();
+  to_bf16(dout, dout_bf16, static_cast<std::int64_t>(N) * OC);
+  if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout_bf16, OC, weight, C, 1.0f, dinp, C);
+  gemm(true, false, OC, C, N, 1.0f, dout_bf16, OC, inp, C, 1.0f, dweight, C);
+  if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC);
+}
+
 // out[N,OC] += bias[OC]: the bias of a row-parallel layer, added once after the tensor-parallel
 // sum of partial products. Its backward is matmul_backward's dbias (column sums of dout).
 template <class Exec, class Real>
@@ -531,6 +570,23 @@ void gelu_forward(const Exec& exec, Real* out, const Real* inp, Index n) {
   detail::for_each_chunk(
       "pdtrain::gelu_forward", exec, n, KOKKOS_LAMBDA(const Index begin, const Index end) {
         detail::gelu_span(out + begin, inp + begin, end - begin);
+      });
+}
+
+// GELU written as bf16 (the input of the bf16 MLP projection): computed in float over
+// cache-sized pieces and rounded there, so the output is one bf16 pass, with exactly the bits
+// of rounding gelu_forward's float result.
+template <class Exec>
+void gelu_forward(const Exec& exec, bf16* out, const float* inp, Index n) {
+  detail::for_each_chunk(
+      "pdtrain::gelu_forward_bf16", exec, n, KOKKOS_LAMBDA(const Index begin, const Index end) {
+        constexpr Index piece = 512;
+        float tmp[piece];
+        for (Index i = begin; i < end; i += piece) {
+          const Index len = end - i < piece ? end - i : piece;
+          detail::gelu_span(tmp, inp + i, len);
+          for (Index j = 0; j < len; ++j) out[i + j] = to_bf16(tmp[j]);
+        }
       });
 }
 

@@ -49,21 +49,34 @@ class GptStage {
                                    std::int64_t micro_batch, std::int64_t seq_len, int slots);
 
  private:
+  using bf16 = kernels::bf16;
+  // In bf16 precision the matmul inputs are kept as bf16 only (ln1, ln2, fch_gelu, lnf are
+  // then empty; atty is kept in both: attention writes it in fp32).
   struct LayerActs {
     std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2;
     std::vector<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3;
+    std::vector<bf16> ln1_h, atty_h, ln2_h, fch_gelu_h;
   };
   struct SlotActs {
     std::vector<std::int32_t> tokens, targets;
     std::vector<float> input;  // embedding output or the previous stage's output
     std::vector<LayerActs> layers;
     std::vector<float> lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+    std::vector<bf16> lnf_h;
     std::vector<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp)
   };
   struct GradScratch {
     std::vector<float> dresidual, dln, dqkv, datty, dpreatt, datt, dfch, dfch_gelu, dlogits,
         dlosses;
+    std::vector<bf16> dout_h;  // bf16 precision: a matmul's output gradient, rounded
   };
+  // A matmul of this stage's precision: out = x W^T (+ b), x given in fp32 and in bf16 (the
+  // one of the precision in use is read), and its backward.
+  void linear_forward(float* out, const float* x, const bf16* x_h, TensorId w, std::int64_t l,
+                      const float* bias, std::int64_t C, std::int64_t OC);
+  void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                       const float* x, const bf16* x_h, TensorId w, std::int64_t l,
+                       std::int64_t C, std::int64_t OC);
 
   void allocate(LayerActs& l, bool keep_att);
   float* att_of(LayerActs& a) { return a.att.empty() ? att_scratch_.data() : a.att.data(); }
@@ -79,6 +92,7 @@ class GptStage {
   std::vector<SlotActs> slot_;
   std::vector<float> preatt_;  // scratch: attention scores before softmax
   Recompute recompute_;
+  bool bf16_ = false;  // mixed precision (the parameters' precision)
   LayerActs scratch_;                      // full: the one layer being recomputed
   std::vector<float> att_scratch_, atty_scratch_;  // attention: recomputed probabilities
   GradScratch g_;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "pdtrain/kernels/bf16.hpp"
 #include "pdtrain/model/catalog.hpp"
 
 namespace pdtrain {
@@ -31,6 +32,11 @@ class UnitUser {
   virtual void need(const std::vector<int>& units) = 0;
 };
 
+// fp32: parameters as the holders keep them. bf16 (mixed precision): compute ranks see every
+// parameter rounded to bf16 (the copies holders serve) and keep a bf16 copy beside the fp32
+// values for the matmuls; gradients stay fp32.
+enum class Precision { fp32, bf16 };
+
 class StageParams {
  public:
   enum class Storage {
@@ -38,7 +44,9 @@ class StageParams {
     resident,     // every parameter in one buffer
     streamed,     // units bound by a cache (bind_unit); gradients still in one buffer
   };
-  StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage = Storage::resident);
+  StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage = Storage::resident,
+              Precision precision = Precision::fp32);
+  bool bf16() const { return precision_ == Precision::bf16; }
 
   const StageSpec& spec() const { return spec_; }
   const ParamCatalog& catalog() const { return cat_; }
@@ -51,6 +59,8 @@ class StageParams {
   float* param(TensorId id, std::int64_t layer = 0);
   float* grad(TensorId id, std::int64_t layer = 0) { return grads_.data() + where(id, layer); }
   float* params() { return params_.data(); }  // Storage::resident: same layout as grads()
+  // bf16 precision: the bf16 copy of a parameter (same layout as param()).
+  const kernels::bf16* param_bf16(TensorId id, std::int64_t layer = 0);
   float* grads() { return grads_.data(); }
 
   // Residency units: layers first (unit i = the stage's i-th layer), then wte, wpe, lnf.
@@ -60,9 +70,13 @@ class StageParams {
   int wpe_unit() const { return num_units() - 2; }
   int lnf_unit() const { return num_units() - 1; }
   std::int64_t unit_numel(int u) const { return units_[u].numel; }
+  // Floats of storage a unit needs: its parameters, plus their bf16 copies in bf16 precision.
+  std::int64_t unit_storage(int u) const {
+    return units_[u].numel + (bf16() ? (units_[u].numel + 1) / 2 : 0);
+  }
   const std::vector<int>& unit_blocks(int u) const { return units_[u].blocks; }  // needed ones
   const std::string& unit_name(int u) const { return units_[u].name; }
-  // Streamed storage: gives unit u the memory at `storage` (unit_numel floats), or takes it
+  // Streamed storage: gives unit u the memory at `storage` (unit_storage floats), or takes it
   // away (nullptr). Blocks of the unit are unpacked there.
   void bind_unit(int u, float* storage);
   bool resident(int u) const { return units_[u].storage != nullptr; }
@@ -112,6 +126,8 @@ class StageParams {
   std::vector<int> needed_;
   std::int64_t numel_ = 0;
   std::vector<float> params_, grads_;
+  std::vector<kernels::bf16> params_bf16_;  // resident storage, bf16 precision
+  Precision precision_ = Precision::fp32;
   std::vector<Unit> units_;
   UnitUser* user_ = nullptr;
 };
