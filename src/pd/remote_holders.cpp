@@ -17,7 +17,12 @@ RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std:
   // Test hook: PDTRAIN_TEST_FLIP_FETCH_BIT=<version> flips one bit of the first block this
   // rank receives at that version, so tests can check that corruption is caught and named.
   if (const char* v = std::getenv("PDTRAIN_TEST_FLIP_FETCH_BIT")) flip_at_version_ = std::atoll(v);
-  if (relays()) MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
+  if (relays()) {
+    MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
+    const int r = layout_.dp_rank(), dp = layout_.shape().dp;
+    for (int c : {2 * r + 1, 2 * r + 2})
+      if (c < dp) relay_children_.push_back(c);
+  }
   int level = MPI_THREAD_SINGLE;
   MPI_CHECK(MPI_Query_thread(&level));
   if (fetch_thread && level == MPI_THREAD_MULTIPLE) worker_ = std::thread([this] { worker_loop(); });
@@ -133,15 +138,15 @@ bool RemoteHolders::advance_all() {
       if (layout_.dp_rank() == 0)
         send_requests(*j);
       else
-        j->stage = InFlight::Stage::relay_sizes;
+        j->stage = InFlight::Stage::relay_recv;
       moved = true;
     }
   if (layout_.dp_rank() == 0) moved = receive_replies(jobs) || moved;
-  // Relays are posted in ticket order: a fetch advances only once the one before it has
-  // posted all of its broadcasts.
+  // Relays go in ticket order: a fetch advances only once the one before it has received all
+  // of its replies (and so has posted its sends to the children).
   for (const Job& j : jobs) {
     moved = advance(*j) || moved;
-    if (j->stage == InFlight::Stage::relay_sizes || j->stage == InFlight::Stage::awaiting_replies)
+    if (j->stage == InFlight::Stage::relay_recv || j->stage == InFlight::Stage::awaiting_replies)
       break;
   }
   // Deliver in order.
@@ -214,47 +219,54 @@ bool RemoteHolders::receive_replies(const std::vector<Job>& jobs) {
 bool RemoteHolders::advance(InFlight& f) {
   using S = InFlight::Stage;
   const S before = f.stage;
+  bool received = false;
   if (f.stage == S::awaiting_replies) {
     if (f.awaited_replies > 0) return false;
     int sent = 0;
     MPI_CHECK(MPI_Testall(static_cast<int>(f.sends.size()), f.sends.data(), &sent,
                           MPI_STATUSES_IGNORE));
     if (!sent) return false;
-    if (!relays()) {
-      f.stage = S::ready;
-      return true;
-    }
-    f.stage = S::relay_sizes;
+    f.stage = relays() ? S::relay_send : S::ready;
   }
-  if (f.stage == S::relay_sizes) {
-    if (f.sizes.empty()) {  // post the size broadcast (the root knows the sizes)
-      f.sizes.resize(f.replies.size());
-      for (std::size_t h = 0; h < f.replies.size(); ++h)
-        f.sizes[h] = static_cast<std::int64_t>(f.replies[h].size);
-      MPI_CHECK(MPI_Ibcast(f.sizes.data(), static_cast<int>(f.sizes.size()), MPI_INT64_T, 0,
-                           relay_comm_, &f.sizes_req));
+  if (f.stage == S::relay_recv) {  // from the parent, one message per holder in holder order
+    const int parent = (layout_.dp_rank() - 1) / 2;
+    while (f.next_group < f.groups.size()) {
+      if (f.groups[f.next_group].empty()) {
+        ++f.next_group;
+        continue;
+      }
+      int flag = 0;
+      MPI_Message m;
+      MPI_Status st;
+      MPI_CHECK(MPI_Improbe(parent, wire::kRelay, relay_comm_, &flag, &m, &st));
+      if (!flag) return received;
+      int bytes = 0;
+      MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+      Buffer& r = f.replies[f.next_group];
+      r = take_buffer(static_cast<std::size_t>(bytes));
+      MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
+      ++f.next_group;
+      received = true;
     }
-    int done = 0;
-    MPI_CHECK(MPI_Test(&f.sizes_req, &done, MPI_STATUS_IGNORE));
-    if (!done) return f.stage != before;
-    for (std::size_t h = 0; h < f.replies.size(); ++h) {
-      if (f.replies[h].capacity < static_cast<std::size_t>(f.sizes[h]))
-        f.replies[h] = take_buffer(static_cast<std::size_t>(f.sizes[h]));
-      f.replies[h].resize(static_cast<std::size_t>(f.sizes[h]));
-      if (f.sizes[h] == 0) continue;
-      f.relay_reqs.emplace_back();
-      MPI_CHECK(MPI_Ibcast(f.replies[h].data.get(), static_cast<int>(f.sizes[h]), MPI_BYTE, 0,
-                           relay_comm_, &f.relay_reqs.back()));
-    }
-    f.stage = S::relay_data;
+    f.stage = S::relay_send;
   }
-  if (f.stage == S::relay_data) {
+  if (f.stage == S::relay_send) {
+    if (!f.relay_posted) {
+      for (int child : relay_children_)
+        for (std::size_t h = 0; h < f.groups.size(); ++h) {
+          if (f.groups[h].empty()) continue;
+          f.relay_reqs.emplace_back();
+          MPI_CHECK(MPI_Isend(f.replies[h].data.get(), static_cast<int>(f.replies[h].size),
+                              MPI_BYTE, child, wire::kRelay, relay_comm_, &f.relay_reqs.back()));
+        }
+      f.relay_posted = true;
+    }
     int done = 0;
     MPI_CHECK(MPI_Testall(static_cast<int>(f.relay_reqs.size()), f.relay_reqs.data(), &done,
                           MPI_STATUSES_IGNORE));
     if (done) f.stage = S::ready;
   }
-  return f.stage != before;
+  return received || f.stage != before;
 }
 
 UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f) {

@@ -57,10 +57,12 @@ class RemoteHolders final : public ParameterService {
     }
   };
   // One fetch in flight. Data-parallel replica 0 of a (pp, tp) position asks the holders; the
-  // replies then go to the other replicas by broadcast over relay_comm_ (sizes first: they
-  // depend on the encoding). Relays are posted in ticket order on every replica, which keeps
-  // the broadcasts matched. Only the thread that moves fetches touches a job's fields, except
-  // `delivered` and `info`, which are guarded by mutex_.
+  // replies then travel down a binary tree of the replicas (replica r forwards to 2r+1 and
+  // 2r+2) as point-to-point messages over relay_comm_, in ticket order and holder order, so
+  // MPI's non-overtaking rule matches them and no rank sends more than two copies. Point to
+  // point, not MPI_Ibcast: the compute thread runs non-blocking collectives at the same time,
+  // and Open MPI 4.1's libnbc is not safe to drive from two threads. Only the thread that
+  // moves fetches touches a job's fields, except `delivered` and `info` (guarded by mutex_).
   struct InFlight {
     Ticket ticket = 0;
     std::int64_t version = 0;
@@ -70,10 +72,10 @@ class RemoteHolders final : public ParameterService {
     std::vector<Buffer> replies;              // per holder
     std::vector<MPI_Request> sends;
     int awaited_replies = 0;
-    std::vector<std::int64_t> sizes;  // relay: reply sizes
-    MPI_Request sizes_req = MPI_REQUEST_NULL;
+    std::size_t next_group = 0;            // relay: the next holder's reply to receive
+    bool relay_posted = false;             // relay: sends to the children posted
     std::vector<MPI_Request> relay_reqs;
-    enum class Stage { created, awaiting_replies, relay_sizes, relay_data, ready } stage{};
+    enum class Stage { created, awaiting_replies, relay_recv, relay_send, ready } stage{};
     bool delivered = false;  // checked and handed to the sink
     UpdateInfo info;
   };
@@ -97,6 +99,7 @@ class RemoteHolders final : public ParameterService {
   std::vector<int> owner_;
   WireCodec fetch_codec_, push_codec_;
   MPI_Comm relay_comm_ = MPI_COMM_NULL;  // a duplicate of dp_comm: relays only
+  std::vector<int> relay_children_;      // in relay_comm_
   mutable std::mutex mutex_;             // in_flight_ (the deque), delivery, known_
   std::condition_variable changed_;      // a job was added, delivered, or the worker must stop
   std::deque<Job> in_flight_;            // oldest first

@@ -11,6 +11,7 @@ enum Tag : int {
   kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n] + encoded payloads
   kDone = 104,          // compute -> holder: this rank has finished the run
   kFinalCrc = 105,      // holder 0 -> reporter: uint32 canonical CRC
+  kRelay = 106,         // replica -> replica (data-parallel tree): one holder's fetch reply
 };
 
 struct FetchRequest {
