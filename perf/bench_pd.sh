@@ -34,8 +34,8 @@ run() {  # name ranks extra-sets...
 }
 run a 1 --set parallel.holders=0
 run b 2 --set parallel.holders=1 --set pd.prefetch_depth=0 --set pd.fetch_thread=false
-run c 2 --set parallel.holders=1 --set pd.prefetch_depth=2 --set pd.cache_mb=$cache_mb
-run d 2 --set parallel.holders=1 --set pd.prefetch_depth=2 --set pd.cache_mb=$cache_mb --set pd.staleness=1
+run c 2 --set parallel.holders=1 --set pd.prefetch_depth=2 --set pd.cache_mb=$cache_mb --set pd.fetch_thread=true
+run d 2 --set parallel.holders=1 --set pd.prefetch_depth=2 --set pd.cache_mb=$cache_mb --set pd.fetch_thread=true --set pd.staleness=1
 
 # mean step_ms, fetch_ms over steps 2..N-1 from metrics.csv
 mean() {  # file column-name

@@ -198,7 +198,9 @@ std::vector<KeySpec> build_schema() {
       key(&D::pd, &PdConfig::fetch_thread, "pd.fetch_thread",
           "Move fetches (requests, replies, relays, CRC checks, unpacking) on a background thread "
           "of each compute rank, so they overlap compute even without asynchronous MPI progress; "
-          "needs MPI_THREAD_MULTIPLE, else the compute thread does it between layers."),
+          "needs MPI_THREAD_MULTIPLE, else the compute thread does it between layers. Off by "
+          "default: it pays only with a spare core per compute rank, and it drives the MPI "
+          "library from two threads at once."),
 
       key(&D::checkpoint, &CheckpointConfig::every, "checkpoint.every",
           "Write a checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGUSR1).")

@@ -108,7 +108,7 @@ const std::vector<std::string> kFullDeck = {
     "staleness = 2",                     // 50
     "prefetch_depth = 3",                // 51
     "cache_mb = 64.5",                   // 52
-    "fetch_thread = false",              // 53
+    "fetch_thread = true",               // 53
     "[checkpoint]",                      // 54
     "every = 100",                       // 55
     "codec = \"xor\"",                   // 56
@@ -192,7 +192,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.staleness, 2);
   EXPECT_EQ(d.pd.prefetch_depth, 3);
   EXPECT_EQ(d.pd.cache_mb, 64.5);
-  EXPECT_FALSE(d.pd.fetch_thread);
+  EXPECT_TRUE(d.pd.fetch_thread);
   EXPECT_EQ(d.train.precision, "bf16");
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");

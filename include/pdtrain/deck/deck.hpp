@@ -85,7 +85,7 @@ struct PdConfig {
   std::int64_t staleness = 0;       // 0: synchronous; s: step k uses version >= k-1-s
   std::int64_t prefetch_depth = 2;  // uses (layers) fetched ahead of the current one
   double cache_mb = 0.0;            // parameter bytes resident per compute rank; 0: no limit
-  bool fetch_thread = true;         // a background thread moves fetches (MPI_THREAD_MULTIPLE)
+  bool fetch_thread = false;        // a background thread moves fetches (MPI_THREAD_MULTIPLE)
   friend bool operator==(const PdConfig&, const PdConfig&) = default;
 };
 
