@@ -185,8 +185,10 @@ std::vector<KeySpec> build_schema() {
           .at_most(3),
       key(&D::pd, &PdConfig::prefetch_depth, "pd.prefetch_depth",
           "Parameter uses (a layer, or the embedding/head) a compute rank fetches ahead of the "
-          "one it computes on, with non-blocking fetches; 0: fetch each when needed (blocking). "
-          "Exact: any depth gives the same numbers.")
+          "one it computes on, with non-blocking fetches, as far as pd.cache_mb leaves room "
+          "(the default, 64, means as far as memory allows: one round trip per step for a "
+          "small model); 0: fetch each when needed (blocking). Exact: any depth gives the same "
+          "numbers.")
           .at_least(0)
           .at_most(64),
       key(&D::pd, &PdConfig::cache_mb, "pd.cache_mb",

@@ -37,7 +37,10 @@ job=$(sbatch --parsable --time=00:02:00 --signal=B:USR1@90 "$src/jobscripts/sing
         "$src/tests/slurm/long.toml")
 echo "job $job"
 state=""
-for _ in $(seq 1 600); do  # up to 10 minutes
+# Up to 18 minutes: each segment runs ~30 s before the signal, and Slurm takes a while to
+# start a requeued job; on a loaded 2-core machine that can add up to 4-5 segments.
+deadline=$((SECONDS + 1080))
+while ((SECONDS < deadline)); do
   state=$(scontrol show job "$job" 2>/dev/null | grep -oE "JobState=[A-Z_]+" | cut -d= -f2)
   restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" | cut -d= -f2)
   case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
