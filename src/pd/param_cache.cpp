@@ -139,13 +139,13 @@ void ParamCache::wait_for(int unit) {
     service_.finish_fetch(state_[u].ticket);
     state_[u].in_flight = false;
     fifo_.erase(fifo_.begin());
-    if (trace_)
+    if (tracing())  // names are built only when a trace is written (this runs per layer)
       trace_->event("fetch " + units_[u].name + " v" + std::to_string(version_), "pd",
                     state_[u].started, now_seconds());
   }
   const double t1 = now_seconds();
   stats_.wait_seconds += t1 - t0;
-  if (trace_) trace_->event("wait " + units_[unit].name, "pd", t0, t1);
+  if (tracing()) trace_->event("wait " + units_[unit].name, "pd", t0, t1);
 }
 
 // Starts the fetches of the units of the next `depth_` uses that are neither resident nor in

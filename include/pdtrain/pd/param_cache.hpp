@@ -80,6 +80,7 @@ class ParamCache {
     double started = 0.0;  // when its fetch was started (for the trace)
   };
   std::size_t next_use(int unit, std::size_t from) const;  // plan index, or npos
+  bool tracing() const { return trace_ != nullptr && trace_->enabled(); }
   bool make_room(std::int64_t numel, std::size_t needed_at);
   bool start(int unit, std::size_t needed_at);  // false: no room
   void wait_for(int unit);
