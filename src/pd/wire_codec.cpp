@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "pdtrain/core/bf16.hpp"
 #include "pdtrain/core/error.hpp"
 
 namespace pdtrain {
@@ -27,26 +28,6 @@ const char* to_string(WireCodec c) {
   return "?";
 }
 
-namespace {
-
-// fp32 -> bf16 with round-to-nearest-even; NaN stays a (quiet) NaN.
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<std::uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-}  // namespace
-
 std::size_t wire_encode(WireCodec c, const float* in, std::int64_t n, std::vector<char>& out) {
   const std::size_t start = out.size(), raw = static_cast<std::size_t>(n) * 4;
   switch (c) {
@@ -57,7 +38,7 @@ std::size_t wire_encode(WireCodec c, const float* in, std::int64_t n, std::vecto
     case WireCodec::bf16: {
       out.resize(start + static_cast<std::size_t>(n) * 2);
       for (std::int64_t i = 0; i < n; ++i) {
-        const std::uint16_t h = to_bf16(in[i]);
+        const bf16 h = to_bf16(in[i]);
         std::memcpy(out.data() + start + 2 * i, &h, 2);
       }
       break;
@@ -94,9 +75,9 @@ bool wire_decode(WireCodec c, const char* in, std::size_t bytes, float* out, std
     case WireCodec::bf16:
       if (bytes != static_cast<std::size_t>(n) * 2) return false;
       for (std::int64_t i = 0; i < n; ++i) {
-        std::uint16_t h;
+        bf16 h;
         std::memcpy(&h, in + 2 * i, 2);
-        out[i] = from_bf16(h);
+        out[i] = to_float(h);
       }
       return true;
     case WireCodec::lz4:

@@ -1,0 +1,151 @@
+// The CPU backend's kernels: the Kokkos kernels of gpt_kernels.hpp on the default execution
+// space (Serial with Debian's Kokkos, OpenMP with a standalone Kokkos built so) and the GEMM
+// layer. Each op fences before returning, so host memory is consistent when it returns (the
+// CPU device has no queue to synchronize).
+#include <Kokkos_Core.hpp>
+
+#include "pdtrain/kernels/gemm.hpp"
+#include "pdtrain/kernels/gpt_kernels.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
+
+namespace pdtrain::kernels {
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using I32 = std::int32_t;
+
+class CpuKernelOps final : public KernelOps {
+ public:
+  std::string describe() const override {
+    return std::string("cpu: Kokkos ") + Exec::name() + ", GEMM " + gemm_backend_description();
+  }
+
+  void fill(float* p, Index n, float value) override {
+    fill_value(exec_, p, n, value);
+    exec_.fence();
+  }
+  void to_bf16(bf16* out, const float* in, Index n) override { kernels::to_bf16(in, out, n); }
+
+  void encoder_forward(float* out, const I32* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C, int v0, int v1) override {
+    kernels::encoder_forward(exec_, out, tokens, wte, wpe, B, T, C, v0, v1);
+    exec_.fence();
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const I32* tokens, int B,
+                        int T, int C, int v0, int v1) override {
+    kernels::encoder_backward(exec_, dwte, dwpe, dout, tokens, B, T, C, v0, v1);
+    exec_.fence();
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) override {
+    kernels::layernorm_forward(exec_, out, mean, rstd, inp, w, b, N, C);
+    exec_.fence();
+  }
+  void layernorm_forward(bf16* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) override {
+    kernels::layernorm_forward(exec_, out, mean, rstd, inp, w, b, N, C);
+    exec_.fence();
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    kernels::layernorm_backward(exec_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    exec_.fence();
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int C, int OC) override {
+    kernels::matmul_forward(exec_, out, inp, w, bias, N, C, OC);
+    exec_.fence();
+  }
+  void matmul_forward(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int C,
+                      int OC) override {
+    kernels::matmul_forward(exec_, out, inp, w, bias, N, C, OC);
+    exec_.fence();
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int C, int OC) override {
+    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, inp, w, N, C, OC);
+    exec_.fence();
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
+                       const bf16* inp, const bf16* w, int N, int C, int OC) override {
+    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC);
+    exec_.fence();
+  }
+  void bias_add_forward(float* out, const float* bias, int N, int OC) override {
+    kernels::bias_add_forward(exec_, out, bias, N, OC);
+    exec_.fence();
+  }
+
+  void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T,
+                         int C, int NH) override {
+    kernels::attention_forward(exec_, out, preatt, att, qkv, B, T, C, NH);
+    exec_.fence();
+  }
+  void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout,
+                          const float* qkv, const float* att, int B, int T, int C,
+                          int NH) override {
+    kernels::attention_backward(exec_, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+    exec_.fence();
+  }
+
+  void gelu_forward(float* out, const float* inp, Index n) override {
+    kernels::gelu_forward(exec_, out, inp, n);
+    exec_.fence();
+  }
+  void gelu_forward(bf16* out, const float* inp, Index n) override {
+    kernels::gelu_forward(exec_, out, inp, n);
+    exec_.fence();
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) override {
+    kernels::gelu_backward(exec_, dinp, inp, dout, n);
+    exec_.fence();
+  }
+
+  void residual_forward(float* out, const float* a, const float* b, Index n) override {
+    kernels::residual_forward(exec_, out, a, b, n);
+    exec_.fence();
+  }
+
+  void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) override {
+    kernels::crossentropy_rowmax(exec_, rowmax, logits, N, V);
+    exec_.fence();
+  }
+  void crossentropy_partials(float* stats, float* probs, const float* logits, const float* rowmax,
+                             const I32* targets, int v0, int N, int V) override {
+    kernels::crossentropy_partials(exec_, stats, probs, logits, rowmax, targets, v0, N, V);
+    exec_.fence();
+  }
+  void crossentropy_finish(float* losses, float* probs, const float* stats, int N,
+                           int V) override {
+    kernels::crossentropy_finish(exec_, losses, probs, stats, N, V);
+    exec_.fence();
+  }
+  void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
+                             const float* dlosses, int N, int V, int v0) override {
+    kernels::softmax_crossentropy_backward(exec_, dlogits, probs, targets, dlosses, N, V,
+                                                v0);
+    exec_.fence();
+  }
+  void sum_losses(double* sum, const float* losses, int n) override {
+    double s = 0.0;
+    for (int i = 0; i < n; ++i) s += losses[i];
+    *sum = s;
+  }
+
+ private:
+  Exec exec_;
+};
+
+}  // namespace
+
+ComputeBackend make_cpu_backend() {
+  ComputeBackend b;
+  b.device = &cpu_device();
+  b.ops = std::make_unique<CpuKernelOps>();
+  return b;
+}
+
+}  // namespace pdtrain::kernels

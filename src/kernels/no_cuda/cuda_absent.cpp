@@ -1,0 +1,17 @@
+// A build without the CUDA backend (-DPDTRAIN_CUDA=OFF, or no CUDA toolkit): asking for it is a
+// clear error, and there is never a GPU to count.
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
+
+namespace pdtrain::kernels {
+
+bool cuda_backend_built() { return false; }
+int cuda_device_count() { return 0; }
+
+ComputeBackend make_cuda_backend(int) {
+  throw Error(ExitCode::runtime,
+              "this pdtrain was built without the CUDA backend (configure with "
+              "-DPDTRAIN_CUDA=ON and the CUDA toolkit to run compute ranks on GPUs)");
+}
+
+}  // namespace pdtrain::kernels
