@@ -313,13 +313,16 @@ Result run_model(const ModelCase& mc, int warmup, int steps, bool profile, bool 
     fetch(s - 1, blocks, [&](int id, const float* d) {
       params.unpack_param(cat.block(id), d);
     });
+    params.upload_params();
     t1 = now(), p.fetch = t1 - t, t = t1;
     params.zero_grads();
     t1 = now(), p.zero = t1 - t, t = t1;
-    const double loss = stage.forward(0, tokens.data(), nullptr, targets.data()) / double(N);
+    stage.forward(0, tokens.data(), nullptr, targets.data());
+    const double loss = stage.take_loss_sum() / double(N);
     t1 = now(), p.forward = t1 - t, t = t1;
     stage.backward(0, 1.0f / float(N), nullptr);
     t1 = now(), p.backward = t1 - t, t = t1;
+    params.download_grads();
     float* g = packed.data();
     for (int b : blocks) {
       params.pack_grad(cat.block(b), g);

@@ -11,7 +11,8 @@ namespace pdtrain {
 StageCache::StageCache(StageParams& params, ParameterService& service,
                        std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace)
     : params_(params),
-      cache_(service, units_of(params), *this, capacity_bytes, prefetch_depth, trace) {
+      cache_(service, units_of(params), *this, capacity_bytes, prefetch_depth, trace,
+             params.device()) {
   params_.set_unit_user(this);
 }
 

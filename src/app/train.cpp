@@ -366,18 +366,18 @@ class StageRunner final : public PipelineStageOps {
 
   // Micro-batch mb of training step `step`, d(loss)/d(token loss) = dloss.
   void train(std::int64_t step, float dloss) {
-    step_ = step, val_batches_per_pass_ = 0, dloss_ = dloss, loss_sum_ = 0.0;
+    step_ = step, val_batches_per_pass_ = 0, dloss_ = dloss;
   }
   // Micro-batch q = b * micro_batches + j of validation batch b.
   void eval(int micro_batches, std::int64_t batch_size) {
-    val_batches_per_pass_ = micro_batches, val_batch_size_ = batch_size, loss_sum_ = 0.0;
+    val_batches_per_pass_ = micro_batches, val_batch_size_ = batch_size;
   }
-  double loss_sum() const { return loss_sum_; }
+  // The pass's summed token losses (0 off the last stage); once per pass.
+  double loss_sum() { return stage_.take_loss_sum(); }
 
   void forward(int mb, const float* input) override {
     load_tokens(mb);
-    const double loss = stage_.forward(mb % slots_, inputs_.data(), input, targets_.data());
-    if (has_head_) loss_sum_ += loss;
+    stage_.forward(mb % slots_, inputs_.data(), input, targets_.data());
   }
   const float* output(int mb) override { return stage_.output(mb % slots_); }
   void backward(int mb, const float* doutput) override {
@@ -409,7 +409,6 @@ class StageRunner final : public PipelineStageOps {
   std::int64_t step_ = 0, val_batch_size_ = 0;
   int val_batches_per_pass_ = 0;
   float dloss_ = 0.0f;
-  double loss_sum_ = 0.0;
 };
 
 // The compute ranks' step loop.
@@ -591,9 +590,12 @@ class ComputeLoop {
     ScopedPhase t(timers_, "fetch");
     TraceSpan span(trace_, "fetch v" + std::to_string(version), "pd");
     const ParamCatalog& cat = *setup_.catalog;
-    return service_->fetch(version, stage_params_.needed_blocks(), [&](int id, const float* d) {
-      stage_params_.unpack_param(cat.block(id), d);
-    });
+    const UpdateInfo info =
+        service_->fetch(version, stage_params_.needed_blocks(), [&](int id, const float* d) {
+          stage_params_.unpack_param(cat.block(id), d);
+        });
+    stage_params_.upload_params();
+    return info;
   }
 
   void forward_backward(std::int64_t step, StepRecord& rec) {
@@ -625,6 +627,7 @@ class ComputeLoop {
   void reduce_and_push(std::int64_t step, StepRecord& rec) {
     const double t0 = now_seconds();
     const ParamCatalog& cat = *setup_.catalog;
+    stage_params_.download_grads();
     float* p = packed_.data();
     for (int b : reducer_.blocks()) {
       stage_params_.pack_grad(cat.block(b), p);

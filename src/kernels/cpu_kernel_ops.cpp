@@ -141,6 +141,11 @@ class CpuKernelOps final : public KernelOps {
 
 }  // namespace
 
+KernelOps& cpu_kernel_ops() {
+  static CpuKernelOps ops;
+  return ops;
+}
+
 ComputeBackend make_cpu_backend() {
   ComputeBackend b;
   b.device = &cpu_device();

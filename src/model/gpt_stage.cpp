@@ -1,132 +1,158 @@
 #include "pdtrain/model/gpt_stage.hpp"
 
-#include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <type_traits>
 
-#include "pdtrain/kernels/gpt_kernels.hpp"
+#include "pdtrain/core/error.hpp"
 
 namespace pdtrain {
 
-namespace k = kernels;
-using Exec = Kokkos::DefaultExecutionSpace;
-using T_ = TensorId;
-
-namespace {
-template <class V>
-void resize(V& v, std::int64_t n) {
-  v.assign(static_cast<std::size_t>(n), typename V::value_type{});
-}
-}  // namespace
+using Tid = TensorId;
 
 GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
-                   TensorParallelOps& tp, int slots, Recompute recompute)
-    : p_(params), tp_(tp), B_(micro_batch), T_(seq_len), recompute_(recompute),
-      bf16_(params.bf16()) {
-  const ModelShape& m = params.catalog().shape();
-  const StageSpec& s = params.spec();
-  C_ = m.d_model;
-  NHl_ = m.n_head / s.tp_size;
-  Cl_ = NHl_ * m.head_size();
-  // This rank's vocabulary shard: wte rows [v0_, v1_), of which the first V_ are real tokens
-  // (the rest are padding rows; a shard may hold padding only, V_ = 0).
-  v0_ = params.vocab_begin();
-  v1_ = params.vocab_end();
-  V_ = std::max<std::int64_t>(0, std::min(v1_, m.vocab_size) - v0_);
-  layers_ = s.layer_end - s.layer_begin;
-  const std::int64_t N = B_ * T_, att = B_ * NHl_ * T_ * T_;
-  slot_.resize(static_cast<std::size_t>(slots));
-  for (SlotActs& a : slot_) {
-    resize(a.tokens, N);
-    resize(a.targets, N);
-    resize(a.input, N * C_);
-    a.layers.resize(static_cast<std::size_t>(layers_));
-    for (LayerActs& l : a.layers) {
-      if (recompute_ == Recompute::full)
-        resize(l.residual3, N * C_);  // the next layer's input; the rest is recomputed
-      else
-        allocate(l, recompute_ == Recompute::none);
-    }
-    if (s.has_head) {
-      if (bf16_)
-        resize(a.lnf_h, N * C_);
-      else
-        resize(a.lnf, N * C_);
-      resize(a.lnf_mean, N), resize(a.lnf_rstd, N);
-      resize(a.logits, N * V_), resize(a.probs, N * V_), resize(a.losses, N);
-      resize(a.rowmax, N), resize(a.ce_stats, 2 * N);
-    }
-  }
-  resize(preatt_, att);
-  if (recompute_ == Recompute::full) allocate(scratch_, true);
-  if (recompute_ == Recompute::attention) resize(att_scratch_, att), resize(atty_scratch_, N * Cl_);
-  resize(g_.dresidual, N * C_), resize(g_.dln, N * C_), resize(g_.dqkv, N * 3 * Cl_);
-  resize(g_.datty, N * Cl_), resize(g_.dpreatt, att), resize(g_.datt, att);
-  resize(g_.dfch, N * 4 * Cl_), resize(g_.dfch_gelu, N * 4 * Cl_);
-  if (s.has_head) resize(g_.dlogits, N * V_), resize(g_.dlosses, N);
-  if (bf16_) resize(g_.dout_h, N * std::max({4 * Cl_, C_, s.has_head ? V_ : 0}));
+                   TensorParallelOps& tp, int slots, Recompute recompute, kernels::KernelOps& ops)
+    : p_(params), tp_(tp), k_(ops), dev_(params.device()),
+      dims_(dims_of(params.catalog().shape(), params.spec(), micro_batch, seq_len, slots,
+                    recompute, params.bf16())) {
+  // This rank's vocabulary shard as StageParams places it (dims_of derives the same bounds
+  // from the spec for memory_bytes; they must agree).
+  PDT_CHECK(!(dims_.embedding || dims_.head) ||
+                (dims_.v0 == params.vocab_begin() && dims_.v1 == params.vocab_end()),
+            "vocabulary shard of the stage and of its parameters differ");
+  allocate(dims_, acts_, [this](auto& buffer, std::int64_t n) {
+    using Elem = std::remove_reference_t<decltype(*buffer.data())>;
+    buffer = Buffer<Elem>(dev_, n);
+  });
 }
 
-void GptStage::allocate(LayerActs& l, bool keep_att) {
-  const std::int64_t N = B_ * T_;
-  if (bf16_) {
-    resize(l.ln1_h, N * C_), resize(l.atty_h, N * Cl_), resize(l.ln2_h, N * C_);
-    resize(l.fch_gelu_h, N * 4 * Cl_);
+GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
+                                 std::int64_t seq_len, int slots, Recompute recompute, bool bf16) {
+  Dims d;
+  d.B = micro_batch;
+  d.T = seq_len;
+  d.C = m.d_model;
+  d.NHl = m.n_head / s.tp_size;
+  d.Cl = d.NHl * m.head_size();
+  d.layers = s.layer_end - s.layer_begin;
+  // wte rows [v0, v1) of this tensor-parallel rank, of which the first V are real tokens (the
+  // rest are padding rows; a shard may hold padding only, V = 0).
+  d.v0 = s.tp_rank * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
+  d.v1 = (s.tp_rank + 1) * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
+  d.V = std::max<std::int64_t>(0, std::min(d.v1, m.vocab_size) - d.v0);
+  d.embedding = s.has_embedding;
+  d.head = s.has_head;
+  d.bf16 = bf16;
+  d.slots = slots;
+  d.recompute = recompute;
+  return d;
+}
+
+template <class Alloc>
+void GptStage::allocate_layer(const Dims& d, LayerActs& l, bool keep_att, Alloc&& alloc) {
+  const std::int64_t N = d.B * d.T, C = d.C, Cl = d.Cl;
+  if (d.bf16) {
+    alloc(l.ln1_h, N * C), alloc(l.atty_h, N * Cl), alloc(l.ln2_h, N * C);
+    alloc(l.fch_gelu_h, N * 4 * Cl);
   } else {
-    resize(l.ln1, N * C_), resize(l.ln2, N * C_), resize(l.fch_gelu, N * 4 * Cl_);
+    alloc(l.ln1, N * C), alloc(l.ln2, N * C), alloc(l.fch_gelu, N * 4 * Cl);
   }
-  resize(l.ln1_mean, N), resize(l.ln1_rstd, N);
-  resize(l.qkv, N * 3 * Cl_), resize(l.atty, N * Cl_);
-  if (keep_att) resize(l.att, B_ * NHl_ * T_ * T_);
-  resize(l.attproj, N * C_), resize(l.residual2, N * C_);
-  resize(l.ln2_mean, N), resize(l.ln2_rstd, N);
-  resize(l.fch, N * 4 * Cl_);
-  resize(l.fcproj, N * C_), resize(l.residual3, N * C_);
+  alloc(l.ln1_mean, N), alloc(l.ln1_rstd, N);
+  alloc(l.qkv, N * 3 * Cl), alloc(l.atty, N * Cl);
+  if (keep_att) alloc(l.att, d.B * d.NHl * d.T * d.T);
+  alloc(l.attproj, N * C), alloc(l.residual2, N * C);
+  alloc(l.ln2_mean, N), alloc(l.ln2_rstd, N);
+  alloc(l.fch, N * 4 * Cl);
+  alloc(l.fcproj, N * C), alloc(l.residual3, N * C);
 }
 
-void GptStage::linear_forward(float* out, const float* x, const bf16* x_h, TensorId w,
+template <class Alloc>
+void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
+  const std::int64_t N = d.B * d.T, C = d.C, Cl = d.Cl, V = d.V;
+  const std::int64_t att = d.B * d.NHl * d.T * d.T;
+  a.slots.resize(static_cast<std::size_t>(d.slots));
+  for (SlotActs& s : a.slots) {
+    alloc(s.tokens, N), alloc(s.targets, N), alloc(s.input, N * C);
+    s.layers.resize(static_cast<std::size_t>(d.layers));
+    for (LayerActs& l : s.layers) {
+      if (d.recompute == Recompute::full)
+        alloc(l.residual3, N * C);  // the next layer's input; the rest is recomputed
+      else
+        allocate_layer(d, l, d.recompute == Recompute::none, alloc);
+    }
+    if (d.head) {
+      if (d.bf16)
+        alloc(s.lnf_h, N * C);
+      else
+        alloc(s.lnf, N * C);
+      alloc(s.lnf_mean, N), alloc(s.lnf_rstd, N);
+      alloc(s.logits, N * V), alloc(s.probs, N * V), alloc(s.losses, N);
+      alloc(s.rowmax, N), alloc(s.ce_stats, 2 * N);
+    }
+  }
+  alloc(a.preatt, att);
+  if (d.recompute == Recompute::full) allocate_layer(d, a.recompute_layer, true, alloc);
+  if (d.recompute == Recompute::attention) alloc(a.att_scratch, att), alloc(a.atty_scratch, N * Cl);
+  GradScratch& g = a.grads;
+  alloc(g.dresidual, N * C), alloc(g.dln, N * C), alloc(g.dqkv, N * 3 * Cl);
+  alloc(g.datty, N * Cl), alloc(g.dpreatt, att), alloc(g.datt, att);
+  alloc(g.dfch, N * 4 * Cl), alloc(g.dfch_gelu, N * 4 * Cl);
+  if (d.head) alloc(g.dlogits, N * V), alloc(g.dlosses, N), alloc(a.loss_ledger, kLedgerSize);
+  if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head ? V : 0}));
+}
+
+std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
+                                    std::int64_t micro_batch, std::int64_t seq_len, int slots,
+                                    Recompute recompute, Precision precision) {
+  const Dims d = dims_of(m, s, micro_batch, seq_len, slots, recompute,
+                         precision == Precision::bf16);
+  Activations plan;  // buffers stay empty: only their sizes are counted
+  std::int64_t bytes = 0;
+  allocate(d, plan, [&bytes](auto& buffer, std::int64_t n) {
+    bytes += n * static_cast<std::int64_t>(sizeof(*buffer.data()));
+  });
+  return bytes;
+}
+
+void GptStage::linear_forward(float* out, const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
                               std::int64_t l, const float* bias, std::int64_t C,
                               std::int64_t OC) {
-  Exec exec;
-  const int N = static_cast<int>(B_ * T_);
-  if (bf16_)
-    k::matmul_forward(exec, out, x_h, p_.param_bf16(w, l), bias, N, static_cast<int>(C),
+  const int N = static_cast<int>(dims_.B * dims_.T);
+  if (dims_.bf16)
+    k_.matmul_forward(out, x_h.data(), p_.param_bf16(w, l), bias, N, static_cast<int>(C),
                       static_cast<int>(OC));
   else
-    k::matmul_forward(exec, out, x, p_.param(w, l), bias, N, static_cast<int>(C),
+    k_.matmul_forward(out, x.data(), p_.param(w, l), bias, N, static_cast<int>(C),
                       static_cast<int>(OC));
 }
 
 void GptStage::linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
-                               const float* x, const bf16* x_h, TensorId w, std::int64_t l,
-                               std::int64_t C, std::int64_t OC) {
-  Exec exec;
-  const int N = static_cast<int>(B_ * T_);
-  if (bf16_)
-    k::matmul_backward(exec, dx, dweight, dbias, dout, g_.dout_h.data(), x_h,
+                               const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
+                               std::int64_t l, std::int64_t C, std::int64_t OC) {
+  const int N = static_cast<int>(dims_.B * dims_.T);
+  if (dims_.bf16)
+    k_.matmul_backward(dx, dweight, dbias, dout, acts_.grads.dout_h.data(), x_h.data(),
                        p_.param_bf16(w, l), N, static_cast<int>(C), static_cast<int>(OC));
   else
-    k::matmul_backward(exec, dx, dweight, dbias, dout, x, p_.param(w, l), N,
+    k_.matmul_backward(dx, dweight, dbias, dout, x.data(), p_.param(w, l), N,
                        static_cast<int>(C), static_cast<int>(OC));
 }
 
-std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
-                                    std::int64_t micro_batch, std::int64_t seq_len, int slots) {
-  const std::int64_t N = micro_batch * seq_len, C = m.d_model, NHl = m.n_head / s.tp_size;
-  const std::int64_t Cl = NHl * m.head_size(), att = micro_batch * NHl * seq_len * seq_len;
-  const std::int64_t v0 = s.tp_rank * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
-  const std::int64_t v1 = (s.tp_rank + 1) * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
-  const std::int64_t V = std::max<std::int64_t>(0, std::min(v1, m.vocab_size) - v0);
-  const std::int64_t per_layer = 6 * N * C + 4 * N + 9 * N * Cl + att;
-  std::int64_t per_slot = N * C + (s.layer_end - s.layer_begin) * per_layer;
-  if (s.has_head) per_slot += N * C + 2 * N * V + 6 * N;
-  const std::int64_t scratch =
-      2 * N * C + 12 * N * Cl + 3 * att + (s.has_head ? N * V + N : 0);
-  return 4 * (slots * per_slot + scratch);
+// In bf16 precision LayerNorm writes its (matmul input) output as bf16 directly.
+void GptStage::layernorm_forward(Buf<float>& out, Buf<bf16>& out_h, Buf<float>& mean,
+                                 Buf<float>& rstd, const float* inp, TensorId w, TensorId b,
+                                 std::int64_t l) {
+  const int N = static_cast<int>(dims_.B * dims_.T), C = static_cast<int>(dims_.C);
+  if (dims_.bf16)
+    k_.layernorm_forward(out_h.data(), mean.data(), rstd.data(), inp, p_.param(w, l),
+                         p_.param(b, l), N, C);
+  else
+    k_.layernorm_forward(out.data(), mean.data(), rstd.data(), inp, p_.param(w, l),
+                         p_.param(b, l), N, C);
 }
 
 const float* GptStage::output(int slot) const {
-  const SlotActs& a = slot_[slot];
-  return layers_ > 0 ? a.layers.back().residual3.data() : a.input.data();
+  const SlotActs& a = acts_.slots[slot];
+  return dims_.layers > 0 ? a.layers.back().residual3.data() : a.input.data();
 }
 
 // The parameter units forward() and backward() announce with need(), in order: a parameter
@@ -149,207 +175,192 @@ std::vector<std::vector<int>> GptStage::backward_uses(const StageParams& p) {
   return uses;  // the embedding's backward needs no parameters
 }
 
-double GptStage::forward(int slot, const std::int32_t* tokens, const float* input,
-                         const std::int32_t* targets) {
-  SlotActs& a = slot_[slot];
-  const std::int64_t N = B_ * T_;
-  Exec exec;
-  if (p_.spec().has_embedding) {
+void GptStage::forward(int slot, const std::int32_t* tokens, const float* input,
+                       const std::int32_t* targets) {
+  SlotActs& a = acts_.slots[slot];
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C;
+  if (dims_.embedding) {
     p_.need({p_.wte_unit(), p_.wpe_unit()});
     // Vocabulary-parallel lookup: each shard embeds its own tokens (0 elsewhere), one shard adds
     // the positions, and the sum over the group is the full embedding.
-    std::copy_n(tokens, N, a.tokens.begin());
-    const float* wpe = tp_.rank() == 0 ? p_.param(T_::wpe) : nullptr;
-    k::encoder_forward(exec, a.input.data(), a.tokens.data(), p_.param(T_::wte), wpe, B_, T_, C_,
-                       static_cast<int>(v0_), static_cast<int>(v1_));
-    exec.fence();
-    tp_.allreduce_sum(a.input.data(), N * C_);
+    copy_in(a.tokens.data(), tokens, a.tokens.bytes());
+    const float* wpe = tp_.rank() == 0 ? p_.param(Tid::wpe) : nullptr;
+    k_.encoder_forward(a.input.data(), a.tokens.data(), p_.param(Tid::wte), wpe,
+                       static_cast<int>(dims_.B), static_cast<int>(dims_.T), static_cast<int>(C),
+                       static_cast<int>(dims_.v0), static_cast<int>(dims_.v1));
+    tp_.allreduce_sum(a.input.data(), N * C);
   } else {
-    std::copy_n(input, N * C_, a.input.begin());
+    copy_in(a.input.data(), input, a.input.bytes());
   }
   const float* residual = a.input.data();
-  for (std::int64_t i = 0; i < layers_; ++i) {
+  for (std::int64_t i = 0; i < dims_.layers; ++i) {
     LayerActs& kept = a.layers[i];
     p_.need({static_cast<int>(i)});
-    if (recompute_ == Recompute::full) {
-      layer_forward(p_.spec().layer_begin + i, residual, scratch_);
-      exec.fence();
-      std::copy(scratch_.residual3.begin(), scratch_.residual3.end(), kept.residual3.begin());
+    if (dims_.recompute == Recompute::full) {
+      LayerActs& scratch = acts_.recompute_layer;
+      layer_forward(p_.spec().layer_begin + i, residual, scratch);
+      dev_.copy(kept.residual3.data(), scratch.residual3.data(), kept.residual3.bytes());
     } else {
       layer_forward(p_.spec().layer_begin + i, residual, kept);
     }
     residual = kept.residual3.data();
   }
-  if (!p_.spec().has_head) {
-    exec.fence();
-    return 0.0;
-  }
-  std::copy_n(targets, N, a.targets.begin());
+  if (!dims_.head) return;
+  copy_in(a.targets.data(), targets, a.targets.bytes());
   p_.need({p_.lnf_unit(), p_.wte_unit()});
   head_forward(a, residual);
-  exec.fence();  // losses are read on the host
+  if (ledger_count_ == kLedgerSize) flush_ledger();
+  k_.sum_losses(acts_.loss_ledger.data() + ledger_count_++, a.losses.data(),
+                static_cast<int>(N));
+}
+
+void GptStage::flush_ledger() {
+  if (ledger_count_ == 0) return;
+  const std::size_t old = ledger_host_.size();
+  ledger_host_.resize(old + static_cast<std::size_t>(ledger_count_));
+  dev_.copy(ledger_host_.data() + old, acts_.loss_ledger.data(),
+            static_cast<std::size_t>(ledger_count_) * sizeof(double));
+  dev_.synchronize();
+  ledger_count_ = 0;
+}
+
+double GptStage::take_loss_sum() {
+  flush_ledger();
   double sum = 0.0;
-  for (float l : a.losses) sum += l;
+  for (double s : ledger_host_) sum += s;
+  ledger_host_.clear();
   return sum;
 }
 
 void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a) {
-  const std::int64_t N = B_ * T_;
-  Exec exec;
-  // In bf16 precision LayerNorm and GELU write their (matmul input) outputs as bf16 directly.
-  if (bf16_)
-    k::layernorm_forward(exec, a.ln1_h.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
-                         p_.param(T_::ln1w, l), p_.param(T_::ln1b, l), N, C_);
-  else
-    k::layernorm_forward(exec, a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual,
-                         p_.param(T_::ln1w, l), p_.param(T_::ln1b, l), N, C_);
-  linear_forward(a.qkv.data(), a.ln1.data(), a.ln1_h.data(), T_::qkvw, l, p_.param(T_::qkvb, l),
-                 C_, 3 * Cl_);
-  k::attention_forward(exec, a.atty.data(), preatt_.data(), att_of(a), a.qkv.data(), B_, T_,
-                       Cl_, NHl_);
-  if (bf16_) {
-    exec.fence();
-    k::to_bf16(a.atty.data(), a.atty_h.data(), N * Cl_);
-  }
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
+  const int B = static_cast<int>(dims_.B), T = static_cast<int>(dims_.T);
+  const int iN = static_cast<int>(N), iC = static_cast<int>(C);
+  layernorm_forward(a.ln1, a.ln1_h, a.ln1_mean, a.ln1_rstd, residual, Tid::ln1w, Tid::ln1b, l);
+  linear_forward(a.qkv.data(), a.ln1, a.ln1_h, Tid::qkvw, l, p_.param(Tid::qkvb, l), C, 3 * Cl);
+  k_.attention_forward(a.atty.data(), acts_.preatt.data(), att_of(a), a.qkv.data(), B, T,
+                       static_cast<int>(Cl), static_cast<int>(dims_.NHl));
+  if (dims_.bf16) k_.to_bf16(a.atty_h.data(), a.atty.data(), N * Cl);
   // Row-parallel projection: partial sums over this shard's heads, summed across the tp group.
   // Its bias is added once, after the sum.
-  linear_forward(a.attproj.data(), a.atty.data(), a.atty_h.data(), T_::attprojw, l, nullptr, Cl_,
-                 C_);
-  exec.fence();
-  tp_.allreduce_sum(a.attproj.data(), N * C_);
-  k::bias_add_forward(exec, a.attproj.data(), p_.param(T_::attprojb, l), N, C_);
-  k::residual_forward(exec, a.residual2.data(), residual, a.attproj.data(), N * C_);
-  if (bf16_)
-    k::layernorm_forward(exec, a.ln2_h.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                         a.residual2.data(), p_.param(T_::ln2w, l), p_.param(T_::ln2b, l), N, C_);
+  linear_forward(a.attproj.data(), a.atty, a.atty_h, Tid::attprojw, l, nullptr, Cl, C);
+  tp_.allreduce_sum(a.attproj.data(), N * C);
+  k_.bias_add_forward(a.attproj.data(), p_.param(Tid::attprojb, l), iN, iC);
+  k_.residual_forward(a.residual2.data(), residual, a.attproj.data(), N * C);
+  layernorm_forward(a.ln2, a.ln2_h, a.ln2_mean, a.ln2_rstd, a.residual2.data(), Tid::ln2w,
+                    Tid::ln2b, l);
+  linear_forward(a.fch.data(), a.ln2, a.ln2_h, Tid::fcw, l, p_.param(Tid::fcb, l), C, 4 * Cl);
+  if (dims_.bf16)
+    k_.gelu_forward(a.fch_gelu_h.data(), a.fch.data(), N * 4 * Cl);
   else
-    k::layernorm_forward(exec, a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                         a.residual2.data(), p_.param(T_::ln2w, l), p_.param(T_::ln2b, l), N, C_);
-  linear_forward(a.fch.data(), a.ln2.data(), a.ln2_h.data(), T_::fcw, l, p_.param(T_::fcb, l), C_,
-                 4 * Cl_);
-  if (bf16_)
-    k::gelu_forward(exec, a.fch_gelu_h.data(), a.fch.data(), N * 4 * Cl_);
-  else
-    k::gelu_forward(exec, a.fch_gelu.data(), a.fch.data(), N * 4 * Cl_);
-  linear_forward(a.fcproj.data(), a.fch_gelu.data(), a.fch_gelu_h.data(), T_::fcprojw, l, nullptr,
-                 4 * Cl_, C_);
-  exec.fence();
-  tp_.allreduce_sum(a.fcproj.data(), N * C_);
-  k::bias_add_forward(exec, a.fcproj.data(), p_.param(T_::fcprojb, l), N, C_);
-  k::residual_forward(exec, a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C_);
+    k_.gelu_forward(a.fch_gelu.data(), a.fch.data(), N * 4 * Cl);
+  linear_forward(a.fcproj.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, nullptr, 4 * Cl, C);
+  tp_.allreduce_sum(a.fcproj.data(), N * C);
+  k_.bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
+  k_.residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C);
 }
 
 void GptStage::head_forward(SlotActs& s, const float* residual) {
-  const std::int64_t N = B_ * T_;
-  Exec exec;
-  if (bf16_)
-    k::layernorm_forward(exec, s.lnf_h.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
-                         p_.param(T_::lnfw), p_.param(T_::lnfb), N, C_);
-  else
-    k::layernorm_forward(exec, s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
-                         p_.param(T_::lnfw), p_.param(T_::lnfb), N, C_);
+  const std::int64_t N = dims_.B * dims_.T, V = dims_.V;
+  const int iN = static_cast<int>(N), iV = static_cast<int>(V);
+  layernorm_forward(s.lnf, s.lnf_h, s.lnf_mean, s.lnf_rstd, residual, Tid::lnfw, Tid::lnfb, 0);
   // Tied head over this rank's vocabulary shard, real tokens only: padded wte rows never enter
   // (llm.c masks them out of the softmax; skipping them is the same and cheaper).
-  if (V_ > 0)
-    linear_forward(s.logits.data(), s.lnf.data(), s.lnf_h.data(), T_::wte, 0, nullptr, C_, V_);
+  if (V > 0) linear_forward(s.logits.data(), s.lnf, s.lnf_h, Tid::wte, 0, nullptr, dims_.C, V);
   // Parallel cross-entropy: only per-row statistics cross the group, never logits.
-  k::crossentropy_rowmax(exec, s.rowmax.data(), s.logits.data(), N, V_);
-  exec.fence();
+  k_.crossentropy_rowmax(s.rowmax.data(), s.logits.data(), iN, iV);
   tp_.allreduce_max(s.rowmax.data(), N);
-  k::crossentropy_partials(exec, s.ce_stats.data(), s.probs.data(), s.logits.data(),
-                           s.rowmax.data(), s.targets.data(), static_cast<int>(v0_), N, V_);
-  exec.fence();
+  k_.crossentropy_partials(s.ce_stats.data(), s.probs.data(), s.logits.data(), s.rowmax.data(),
+                           s.targets.data(), static_cast<int>(dims_.v0), iN, iV);
   tp_.allreduce_sum(s.ce_stats.data(), 2 * N);
-  k::crossentropy_finish(exec, s.losses.data(), s.probs.data(), s.ce_stats.data(), N, V_);
+  k_.crossentropy_finish(s.losses.data(), s.probs.data(), s.ce_stats.data(), iN, iV);
 }
 
 void GptStage::backward(int slot, float dloss, const float* doutput) {
-  SlotActs& a = slot_[slot];
-  const std::int64_t N = B_ * T_;
-  Exec exec;
-  const float* last = layers_ > 0 ? a.layers.back().residual3.data() : a.input.data();
-  if (p_.spec().has_head) {
+  SlotActs& a = acts_.slots[slot];
+  GradScratch& g = acts_.grads;
+  const float* last = output(slot);
+  if (dims_.head) {
     p_.need({p_.lnf_unit(), p_.wte_unit()});
-    head_backward(a, last, dloss);  // leaves d(last residual) in g_.dresidual
+    head_backward(a, last, dloss);  // leaves d(last residual) in g.dresidual
   } else {
-    std::copy_n(doutput, N * C_, g_.dresidual.begin());
+    copy_in(g.dresidual.data(), doutput, g.dresidual.bytes());
   }
-  for (std::int64_t i = layers_ - 1; i >= 0; --i) {
+  for (std::int64_t i = dims_.layers - 1; i >= 0; --i) {
     const float* residual = i > 0 ? a.layers[i - 1].residual3.data() : a.input.data();
     const std::int64_t l = p_.spec().layer_begin + i;
     p_.need({static_cast<int>(i)});
-    if (recompute_ == Recompute::full) {
-      layer_forward(l, residual, scratch_);  // the same inputs, the same bits
-      layer_backward(l, residual, scratch_);
+    if (dims_.recompute == Recompute::full) {
+      layer_forward(l, residual, acts_.recompute_layer);  // the same inputs, the same bits
+      layer_backward(l, residual, acts_.recompute_layer);
     } else {
       layer_backward(l, residual, a.layers[i]);
     }
   }
-  if (p_.spec().has_embedding)
-    k::encoder_backward(exec, p_.grad(T_::wte), p_.grad(T_::wpe), g_.dresidual.data(),
-                        a.tokens.data(), B_, T_, C_, static_cast<int>(v0_),
-                        static_cast<int>(v1_));
-  exec.fence();  // gradients are packed on the host
+  if (dims_.embedding)
+    k_.encoder_backward(p_.grad(Tid::wte), p_.grad(Tid::wpe), g.dresidual.data(),
+                        a.tokens.data(), static_cast<int>(dims_.B), static_cast<int>(dims_.T),
+                        static_cast<int>(dims_.C), static_cast<int>(dims_.v0),
+                        static_cast<int>(dims_.v1));
 }
 
 void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
-  const std::int64_t N = B_ * T_;
-  Exec exec;
-  std::fill(g_.dlosses.begin(), g_.dlosses.end(), dloss);
-  std::fill(g_.dlogits.begin(), g_.dlogits.end(), 0.0f);
-  k::softmax_crossentropy_backward(exec, g_.dlogits.data(), s.probs.data(), s.targets.data(),
-                                   g_.dlosses.data(), N, V_, static_cast<int>(v0_));
-  std::fill(g_.dln.begin(), g_.dln.end(), 0.0f);
-  if (V_ > 0)
-    linear_backward(g_.dln.data(), p_.grad(T_::wte), nullptr, g_.dlogits.data(), s.lnf.data(),
-                    s.lnf_h.data(), T_::wte, 0, C_, V_);
-  exec.fence();
-  tp_.allreduce_sum(g_.dln.data(), N * C_);  // partial over the vocabulary shards
-  std::fill(g_.dresidual.begin(), g_.dresidual.end(), 0.0f);
-  k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::lnfw), p_.grad(T_::lnfb),
-                        g_.dln.data(), residual, p_.param(T_::lnfw), s.lnf_mean.data(),
-                        s.lnf_rstd.data(), N, C_);
+  GradScratch& g = acts_.grads;
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, V = dims_.V;
+  const int iN = static_cast<int>(N), iC = static_cast<int>(C);
+  k_.fill(g.dlosses.data(), N, dloss);
+  zero(g.dlogits);
+  k_.crossentropy_backward(g.dlogits.data(), s.probs.data(), s.targets.data(), g.dlosses.data(),
+                           iN, static_cast<int>(V), static_cast<int>(dims_.v0));
+  zero(g.dln);
+  if (V > 0)
+    linear_backward(g.dln.data(), p_.grad(Tid::wte), nullptr, g.dlogits.data(), s.lnf, s.lnf_h,
+                    Tid::wte, 0, C, V);
+  tp_.allreduce_sum(g.dln.data(), N * C);  // partial over the vocabulary shards
+  zero(g.dresidual);
+  k_.layernorm_backward(g.dresidual.data(), p_.grad(Tid::lnfw), p_.grad(Tid::lnfb), g.dln.data(),
+                        residual, p_.param(Tid::lnfw), s.lnf_mean.data(), s.lnf_rstd.data(), iN,
+                        iC);
 }
 
-// On entry g_.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
+// On entry g.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
 // gradient flows through unchanged and each LayerNorm backward adds its branch into it.
 void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& a) {
-  const std::int64_t N = B_ * T_;
-  Exec exec;
-  auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
-  zero(g_.dfch_gelu);
-  linear_backward(g_.dfch_gelu.data(), p_.grad(T_::fcprojw, l), p_.grad(T_::fcprojb, l),
-                  g_.dresidual.data(), a.fch_gelu.data(), a.fch_gelu_h.data(), T_::fcprojw, l,
-                  4 * Cl_, C_);
-  zero(g_.dfch);
-  k::gelu_backward(exec, g_.dfch.data(), a.fch.data(), g_.dfch_gelu.data(), N * 4 * Cl_);
-  zero(g_.dln);
-  linear_backward(g_.dln.data(), p_.grad(T_::fcw, l), p_.grad(T_::fcb, l), g_.dfch.data(),
-                  a.ln2.data(), a.ln2_h.data(), T_::fcw, l, C_, 4 * Cl_);
-  exec.fence();
-  tp_.allreduce_sum(g_.dln.data(), N * C_);  // column-parallel input gradient
-  k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln2w, l), p_.grad(T_::ln2b, l),
-                        g_.dln.data(), a.residual2.data(), p_.param(T_::ln2w, l),
-                        a.ln2_mean.data(), a.ln2_rstd.data(), N, C_);
-  zero(g_.datty);
-  linear_backward(g_.datty.data(), p_.grad(T_::attprojw, l), p_.grad(T_::attprojb, l),
-                  g_.dresidual.data(), a.atty.data(), a.atty_h.data(), T_::attprojw, l, Cl_, C_);
-  zero(g_.dqkv);
-  zero(g_.dpreatt);
-  zero(g_.datt);
+  GradScratch& g = acts_.grads;
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
+  const int B = static_cast<int>(dims_.B), T = static_cast<int>(dims_.T);
+  const int iN = static_cast<int>(N), iC = static_cast<int>(C);
+  const int iCl = static_cast<int>(Cl), NHl = static_cast<int>(dims_.NHl);
+  zero(g.dfch_gelu);
+  linear_backward(g.dfch_gelu.data(), p_.grad(Tid::fcprojw, l), p_.grad(Tid::fcprojb, l),
+                  g.dresidual.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, 4 * Cl, C);
+  zero(g.dfch);
+  k_.gelu_backward(g.dfch.data(), a.fch.data(), g.dfch_gelu.data(), N * 4 * Cl);
+  zero(g.dln);
+  linear_backward(g.dln.data(), p_.grad(Tid::fcw, l), p_.grad(Tid::fcb, l), g.dfch.data(), a.ln2,
+                  a.ln2_h, Tid::fcw, l, C, 4 * Cl);
+  tp_.allreduce_sum(g.dln.data(), N * C);  // column-parallel input gradient
+  k_.layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln2w, l), p_.grad(Tid::ln2b, l),
+                        g.dln.data(), a.residual2.data(), p_.param(Tid::ln2w, l),
+                        a.ln2_mean.data(), a.ln2_rstd.data(), iN, iC);
+  zero(g.datty);
+  linear_backward(g.datty.data(), p_.grad(Tid::attprojw, l), p_.grad(Tid::attprojb, l),
+                  g.dresidual.data(), a.atty, a.atty_h, Tid::attprojw, l, Cl, C);
+  zero(g.dqkv);
+  zero(g.dpreatt);
+  zero(g.datt);
   if (a.att.empty())  // recompute the attention probabilities this layer did not keep
-    k::attention_forward(exec, atty_scratch_.data(), preatt_.data(), att_scratch_.data(),
-                         a.qkv.data(), B_, T_, Cl_, NHl_);
-  k::attention_backward(exec, g_.dqkv.data(), g_.dpreatt.data(), g_.datt.data(), g_.datty.data(),
-                        a.qkv.data(), att_of(a), B_, T_, Cl_, NHl_);
-  zero(g_.dln);
-  linear_backward(g_.dln.data(), p_.grad(T_::qkvw, l), p_.grad(T_::qkvb, l), g_.dqkv.data(),
-                  a.ln1.data(), a.ln1_h.data(), T_::qkvw, l, C_, 3 * Cl_);
-  exec.fence();
-  tp_.allreduce_sum(g_.dln.data(), N * C_);
-  k::layernorm_backward(exec, g_.dresidual.data(), p_.grad(T_::ln1w, l), p_.grad(T_::ln1b, l),
-                        g_.dln.data(), residual, p_.param(T_::ln1w, l), a.ln1_mean.data(),
-                        a.ln1_rstd.data(), N, C_);
+    k_.attention_forward(acts_.atty_scratch.data(), acts_.preatt.data(),
+                         acts_.att_scratch.data(), a.qkv.data(), B, T, iCl, NHl);
+  k_.attention_backward(g.dqkv.data(), g.dpreatt.data(), g.datt.data(), g.datty.data(),
+                        a.qkv.data(), att_of(a), B, T, iCl, NHl);
+  zero(g.dln);
+  linear_backward(g.dln.data(), p_.grad(Tid::qkvw, l), p_.grad(Tid::qkvb, l), g.dqkv.data(),
+                  a.ln1, a.ln1_h, Tid::qkvw, l, C, 3 * Cl);
+  tp_.allreduce_sum(g.dln.data(), N * C);
+  k_.layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln1w, l), p_.grad(Tid::ln1b, l),
+                        g.dln.data(), residual, p_.param(Tid::ln1w, l), a.ln1_mean.data(),
+                        a.ln1_rstd.data(), iN, iC);
 }
 
 }  // namespace pdtrain

@@ -21,8 +21,8 @@ bool tensor_on_stage(TensorId id, const TensorInfo& t, const StageSpec& s) {
 }  // namespace
 
 StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage,
-                         Precision precision)
-    : cat_(cat), spec_(spec), precision_(precision) {
+                         Precision precision, Device& device)
+    : cat_(cat), spec_(spec), device_(device), precision_(precision) {
   const std::int64_t n_layers = spec.layer_end - spec.layer_begin;
   units_.resize(static_cast<std::size_t>(n_layers + 3));
   for (std::int64_t i = 0; i < n_layers; ++i)
@@ -61,18 +61,25 @@ StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage
       units_[unit_of(b.tensor, b.layer)].blocks.push_back(b.id);
     }
   if (storage == Storage::shapes_only) return;
-  grads_.assign(static_cast<std::size_t>(numel_), 0.0f);
+  grads_ = Mirrored<float>(device_, numel_);
   if (storage == Storage::streamed) return;
-  params_.assign(static_cast<std::size_t>(numel_), 0.0f);
-  if (bf16()) params_bf16_.assign(static_cast<std::size_t>(numel_), kernels::bf16{0});
+  params_ = Mirrored<float>(device_, numel_);
+  if (bf16()) params_bf16_ = Mirrored<pdtrain::bf16>(device_, numel_);
 }
 
-const kernels::bf16* StageParams::param_bf16(TensorId id, std::int64_t layer) {
+// A unit's storage: its fp32 values (numel floats), then their bf16 copies in bf16 precision.
+const pdtrain::bf16* StageParams::param_bf16(TensorId id, std::int64_t layer) {
   PDT_CHECK(bf16(), "bf16 copy of a parameter asked for in fp32 precision");
-  if (!params_.empty()) return params_bf16_.data() + where(id, layer);
-  const int u = unit_of(id, cat_.tensor(id).per_layer ? layer : spec_.layer_begin);
-  param(id, layer);  // checks residency
-  return reinterpret_cast<const kernels::bf16*>(units_[u].storage + units_[u].numel) +
+  if (!params_.empty()) return params_bf16_.device() + where(id, layer);
+  const int u = unit_of_param(id, layer);
+  return reinterpret_cast<const pdtrain::bf16*>(units_[u].storage + units_[u].numel) +
+         local_[static_cast<int>(id)].unit_offset;
+}
+
+pdtrain::bf16* StageParams::host_param_bf16(TensorId id, std::int64_t layer) {
+  if (!params_.empty()) return params_bf16_.host() + where(id, layer);
+  const int u = unit_of_param(id, layer);
+  return reinterpret_cast<pdtrain::bf16*>(units_[u].staging + units_[u].numel) +
          local_[static_cast<int>(id)].unit_offset;
 }
 
@@ -85,15 +92,27 @@ int StageParams::unit_of(TensorId id, std::int64_t layer) const {
   }
 }
 
-void StageParams::bind_unit(int u, float* storage) { units_[u].storage = storage; }
+void StageParams::bind_unit(int u, float* storage, float* staging) {
+  units_[u].storage = storage;
+  units_[u].staging = staging;
+}
 
-float* StageParams::param(TensorId id, std::int64_t layer) {
-  if (!params_.empty()) return params_.data() + where(id, layer);
+int StageParams::unit_of_param(TensorId id, std::int64_t layer) const {
   const int u = unit_of(id, cat_.tensor(id).per_layer ? layer : spec_.layer_begin);
   PDT_CHECK(u >= 0 && u < num_units() && units_[u].storage != nullptr,
             "parameter unit " + (u >= 0 && u < num_units() ? units_[u].name : std::string("?")) +
                 " used while not resident (a use the parameter cache was not told of)");
-  return units_[u].storage + local_[static_cast<int>(id)].unit_offset;
+  return u;
+}
+
+float* StageParams::param(TensorId id, std::int64_t layer) {
+  if (!params_.empty()) return params_.device() + where(id, layer);
+  return units_[unit_of_param(id, layer)].storage + local_[static_cast<int>(id)].unit_offset;
+}
+
+float* StageParams::host_param(TensorId id, std::int64_t layer) {
+  if (!params_.empty()) return params_.host() + where(id, layer);
+  return units_[unit_of_param(id, layer)].staging + local_[static_cast<int>(id)].unit_offset;
 }
 
 bool StageParams::owns(const BlockInfo& b) const {
@@ -132,7 +151,7 @@ void StageParams::unpack_param(const BlockInfo& b, const float* packed) {
   std::int64_t r0, c0;
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  float* base = param(b.tensor, b.layer);
+  float* base = host_param(b.tensor, b.layer);
   if (!bf16()) {
     for (std::int64_t r = 0; r < b.rows; ++r)
       std::copy_n(packed + r * b.cols, b.cols, base + (r0 + r) * ld + c0);
@@ -140,23 +159,33 @@ void StageParams::unpack_param(const BlockInfo& b, const float* packed) {
   }
   // bf16 precision: the values rounded to bf16 (idempotent on blocks that came as bf16), and
   // their bf16 copy, in one pass.
-  auto* base_h = const_cast<kernels::bf16*>(param_bf16(b.tensor, b.layer));
+  pdtrain::bf16* base_h = host_param_bf16(b.tensor, b.layer);
   for (std::int64_t r = 0; r < b.rows; ++r) {
     const float* in = packed + r * b.cols;
     float* out = base + (r0 + r) * ld + c0;
-    kernels::bf16* out_h = base_h + (r0 + r) * ld + c0;
+    pdtrain::bf16* out_h = base_h + (r0 + r) * ld + c0;
     for (std::int64_t c = 0; c < b.cols; ++c) {
-      out_h[c] = kernels::to_bf16(in[c]);
-      out[c] = kernels::to_float(out_h[c]);
+      out_h[c] = to_bf16(in[c]);
+      out[c] = to_float(out_h[c]);
     }
   }
+}
+
+void StageParams::upload_params() {
+  params_.upload();
+  if (bf16()) params_bf16_.upload();
+}
+
+void StageParams::download_grads() {
+  grads_.download();
+  device_.synchronize();
 }
 
 void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
   std::int64_t r0, c0;
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  const float* base = grads_.data() + where(b.tensor, b.layer);
+  const float* base = grads_.host() + where(b.tensor, b.layer);
   for (std::int64_t r = 0; r < b.rows; ++r)
     std::copy_n(base + (r0 + r) * ld + c0, b.cols, packed + r * b.cols);
 }
@@ -171,6 +200,8 @@ std::int64_t StageParams::vocab_end() const {
   return split_bound(cat_.shape().padded_vocab, cat_.shape().n_head, lt.unit_end);
 }
 
-void StageParams::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void StageParams::zero_grads() {
+  device_.zero(grads_.device(), static_cast<std::size_t>(numel_) * sizeof(float));
+}
 
 }  // namespace pdtrain

@@ -13,8 +13,9 @@ std::int64_t bytes_of(std::int64_t numel) { return numel * static_cast<std::int6
 }  // namespace
 
 ParamCache::ParamCache(ParameterService& service, std::vector<CacheUnit> units, UnitStore& store,
-                       std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace)
-    : service_(service), units_(std::move(units)), store_(store), capacity_(capacity_bytes),
+                       std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace,
+                       Device& device)
+    : service_(service), device_(device), units_(std::move(units)), store_(store), capacity_(capacity_bytes),
       depth_(prefetch_depth), trace_(trace), state_(units_.size()) {
   stats_.unit_uses.assign(units_.size(), 0);
   stats_.unit_fetches.assign(units_.size(), 0);
@@ -22,7 +23,9 @@ ParamCache::ParamCache(ParameterService& service, std::vector<CacheUnit> units, 
 
 ParamCache::~ParamCache() {
   for (std::size_t u = 0; u < units_.size(); ++u)
-    if (state_[u].storage) store_.bind(static_cast<int>(u), nullptr);
+    if (state_[u].slot) store_.bind(static_cast<int>(u), nullptr, nullptr);
+  // Slots may still be read by queued compute work or written by an upload.
+  device_.synchronize();
 }
 
 std::int64_t ParamCache::min_capacity_bytes(const std::vector<CacheUnit>& units,
@@ -40,7 +43,7 @@ void ParamCache::begin(std::int64_t version, std::vector<std::vector<int>> plan)
   PDT_CHECK(fifo_.empty(), "parameter cache: a pass began with fetches in flight");
   if (version != version_)
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      if (state_[u].storage) drop(static_cast<int>(u));
+      if (state_[u].slot) drop(static_cast<int>(u));
       state_[u].fetched_this_version = false;
     }
   version_ = version;
@@ -60,8 +63,9 @@ void ParamCache::acquire(const std::vector<int>& units) {
     State& s = state_[u];
     ++stats_.uses;
     ++stats_.unit_uses[u];
-    if (s.storage && !s.in_flight) {
+    if (s.slot && !s.in_flight) {
       ++stats_.hits;
+      ready_for_compute(u);
       continue;
     }
     if (s.in_flight) {
@@ -73,6 +77,7 @@ void ParamCache::acquire(const std::vector<int>& units) {
                                     " next to the units in use");
     }
     wait_for(u);
+    ready_for_compute(u);
   }
   prefetch();
 }
@@ -99,7 +104,7 @@ bool ParamCache::make_room(std::int64_t numel, std::size_t needed_at) {
     std::size_t victim_next = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const State& s = state_[u];
-      if (!s.storage || s.in_flight) continue;
+      if (!s.slot || s.in_flight) continue;
       if (std::find(pinned_.begin(), pinned_.end(), static_cast<int>(u)) != pinned_.end())
         continue;
       const std::size_t next = next_use(static_cast<int>(u), pos_);
@@ -115,8 +120,8 @@ bool ParamCache::make_room(std::int64_t numel, std::size_t needed_at) {
 bool ParamCache::start(int unit, std::size_t needed_at) {
   State& s = state_[unit];
   if (!make_room(units_[unit].numel, needed_at)) return false;
-  s.storage = take_buffer(units_[unit].numel);
-  store_.bind(unit, s.storage);
+  s.slot = take_slot(units_[unit].numel);
+  store_.bind(unit, s.slot->device(), s.slot->host());
   s.ticket = service_.start_fetch(version_, units_[unit].blocks,
                                   [this](int block, const float* data) { store_.unpack(block, data); });
   s.in_flight = true;
@@ -139,6 +144,7 @@ void ParamCache::wait_for(int unit) {
     service_.finish_fetch(state_[u].ticket);
     state_[u].in_flight = false;
     fifo_.erase(fifo_.begin());
+    upload(u);
     if (tracing())  // names are built only when a trace is written (this runs per layer)
       trace_->event("fetch " + units_[u].name + " v" + std::to_string(version_), "pd",
                     state_[u].started, now_seconds());
@@ -148,6 +154,27 @@ void ParamCache::wait_for(int unit) {
   if (tracing()) trace_->event("wait " + units_[unit].name, "pd", t0, t1);
 }
 
+// A delivered unit's staging to its device memory, on the copy queue (GPU only), once the
+// compute queue is done with the slot's previous unit.
+void ParamCache::upload(int unit) {
+  Slot& slot = *state_[unit].slot;
+  if (slot.staging.empty()) return;
+  if (slot.release_pending) device_.wait(Queue::copy, *slot.released);
+  slot.release_pending = false;
+  device_.copy(slot.device(), slot.host(), static_cast<std::size_t>(bytes_of(slot.numel)),
+               Queue::copy);
+  device_.record(*slot.uploaded, Queue::copy);
+  slot.upload_pending = slot.compute_waits = true;
+}
+
+// The compute queue's next work (the use of `unit`) waits for the unit's upload.
+void ParamCache::ready_for_compute(int unit) {
+  Slot& slot = *state_[unit].slot;
+  if (!slot.compute_waits) return;
+  device_.wait(Queue::compute, *slot.uploaded);
+  slot.compute_waits = false;
+}
+
 // Starts the fetches of the units of the next `depth_` uses that are neither resident nor in
 // flight, while there is room; then lets the fetches in flight progress.
 void ParamCache::prefetch() {
@@ -155,7 +182,7 @@ void ParamCache::prefetch() {
   for (std::size_t i = pos_; i < end; ++i) {
     bool room = true;
     for (int u : plan_[i])
-      if (!state_[u].storage && !(room = start(u, i))) break;
+      if (!state_[u].slot && !(room = start(u, i))) break;
     if (!room) break;
   }
   service_.progress();
@@ -164,36 +191,54 @@ void ParamCache::prefetch() {
 void ParamCache::drop(int unit) {
   State& s = state_[unit];
   PDT_CHECK(!s.in_flight, "parameter cache: dropping a unit in flight");
-  store_.bind(unit, nullptr);
-  give_back(s.storage, units_[unit].numel);
-  s.storage = nullptr;
+  store_.bind(unit, nullptr, nullptr);
+  give_back(s.slot);
+  s.slot = nullptr;
   s.version = -1;
 }
 
-// Buffers are reused by size (a stage's layers are all alike), so steady state allocates
-// nothing; free buffers are released when the allocation would pass the capacity.
-float* ParamCache::take_buffer(std::int64_t numel) {
+// Slots are reused by size (a stage's layers are all alike), so steady state allocates
+// nothing; free slots are released when the allocation would pass the capacity.
+ParamCache::Slot* ParamCache::take_slot(std::int64_t numel) {
   in_use_bytes_ += bytes_of(numel);
   for (std::size_t i = 0; i < free_.size(); ++i)
-    if (free_[i].numel == numel) {
+    if (free_[i]->numel == numel) {
       used_.push_back(std::move(free_[i]));
       free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-      return used_.back().data.get();
+      Slot& slot = *used_.back();
+      if (slot.upload_pending) device_.wait_host(*slot.uploaded);  // staging is rewritten now
+      slot.upload_pending = slot.compute_waits = false;
+      return &slot;
     }
   while (capacity_ > 0 && !free_.empty() && allocated_bytes_ + bytes_of(numel) > capacity_) {
-    allocated_bytes_ -= bytes_of(free_.back().numel);
+    allocated_bytes_ -= bytes_of(free_.back()->numel);
+    if (free_.back()->release_pending) device_.wait_host(*free_.back()->released);
     free_.pop_back();
   }
-  used_.push_back(Buffer{std::make_unique<float[]>(static_cast<std::size_t>(numel)), numel});
+  auto slot = std::make_unique<Slot>();
+  slot->numel = numel;
+  slot->storage = Buffer<float>(device_, numel, MemoryKind::device);
+  if (!device_.is_host()) {
+    slot->staging = Buffer<float>(device_, numel, MemoryKind::pinned);
+    slot->uploaded = device_.make_event();
+    slot->released = device_.make_event();
+  }
+  used_.push_back(std::move(slot));
   allocated_bytes_ += bytes_of(numel);
   stats_.peak_bytes = std::max(stats_.peak_bytes, allocated_bytes_);
-  return used_.back().data.get();
+  return used_.back().get();
 }
 
-void ParamCache::give_back(float* buf, std::int64_t numel) {
-  in_use_bytes_ -= bytes_of(numel);
+// The compute queue may still read the slot's unit (its last use was queued, maybe not run):
+// the next upload into it waits for this point.
+void ParamCache::give_back(Slot* slot) {
+  in_use_bytes_ -= bytes_of(slot->numel);
+  if (slot->released) {
+    device_.record(*slot->released, Queue::compute);
+    slot->release_pending = true;
+  }
   for (std::size_t i = 0; i < used_.size(); ++i)
-    if (used_[i].data.get() == buf) {
+    if (used_[i].get() == slot) {
       free_.push_back(std::move(used_[i]));
       used_.erase(used_.begin() + static_cast<std::ptrdiff_t>(i));
       return;

@@ -86,7 +86,7 @@ TEST(StageParams, WholeModelLocalLayoutIsTheCanonicalArray) {
     cat.gather_block(b, canon.data(), packed.data());
     p.unpack_param(b, packed.data());
   }
-  for (std::size_t i = 0; i < canon.size(); ++i) ASSERT_EQ(p.params()[i], canon[i]) << i;
+  for (std::size_t i = 0; i < canon.size(); ++i) ASSERT_EQ(p.params_host()[i], canon[i]) << i;
 }
 
 TEST(StageParams, TensorParallelShardsSplitHeadsAndReplicateTheRest) {

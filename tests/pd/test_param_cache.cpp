@@ -58,7 +58,7 @@ class FakeService final : public ParameterService {
 class FakeStore final : public UnitStore {
  public:
   explicit FakeStore(int units) : bound(static_cast<std::size_t>(units), nullptr) {}
-  void bind(int unit, float* storage) override { bound[unit] = storage; }
+  void bind(int unit, float* storage, float*) override { bound[unit] = storage; }
   void unpack(int block, const float* data) override {
     std::copy_n(data, numel_of(block), bound[block]);
   }

@@ -38,7 +38,9 @@ class StageCache final : public UnitStore, public UnitUser {
   std::string summary(double step_seconds) const;
 
   void need(const std::vector<int>& units) override { cache_.acquire(units); }
-  void bind(int unit, float* storage) override { params_.bind_unit(unit, storage); }
+  void bind(int unit, float* storage, float* staging) override {
+    params_.bind_unit(unit, storage, staging);
+  }
   void unpack(int block, const float* data) override;
 
  private:

@@ -116,8 +116,10 @@ struct ComputeBackend {
   std::unique_ptr<KernelOps> ops;
 };
 
-// The CPU backend (always built).
+// The CPU backend (always built), and its kernels alone (process-wide; for code that runs on
+// the CPU device without choosing a backend: tests, tools, the dry run).
 ComputeBackend make_cpu_backend();
+KernelOps& cpu_kernel_ops();
 // The CUDA backend on GPU `gpu` of this node. Throws pdtrain::Error(runtime) when this build
 // has no CUDA backend or the GPU cannot be used.
 ComputeBackend make_cuda_backend(int gpu);

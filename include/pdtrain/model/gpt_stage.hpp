@@ -2,13 +2,23 @@
 // Forward and backward of one pipeline stage of GPT-2 (llm.c's architecture) over its layers,
 // on this rank's tensor-parallel shard. A single rank with one stage is the whole model.
 //
-// Tensor parallelism reaches the model only through TensorParallelOps (one all-reduce after each
+// The stage runs on its parameters' Device through a KernelOps of that device (the CPU's
+// Kokkos kernels, or CUDA kernels on a GPU): activations, gradients and losses live in device
+// memory; inputs (tokens, a previous stage's activations, a next stage's gradient) may come
+// from host memory and are copied in. Losses stay on the device until take_loss_sum(), one
+// read per step.
+//
+// Tensor parallelism is inside the stage, at Megatron's points: one all-reduce after each
 // row-parallel layer in forward, one before each column-parallel layer's input gradient in
-// backward), so the same code runs on one rank with the no-op version.
+// backward, and the vocabulary-parallel embedding and cross-entropy, all through
+// TensorParallelOps (on device memory; a GPU rank's implementation stages through the host).
+// With NoTensorParallel the same code is the single-rank model.
 #include <cstdint>
 #include <vector>
 
 #include "pdtrain/core/collectives.hpp"
+#include "pdtrain/device/device.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/model/stage_params.hpp"
 
 namespace pdtrain {
@@ -22,80 +32,120 @@ enum class Recompute { none, attention, full };
 class GptStage {
  public:
   // `micro_batch` sequences of `seq_len` tokens per forward; `slots` activation sets kept for
-  // micro-batches whose backward is still pending (1 without pipelining).
+  // micro-batches whose backward is still pending (1 without pipelining). `ops` must run on
+  // params.device() (the default: the CPU's kernels).
   GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
-           TensorParallelOps& tp, int slots = 1, Recompute recompute = Recompute::none);
+           TensorParallelOps& tp, int slots = 1, Recompute recompute = Recompute::none,
+           kernels::KernelOps& ops = kernels::cpu_kernel_ops());
 
   // Forward of one micro-batch into activation slot `slot`. The first stage reads `tokens`
-  // [B*T]; other stages read `input` [B*T*C]. The last stage also needs `targets` and returns
-  // the sum of per-token losses (0 on other stages).
-  double forward(int slot, const std::int32_t* tokens, const float* input,
-                 const std::int32_t* targets);
+  // [B*T]; other stages read `input` [B*T*C]. The last stage also needs `targets` and adds the
+  // micro-batch's sum of per-token losses to the stage's loss ledger. Host or device pointers.
+  void forward(int slot, const std::int32_t* tokens, const float* input,
+               const std::int32_t* targets);
   // Backward of the micro-batch in `slot`, accumulating parameter gradients. The last stage
   // seeds d(loss_i)/d(logits) with `dloss` per token (1 / tokens in the global batch); other
-  // stages receive `doutput` [B*T*C] from the next stage.
+  // stages receive `doutput` [B*T*C] (host or device memory) from the next stage.
   void backward(int slot, float dloss, const float* doutput);
+  // The sum of the losses of every forward since the last call, added micro-batch by
+  // micro-batch in forward order (each micro-batch's tokens in order, in double): one device
+  // read. 0 on stages without the head.
+  double take_loss_sum();
 
   // The parameter units one forward / backward uses, in the order it announces them through
   // StageParams::need().
   static std::vector<std::vector<int>> forward_uses(const StageParams& p);
   static std::vector<std::vector<int>> backward_uses(const StageParams& p);
 
-  const float* output(int slot) const;  // residual stream after the last layer [B*T*C]
-  const float* dinput() const { return g_.dresidual.data(); }  // d(input) after backward
-  const float* probs(int slot) const { return slot_[slot].probs.data(); }
-  // Bytes of activations (all slots) and backward scratch a stage allocates; for --dry-run.
+  // Device memory: the residual stream after the last layer [B*T*C], d(input) after backward.
+  const float* output(int slot) const;
+  const float* dinput() const { return acts_.grads.dresidual.data(); }
+  std::int64_t activation_numel() const { return dims_.B * dims_.T * dims_.C; }
+  // Bytes of activations (all slots), backward scratch and loss ledger a stage allocates: the
+  // same allocation plan the constructor follows (for --dry-run).
   static std::int64_t memory_bytes(const ModelShape& m, const StageSpec& s,
-                                   std::int64_t micro_batch, std::int64_t seq_len, int slots);
+                                   std::int64_t micro_batch, std::int64_t seq_len, int slots,
+                                   Recompute recompute = Recompute::none,
+                                   Precision precision = Precision::fp32);
 
  private:
-  using bf16 = kernels::bf16;
+  template <class T>
+  using Buf = Buffer<T>;
   // In bf16 precision the matmul inputs are kept as bf16 only (ln1, ln2, fch_gelu, lnf are
   // then empty; atty is kept in both: attention writes it in fp32).
   struct LayerActs {
-    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2;
-    std::vector<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3;
-    std::vector<bf16> ln1_h, atty_h, ln2_h, fch_gelu_h;
+    Buf<float> ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2;
+    Buf<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3;
+    Buf<bf16> ln1_h, atty_h, ln2_h, fch_gelu_h;
   };
   struct SlotActs {
-    std::vector<std::int32_t> tokens, targets;
-    std::vector<float> input;  // embedding output or the previous stage's output
+    Buf<std::int32_t> tokens, targets;
+    Buf<float> input;  // embedding output or the previous stage's output
     std::vector<LayerActs> layers;
-    std::vector<float> lnf, lnf_mean, lnf_rstd, logits, probs, losses;
-    std::vector<bf16> lnf_h;
-    std::vector<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp)
+    Buf<float> lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+    Buf<bf16> lnf_h;
+    Buf<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp)
   };
   struct GradScratch {
-    std::vector<float> dresidual, dln, dqkv, datty, dpreatt, datt, dfch, dfch_gelu, dlogits,
-        dlosses;
-    std::vector<bf16> dout_h;  // bf16 precision: a matmul's output gradient, rounded
+    Buf<float> dresidual, dln, dqkv, datty, dpreatt, datt, dfch, dfch_gelu, dlogits, dlosses;
+    Buf<bf16> dout_h;  // bf16 precision: a matmul's output gradient, rounded
   };
+  // Everything the stage allocates, sized by allocate() from the stage's dimensions.
+  struct Activations {
+    std::vector<SlotActs> slots;
+    Buf<float> preatt;  // scratch: attention scores before softmax
+    LayerActs recompute_layer;                  // full: the one layer being recomputed
+    Buf<float> att_scratch, atty_scratch;       // attention: recomputed probabilities
+    GradScratch grads;
+    Buf<double> loss_ledger;  // one loss sum per forward since take_loss_sum()
+  };
+  struct Dims {
+    std::int64_t B = 0, T = 0, C = 0, Cl = 0, NHl = 0, layers = 0;
+    std::int64_t v0 = 0, v1 = 0, V = 0;  // vocabulary shard rows, real-token logits here
+    bool embedding = false, head = false, bf16 = false;
+    int slots = 1;
+    Recompute recompute = Recompute::none;
+  };
+  static constexpr std::int64_t kLedgerSize = 64;  // forwards between two device reads
+
+  static Dims dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
+                      std::int64_t seq_len, int slots, Recompute recompute, bool bf16);
+  // Sizes every buffer of `a` with alloc(buffer, elements): the constructor allocates,
+  // memory_bytes() counts.
+  template <class Alloc>
+  static void allocate(const Dims& d, Activations& a, Alloc&& alloc);
+  template <class Alloc>
+  static void allocate_layer(const Dims& d, LayerActs& l, bool keep_att, Alloc&& alloc);
+
   // A matmul of this stage's precision: out = x W^T (+ b), x given in fp32 and in bf16 (the
   // one of the precision in use is read), and its backward.
-  void linear_forward(float* out, const float* x, const bf16* x_h, TensorId w, std::int64_t l,
-                      const float* bias, std::int64_t C, std::int64_t OC);
+  void linear_forward(float* out, const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
+                      std::int64_t l, const float* bias, std::int64_t C, std::int64_t OC);
   void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
-                       const float* x, const bf16* x_h, TensorId w, std::int64_t l,
+                       const Buf<float>& x, const Buf<bf16>& x_h, TensorId w, std::int64_t l,
                        std::int64_t C, std::int64_t OC);
+  void layernorm_forward(Buf<float>& out, Buf<bf16>& out_h, Buf<float>& mean, Buf<float>& rstd,
+                         const float* inp, TensorId w, TensorId b, std::int64_t l);
 
-  void allocate(LayerActs& l, bool keep_att);
-  float* att_of(LayerActs& a) { return a.att.empty() ? att_scratch_.data() : a.att.data(); }
+  float* att_of(LayerActs& a) {
+    return a.att.empty() ? acts_.att_scratch.data() : a.att.data();
+  }
   void layer_forward(std::int64_t l, const float* residual, LayerActs& a);
   void layer_backward(std::int64_t l, const float* residual, LayerActs& a);
   void head_forward(SlotActs& s, const float* residual);
   void head_backward(SlotActs& s, const float* residual, float dloss);
+  void zero(Buf<float>& b) { dev_.zero(b.data(), b.bytes()); }
+  void copy_in(void* dst, const void* src, std::size_t bytes) { dev_.copy(dst, src, bytes); }
+  void flush_ledger();
 
   StageParams& p_;
   TensorParallelOps& tp_;
-  std::int64_t B_, T_, C_, Cl_, NHl_, layers_;
-  std::int64_t v0_ = 0, v1_ = 0, V_ = 0;  // vocabulary shard rows, real-token logits here
-  std::vector<SlotActs> slot_;
-  std::vector<float> preatt_;  // scratch: attention scores before softmax
-  Recompute recompute_;
-  bool bf16_ = false;  // mixed precision (the parameters' precision)
-  LayerActs scratch_;                      // full: the one layer being recomputed
-  std::vector<float> att_scratch_, atty_scratch_;  // attention: recomputed probabilities
-  GradScratch g_;
+  kernels::KernelOps& k_;
+  Device& dev_;
+  Dims dims_;
+  Activations acts_;
+  int ledger_count_ = 0;             // loss sums in the device ledger
+  std::vector<double> ledger_host_;  // loss sums read back, in forward order
 };
 
 }  // namespace pdtrain

@@ -9,11 +9,17 @@
 // lives in one flat buffer laid out like the gradients (the whole stage at once). With
 // Storage::streamed a parameter cache binds each unit to memory only while it is resident, and
 // the model announces each use with need(), so a rank can hold a few layers at a time.
+//
+// Memory: parameters and gradients live on the rank's Device (a GPU's memory, or host memory
+// on the CPU). Blocks are unpacked on the host, into a unit's host staging (pinned on a GPU;
+// the storage itself on the CPU), and uploaded from there; gradients are downloaded once per
+// step and packed from the host view. On the CPU the uploads and downloads are no-ops.
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "pdtrain/kernels/bf16.hpp"
+#include "pdtrain/core/bf16.hpp"
+#include "pdtrain/device/device.hpp"
 #include "pdtrain/model/catalog.hpp"
 
 namespace pdtrain {
@@ -45,7 +51,7 @@ class StageParams {
     streamed,     // units bound by a cache (bind_unit); gradients still in one buffer
   };
   StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage = Storage::resident,
-              Precision precision = Precision::fp32);
+              Precision precision = Precision::fp32, Device& device = cpu_device());
   bool bf16() const { return precision_ == Precision::bf16; }
 
   const StageSpec& spec() const { return spec_; }
@@ -54,14 +60,16 @@ class StageParams {
   const std::vector<int>& needed_blocks() const { return needed_; }
   std::int64_t numel() const { return numel_; }
 
-  // Local tensor of `id` for global layer `layer` (ignored for non-layered tensors). A param's
-  // unit must be resident.
+  Device& device() const { return device_; }
+  // Local tensor of `id` for global layer `layer` (ignored for non-layered tensors), in device
+  // memory. A param's unit must be resident.
   float* param(TensorId id, std::int64_t layer = 0);
-  float* grad(TensorId id, std::int64_t layer = 0) { return grads_.data() + where(id, layer); }
-  float* params() { return params_.data(); }  // Storage::resident: same layout as grads()
+  float* grad(TensorId id, std::int64_t layer = 0) { return grads_.device() + where(id, layer); }
   // bf16 precision: the bf16 copy of a parameter (same layout as param()).
-  const kernels::bf16* param_bf16(TensorId id, std::int64_t layer = 0);
-  float* grads() { return grads_.data(); }
+  const pdtrain::bf16* param_bf16(TensorId id, std::int64_t layer = 0);
+  // Storage::resident, host view: same layout as grads().
+  float* params_host() { return params_.host(); }
+  float* grads_host() { return grads_.host(); }
 
   // Residency units: layers first (unit i = the stage's i-th layer), then wte, wpe, lnf.
   int num_units() const { return static_cast<int>(units_.size()); }
@@ -76,9 +84,10 @@ class StageParams {
   }
   const std::vector<int>& unit_blocks(int u) const { return units_[u].blocks; }  // needed ones
   const std::string& unit_name(int u) const { return units_[u].name; }
-  // Streamed storage: gives unit u the memory at `storage` (unit_storage floats), or takes it
-  // away (nullptr). Blocks of the unit are unpacked there.
-  void bind_unit(int u, float* storage);
+  // Streamed storage: gives unit u the device memory at `storage` (unit_storage floats) and
+  // its host staging (the same pointer on the CPU), or takes them away (nullptr). Blocks of the
+  // unit are unpacked into the staging; the cache uploads it.
+  void bind_unit(int u, float* storage, float* staging);
   bool resident(int u) const { return units_[u].storage != nullptr; }
   // The model calls need() before using a set of units; a cache (the UnitUser) makes them
   // resident. Without a user every unit already is.
@@ -97,7 +106,14 @@ class StageParams {
   // tensor-parallel group have identical gradients on every member; only tp rank 0 pushes.
   bool pushes(const BlockInfo& b) const { return b.unit >= 0 || spec_.tp_rank == 0; }
 
+  // Writes block b's values into the host view of its parameters (the resident buffer's, or
+  // its unit's staging); in bf16 precision, rounded, with their bf16 copy.
   void unpack_param(const BlockInfo& b, const float* packed);
+  // Storage::resident: the unpacked parameters to the device (queued on the compute queue).
+  void upload_params();
+  // The gradients to the host view (then synchronizes), for pack_grad.
+  void download_grads();
+  // Block b's gradient from the host view, packed row-major.
   void pack_grad(const BlockInfo& b, float* packed) const;
   void zero_grads();
 
@@ -112,10 +128,15 @@ class StageParams {
     std::string name;
     std::int64_t numel = 0;
     std::vector<int> blocks;
-    float* storage = nullptr;
+    float* storage = nullptr;  // device memory
+    float* staging = nullptr;  // its host view
   };
   std::int64_t where(TensorId id, std::int64_t layer) const;
   int unit_of(TensorId id, std::int64_t layer) const;
+  int unit_of_param(TensorId id, std::int64_t layer) const;  // checked to be resident
+  // The host view of a parameter and of its bf16 copy (where unpack_param writes).
+  float* host_param(TensorId id, std::int64_t layer);
+  pdtrain::bf16* host_param_bf16(TensorId id, std::int64_t layer);
   // Local (row, col) of the block's first element and the local row stride.
   void block_origin(const BlockInfo& b, std::int64_t* row, std::int64_t* col) const;
   bool owns(const BlockInfo& b) const;
@@ -125,8 +146,9 @@ class StageParams {
   LocalTensor local_[kNumTensors];
   std::vector<int> needed_;
   std::int64_t numel_ = 0;
-  std::vector<float> params_, grads_;
-  std::vector<kernels::bf16> params_bf16_;  // resident storage, bf16 precision
+  Device& device_;
+  Mirrored<float> params_, grads_;
+  Mirrored<pdtrain::bf16> params_bf16_;  // resident storage, bf16 precision
   Precision precision_ = Precision::fp32;
   std::vector<Unit> units_;
   UnitUser* user_ = nullptr;

@@ -9,11 +9,20 @@
 //    known), never one needed sooner than the unit it makes room for;
 //  - counts uses, hits, fetches and re-fetched bytes per unit (the hotness table).
 // Units of an older version are dropped when a pass at a new version begins.
+//
+// On a GPU (a Device that is not the host) the bound is on device memory: each cache buffer is
+// device memory with a pinned host staging buffer of the same size. Blocks are checked and
+// unpacked into the staging (possibly by the fetch thread); when a unit's fetch is delivered the
+// cache queues its upload on the device's copy queue, and the compute queue waits for that
+// upload (an event) before the unit's first use: no host synchronization on the way. A buffer
+// is refilled only after the compute queue has passed its previous unit's last use (an event
+// recorded at eviction), and its staging only after its previous upload is done.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "pdtrain/device/device.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/pd/blocks.hpp"
 
@@ -29,8 +38,9 @@ struct CacheUnit {
 class UnitStore {
  public:
   virtual ~UnitStore() = default;
-  virtual void bind(int unit, float* storage) = 0;  // nullptr: the unit is gone
-  virtual void unpack(int block, const float* data) = 0;  // into its bound unit
+  // Device memory for the unit and its host staging (the same on the CPU); nullptr: gone.
+  virtual void bind(int unit, float* storage, float* staging) = 0;
+  virtual void unpack(int block, const float* data) = 0;  // into its bound unit's staging
 };
 
 struct CacheStats {
@@ -49,7 +59,8 @@ struct CacheStats {
 class ParamCache {
  public:
   ParamCache(ParameterService& service, std::vector<CacheUnit> units, UnitStore& store,
-             std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace = nullptr);
+             std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace = nullptr,
+             Device& device = cpu_device());
   ~ParamCache();
   ParamCache(const ParamCache&) = delete;
   ParamCache& operator=(const ParamCache&) = delete;
@@ -71,8 +82,9 @@ class ParamCache {
   std::int64_t capacity_bytes() const { return capacity_; }
 
  private:
+  struct Slot;
   struct State {
-    float* storage = nullptr;     // bound memory (resident or being fetched)
+    Slot* slot = nullptr;         // bound memory (resident or being fetched)
     std::int64_t version = -1;    // of the data in storage
     bool in_flight = false;
     ParameterService::Ticket ticket = 0;
@@ -84,12 +96,15 @@ class ParamCache {
   bool make_room(std::int64_t numel, std::size_t needed_at);
   bool start(int unit, std::size_t needed_at);  // false: no room
   void wait_for(int unit);
+  void upload(int unit);
+  void ready_for_compute(int unit);
   void prefetch();
   void drop(int unit);
-  float* take_buffer(std::int64_t numel);
-  void give_back(float* buf, std::int64_t numel);
+  Slot* take_slot(std::int64_t numel);
+  void give_back(Slot* slot);
 
   ParameterService& service_;
+  Device& device_;
   std::vector<CacheUnit> units_;
   UnitStore& store_;
   std::int64_t capacity_;  // bytes, 0: unlimited
@@ -101,12 +116,20 @@ class ParamCache {
   std::vector<std::vector<int>> plan_;
   std::size_t pos_ = 0;     // next use of the plan
   std::vector<int> pinned_;  // units of the current use
-  struct Buffer {
-    std::unique_ptr<float[]> data;
-    std::int64_t numel;
+  // A cache buffer: device memory, its host staging (none on the CPU), and the events that
+  // order its reuse.
+  struct Slot {
+    std::int64_t numel = 0;
+    Buffer<float> storage, staging;
+    std::unique_ptr<Event> uploaded, released;
+    bool upload_pending = false;   // an upload from staging may still be running
+    bool compute_waits = false;    // the compute queue has yet to wait for that upload
+    bool release_pending = false;  // the compute queue may still read the previous unit
+    float* device() { return storage.data(); }
+    float* host() { return staging.empty() ? storage.data() : staging.data(); }
   };
-  std::vector<Buffer> free_;                     // allocated, unused
-  std::vector<Buffer> used_;                     // allocated, bound to a unit
+  std::vector<std::unique_ptr<Slot>> free_;  // allocated, unused
+  std::vector<std::unique_ptr<Slot>> used_;  // allocated, bound to a unit
   std::int64_t in_use_bytes_ = 0, allocated_bytes_ = 0;
   CacheStats stats_;
 };
