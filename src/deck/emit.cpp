@@ -61,7 +61,7 @@ std::string md_range(const deck::KeySpec& k) {
 
 bool same_settings(const Deck& a, const Deck& b) {
   return a.run == b.run && a.model == b.model && a.data == b.data && a.parallel == b.parallel &&
-         a.train == b.train && a.optimizer == b.optimizer && a.pd == b.pd && a.checkpoint == b.checkpoint && a.output == b.output;
+         a.train == b.train && a.compute == b.compute && a.optimizer == b.optimizer && a.pd == b.pd && a.checkpoint == b.checkpoint && a.output == b.output;
 }
 
 std::string Deck::where(const std::string& dotted_key) const {

@@ -143,6 +143,14 @@ std::vector<KeySpec> build_schema() {
           "range.")
           .one_of({"fp32", "bf16"}),
 
+      key(&D::compute, &ComputeConfig::device, "compute.device",
+          "Where compute ranks run the model: cpu, or cuda (one NVIDIA GPU per compute rank, "
+          "chosen by its index among the node's compute ranks; several ranks may share one "
+          "GPU). Holders always run on CPUs. cuda needs a build with -DPDTRAIN_CUDA=ON.")
+          .one_of({"cpu", "cuda"}),
+      key(&D::compute, &ComputeConfig::tf32, "compute.tf32",
+          "cuda: let fp32 matmuls use TF32 tensor cores (10-bit mantissa inputs, much faster); "
+          "false keeps them exact fp32. No effect on cpu or in bf16 precision."),
       key(&D::optimizer, &OptimizerConfig::lr, "optimizer.lr",
           "Peak learning rate, reached after the warmup.")
           .above(0),
@@ -298,6 +306,7 @@ const std::vector<SectionSpec>& sections() {
       {"data", "Where training and validation tokens come from."},
       {"parallel", "How the MPI ranks are split into holders and compute groups."},
       {"train", "Batch size and validation."},
+      {"compute", "The device compute ranks run on."},
       {"optimizer", "AdamW with linear warmup and cosine decay."},
       {"pd", "The parameter/compute-decoupling wire between holders and compute ranks."},
       {"checkpoint", "HDF5 checkpoints written by the holders (docs/checkpoint-format.md)."},

@@ -16,8 +16,24 @@ double learning_rate(const AdamWConfig& c, std::int64_t step) {
 }
 
 double sum_of_squares(const float* g, std::int64_t n) {
+  const auto at = [g](std::int64_t i) { return g[i]; };
   double s = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
+  for (std::int64_t c = 0; c < n; c += kSumsqChunk)
+    s += sumsq_chunk(at, c, c + kSumsqChunk < n ? kSumsqChunk : n - c);
+  return s;
+}
+
+AdamWStep adamw_step(const AdamWConfig& c, std::int64_t step, double lr, float scale,
+                     bool decay) {
+  AdamWStep s;
+  s.beta1 = static_cast<float>(c.beta1);
+  s.beta2 = static_cast<float>(c.beta2);
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(c.beta1, static_cast<double>(step)));
+  s.bias_correction2 = static_cast<float>(1.0 - std::pow(c.beta2, static_cast<double>(step)));
+  s.lr = static_cast<float>(lr);
+  s.eps = static_cast<float>(c.eps);
+  s.weight_decay = decay ? static_cast<float>(c.weight_decay) : 0.0f;
+  s.grad_scale = scale;
   return s;
 }
 
@@ -34,21 +50,12 @@ double clip_factor(const AdamWConfig& c, double norm) {
 
 void adamw_update(const AdamWConfig& c, std::int64_t step, double lr, float scale, const float* g,
                   BlockState& s) {
-  const float b1 = static_cast<float>(c.beta1), b2 = static_cast<float>(c.beta2);
-  const float bc1 = static_cast<float>(1.0 - std::pow(c.beta1, static_cast<double>(step)));
-  const float bc2 = static_cast<float>(1.0 - std::pow(c.beta2, static_cast<double>(step)));
-  const float lr_f = static_cast<float>(lr), eps = static_cast<float>(c.eps);
-  const float wd = s.decay ? static_cast<float>(c.weight_decay) : 0.0f;
+  const AdamWStep k = adamw_step(c, step, lr, scale, s.decay);
+  float* param = s.param.data();
+  float* m = s.m.data();
+  float* v = s.v.data();
   const std::size_t n = s.param.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    const float grad = g[i] * scale;
-    const float m = b1 * s.m[i] + (1.0f - b1) * grad;
-    const float v = b2 * s.v[i] + (1.0f - b2) * grad * grad;
-    s.m[i] = m;
-    s.v[i] = v;
-    const float m_hat = m / bc1, v_hat = v / bc2;
-    s.param[i] -= lr_f * (m_hat / (std::sqrt(v_hat) + eps) + wd * s.param[i]);
-  }
+  for (std::size_t i = 0; i < n; ++i) adamw_element(k, g[i], param[i], m[i], v[i]);
 }
 
 }  // namespace pdtrain

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "pdtrain/optim/adamw.hpp"
 
@@ -65,6 +67,27 @@ TEST(AdamW, ClipScaleAppliesToTheGradient) {
   adamw_update(c, 1, 0.01, 1.0f, g2, b);
   EXPECT_EQ(a.m[0], b.m[0]);
   EXPECT_EQ(a.v[0], b.v[0]);
+}
+
+// The documented order (adamw_math.hpp), written out plainly: chunks of 4096, eight interleaved
+// lanes per chunk combined in a fixed tree, chunk sums added in order. Holders, the replicated
+// baseline and the GPU baseline must all produce exactly these bits.
+TEST(SumOfSquares, FollowsTheChunkedLaneOrderExactly) {
+  const std::int64_t n = 3 * 4096 + 13;
+  std::vector<float> g(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i)) * 1e-3f;
+  double expected = 0.0;
+  for (std::int64_t c = 0; c < n; c += 4096) {
+    double lane[8] = {};
+    const std::int64_t len = std::min<std::int64_t>(4096, n - c);
+    for (std::int64_t i = 0; i < len; ++i) lane[i % 8] += double(g[c + i]) * double(g[c + i]);
+    expected += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+  EXPECT_EQ(sum_of_squares(g.data(), n), expected);
+  double serial = 0.0;  // another order: the bits differ (so the test can tell orders apart)
+  for (float x : g) serial += double(x) * double(x);
+  EXPECT_NE(sum_of_squares(g.data(), n), serial);
+  EXPECT_NEAR(sum_of_squares(g.data(), n), serial, 1e-12 * serial);
 }
 
 }  // namespace

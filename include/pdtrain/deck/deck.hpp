@@ -66,6 +66,12 @@ struct TrainConfig {
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
+struct ComputeConfig {
+  std::string device = "cpu";  // cpu | cuda: where compute ranks run the model
+  bool tf32 = false;           // cuda: fp32 matmuls on TF32 tensor cores (faster, ~10 bits)
+  friend bool operator==(const ComputeConfig&, const ComputeConfig&) = default;
+};
+
 struct OptimizerConfig {
   double lr = 3e-3;
   double min_lr = 3e-4;            // cosine decays to this at run.steps
@@ -110,6 +116,7 @@ struct Deck {
   DataConfig data;
   ParallelConfig parallel;
   TrainConfig train;
+  ComputeConfig compute;
   OptimizerConfig optimizer;
   PdConfig pd;
   CheckpointConfig checkpoint;

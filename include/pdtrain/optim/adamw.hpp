@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "pdtrain/optim/adamw_math.hpp"
+
 namespace pdtrain {
 
 struct AdamWConfig {
@@ -17,7 +19,7 @@ struct AdamWConfig {
 // Learning rate of 1-based step `step`.
 double learning_rate(const AdamWConfig& c, std::int64_t step);
 
-// Sum of squares of a gradient block, in double, in element order.
+// Sum of squares of a gradient block in double, in adamw_math.hpp's fixed chunked order.
 double sum_of_squares(const float* g, std::int64_t n);
 
 // Global gradient norm from per-block sums of squares listed in block order (so the result
@@ -30,6 +32,9 @@ struct BlockState {
   std::vector<float> param, m, v;
   bool decay = false;
 };
+
+// The float constants of step `step` (1-based) at learning rate `lr` with clip factor `scale`.
+AdamWStep adamw_step(const AdamWConfig& c, std::int64_t step, double lr, float scale, bool decay);
 
 // One AdamW update of `s` with gradient `g` (already summed over replicas) scaled by `scale`
 // (the clip factor); `step` is 1-based.
