@@ -118,6 +118,9 @@ const std::vector<std::string> kFullDeck = {
     "dir = \"/scratch/ckpt\"",           // 60
     "[output]",                          // 61
     "trace = true",                      // 62
+    "[compute]",                         // 63
+    "device = \"cuda\"",                 // 64
+    "tf32 = true",                       // 65
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -177,6 +180,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.optimizer.beta1, 0.85);
   EXPECT_EQ(d.optimizer.beta2, 0.999);
   EXPECT_EQ(d.optimizer.eps, 1e-6);
+  EXPECT_EQ(d.compute.device, "cuda");
+  EXPECT_TRUE(d.compute.tf32);
   // Every key is in the file, so none is a default, and each origin is its own line.
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
