@@ -100,15 +100,15 @@ HolderHooks checkpoint_hooks(ckpt::CheckpointWriter& writer, const Deck& deck,
   };
   HolderHooks h;
   h.after_update = [&writer, &deck, save](std::int64_t version,
-                                          const HolderHooks::OwnedBlocks& blocks) {
+                                          const HolderHooks::BlocksGetter& blocks) {
     if (writer.pending()) writer.poll();
     if (deck.checkpoint.every > 0 && version % deck.checkpoint.every == 0)
-      save(version, blocks, deck.checkpoint.async);
+      save(version, blocks(), deck.checkpoint.async);
   };
   h.at_end = [&writer, save, last_written](std::int64_t version,
-                                           const HolderHooks::OwnedBlocks& blocks) {
+                                           const HolderHooks::BlocksGetter& blocks) {
     if (writer.pending()) writer.wait();
-    if (*last_written != version) save(version, blocks, false);
+    if (*last_written != version) save(version, blocks(), false);
   };
   h.stop_requested = [] { return stop_signal_received(); };
   return h;

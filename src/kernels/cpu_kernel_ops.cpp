@@ -3,10 +3,12 @@
 // layer. Each op fences before returning, so host memory is consistent when it returns (the
 // CPU device has no queue to synchronize).
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 
 #include "pdtrain/kernels/gemm.hpp"
 #include "pdtrain/kernels/gpt_kernels.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
+#include "pdtrain/optim/adamw.hpp"
 
 namespace pdtrain::kernels {
 namespace {
@@ -133,6 +135,37 @@ class CpuKernelOps final : public KernelOps {
     double s = 0.0;
     for (int i = 0; i < n; ++i) s += losses[i];
     *sum = s;
+  }
+
+  void gather_tiles(float* packed, const float* src, const std::vector<Tile>& tiles) override {
+    for (const Tile& t : tiles)
+      for (Index r = 0; r < t.rows; ++r, packed += t.cols)
+        std::copy_n(src + t.offset + r * t.ld, t.cols, packed);
+  }
+  void scatter_tiles(float* dst, bf16* dst_bf16, const float* packed,
+                     const std::vector<Tile>& tiles) override {
+    for (const Tile& t : tiles)
+      for (Index r = 0; r < t.rows; ++r, packed += t.cols) {
+        float* out = dst + t.offset + r * t.ld;
+        if (dst_bf16 == nullptr) {
+          std::copy_n(packed, t.cols, out);
+          continue;
+        }
+        bf16* out_h = dst_bf16 + t.offset + r * t.ld;
+        for (Index c = 0; c < t.cols; ++c) {
+          out_h[c] = pdtrain::to_bf16(packed[c]);
+          out[c] = to_float(out_h[c]);
+        }
+      }
+  }
+  void block_sums_of_squares(double* sumsq, const float* packed,
+                             const std::vector<Index>& sizes) override {
+    for (std::size_t i = 0; i < sizes.size(); packed += sizes[i++])
+      sumsq[i] = sum_of_squares(packed, sizes[i]);
+  }
+  void adamw(float* param, float* m, float* v, const float* grad, Index n,
+             const AdamWStep& step) override {
+    adamw_elements(step, grad, param, m, v, n);
   }
 
  private:

@@ -48,14 +48,15 @@ double clip_factor(const AdamWConfig& c, double norm) {
   return c.grad_clip / (norm + 1e-6);
 }
 
+void adamw_elements(const AdamWStep& k, const float* g, float* param, float* m, float* v,
+                    std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) adamw_element(k, g[i], param[i], m[i], v[i]);
+}
+
 void adamw_update(const AdamWConfig& c, std::int64_t step, double lr, float scale, const float* g,
                   BlockState& s) {
-  const AdamWStep k = adamw_step(c, step, lr, scale, s.decay);
-  float* param = s.param.data();
-  float* m = s.m.data();
-  float* v = s.v.data();
-  const std::size_t n = s.param.size();
-  for (std::size_t i = 0; i < n; ++i) adamw_element(k, g[i], param[i], m[i], v[i]);
+  adamw_elements(adamw_step(c, step, lr, scale, s.decay), g, s.param.data(), s.m.data(),
+                 s.v.data(), static_cast<std::int64_t>(s.param.size()));
 }
 
 }  // namespace pdtrain

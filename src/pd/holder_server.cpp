@@ -95,7 +95,7 @@ void HolderServer::run() {
     handle(st.MPI_SOURCE, st.MPI_TAG, std::span<const char>(msg.data(), static_cast<std::size_t>(bytes)));
   }
   drain_sent_replies();
-  if (hooks_.at_end) hooks_.at_end(version_, owned_blocks());
+  if (hooks_.at_end) hooks_.at_end(version_, [this] { return owned_blocks(); });
   if (verbose_) print_traffic();
   send_final_crc();
 }
@@ -283,7 +283,7 @@ void HolderServer::finish_step() {
   }
   recent_[version_] = UpdateInfo{version_, norm, lr};
   recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
-  if (hooks_.after_update) hooks_.after_update(version_, owned_blocks());
+  if (hooks_.after_update) hooks_.after_update(version_, [this] { return owned_blocks(); });
   serve_deferred();
 }
 

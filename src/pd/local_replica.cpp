@@ -43,7 +43,7 @@ void LocalReplica::push(std::int64_t step, const std::vector<int>& blocks, const
   }
   last_ = UpdateInfo{step, norm, lr};
   history_[step] = last_;
-  if (hooks_.after_update) hooks_.after_update(step, owned_blocks());
+  if (hooks_.after_update) hooks_.after_update(step, [this] { return owned_blocks(); });
 }
 
 std::optional<UpdateInfo> LocalReplica::update_info(std::int64_t version) const {
@@ -72,7 +72,7 @@ void LocalReplica::restore(std::int64_t version, std::map<int, BlockState> block
 }
 
 std::uint32_t LocalReplica::finish() {
-  if (hooks_.at_end) hooks_.at_end(last_.version, owned_blocks());
+  if (hooks_.at_end) hooks_.at_end(last_.version, [this] { return owned_blocks(); });
   std::vector<const float*> ptrs;
   for (const BlockState& s : state_) ptrs.push_back(s.param.data());
   return table_.canonical_crc(ptrs);

@@ -19,8 +19,11 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/device/device.hpp"
+#include "pdtrain/optim/adamw_math.hpp"
 
 namespace pdtrain::kernels {
 
@@ -107,6 +110,27 @@ class KernelOps {
   // *sum = losses[0] + losses[1] + ... + losses[n-1], in double, in that order (one micro-batch's
   // loss, bit-identical on every backend).
   virtual void sum_losses(double* sum, const float* losses, int n) = 0;
+
+  // --- Blocks and the optimizer: the replicated baseline keeps parameters and AdamW state on
+  // its device, packed block after block like the holders' (each block a row-major tile of
+  // a stage tensor). Every backend computes these to the same bits as the holders' CPU code
+  // (adamw_math.hpp; no FMA contraction), so a GPU baseline equals PD with CPU holders.
+  struct Tile {
+    Index offset = 0, rows = 0, cols = 0, ld = 0;  // rows x cols at data + offset, row stride ld
+  };
+  // packed (the tiles back to back, each row-major) <- src's tiles.
+  virtual void gather_tiles(float* packed, const float* src, const std::vector<Tile>& tiles) = 0;
+  // dst's tiles <- packed. With dst_bf16 (same layout as dst; may be null) the values are
+  // rounded to bf16: dst_bf16 gets them and dst their float value (bf16 precision's view).
+  virtual void scatter_tiles(float* dst, bf16* dst_bf16, const float* packed,
+                             const std::vector<Tile>& tiles) = 0;
+  // sumsq[i] = sum of squares of the i-th of the contiguous blocks of `sizes` in `packed`, in
+  // adamw_math.hpp's chunked order (sumsq in device memory).
+  virtual void block_sums_of_squares(double* sumsq, const float* packed,
+                                     const std::vector<Index>& sizes) = 0;
+  // AdamW (adamw_element) over n contiguous elements.
+  virtual void adamw(float* param, float* m, float* v, const float* grad, Index n,
+                     const AdamWStep& step) = 0;
 };
 
 // A compute rank's device and the kernels that run on it.

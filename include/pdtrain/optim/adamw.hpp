@@ -36,6 +36,10 @@ struct BlockState {
 // The float constants of step `step` (1-based) at learning rate `lr` with clip factor `scale`.
 AdamWStep adamw_step(const AdamWConfig& c, std::int64_t step, double lr, float scale, bool decay);
 
+// adamw_element over n contiguous elements (vectorized).
+void adamw_elements(const AdamWStep& k, const float* g, float* param, float* m, float* v,
+                    std::int64_t n);
+
 // One AdamW update of `s` with gradient `g` (already summed over replicas) scaled by `scale`
 // (the clip factor); `step` is 1-based.
 void adamw_update(const AdamWConfig& c, std::int64_t step, double lr, float scale, const float* g,

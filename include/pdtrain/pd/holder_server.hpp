@@ -28,10 +28,13 @@ namespace pdtrain {
 // writing after updates and at the end, and a request to stop early (a signal).
 struct HolderHooks {
   using OwnedBlocks = std::map<int, const BlockState*>;
+  // The owner's blocks, asked for only when a hook needs them (a device-resident owner copies
+  // them to the host then).
+  using BlocksGetter = std::function<OwnedBlocks()>;
   // After every update, with all holders at `version` (collective calls are safe here).
-  std::function<void(std::int64_t version, const OwnedBlocks&)> after_update;
+  std::function<void(std::int64_t version, const BlocksGetter&)> after_update;
   // Once, after every compute rank has finished, with all holders at the final version.
-  std::function<void(std::int64_t version, const OwnedBlocks&)> at_end;
+  std::function<void(std::int64_t version, const BlocksGetter&)> at_end;
   // True once this holder was asked to stop (SIGTERM/SIGUSR1); told to compute ranks in replies.
   std::function<bool()> stop_requested;
 };
