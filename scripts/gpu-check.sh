@@ -19,7 +19,8 @@
 #                     without the ucx/ofi/openib/psm and OpenSHMEM ones, help files,
 #                     openmpi-mca-params.conf) and PMIx's components and help files
 #     src/            the source tree (git ls-files: decks, docs, perf scripts, test inputs)
-#     shared/data/    tinyshakespeare.txt (from $GPU_CHECK_DATA_DIR, default ../shared/data)
+#     shared/data/    tinyshakespeare.txt (from $GPU_CHECK_DATA_DIR, default ../shared/data
+#                     next to the checkout)
 #     bundle.env      what was built, from which commit, and what the binaries need
 #   and prints its size; it fails above GPU_BUNDLE_MAX_MB (default 60).
 #
@@ -86,6 +87,9 @@ bundle() {
   done
   cd "$REPO"
   [[ $archive == /* ]] || archive=$PWD/$archive
+  local data_dir=${GPU_CHECK_DATA_DIR:-$REPO/../shared/data}
+  [[ -f $data_dir/tinyshakespeare.txt ]] ||
+    die "bundle: $data_dir/tinyshakespeare.txt not found (the data tests read it; set GPU_CHECK_DATA_DIR)"
   if (( do_build )); then
     echo "gpu-check: building $build_dir (CUDA on, BLAS GEMM backend)"
     BUILD_DIR=$build_dir CMAKE_ARGS="-DPDTRAIN_CUDA=ON -DPDTRAIN_GEMM_BACKEND=blas ${CMAKE_ARGS:-}" \
@@ -214,9 +218,6 @@ bundle() {
     mkdir -p "$P/src/$(dirname "$rel")"
     ln -sfn "${up}build" "$P/src/$rel"
   fi
-  local data_dir=${GPU_CHECK_DATA_DIR:-${src_dir:-$REPO}/../shared/data}
-  [[ -f $data_dir/tinyshakespeare.txt ]] ||
-    die "bundle: $data_dir/tinyshakespeare.txt not found (the data tests read it; set GPU_CHECK_DATA_DIR)"
   cp -p "$data_dir/tinyshakespeare.txt" "$P/shared/data/"
   ln -s ../src/scripts/mpirun-local "$P/bin/mpirun-local"
 
