@@ -22,7 +22,8 @@
 #     shared/data/    tinyshakespeare.txt (from $GPU_CHECK_DATA_DIR, default ../shared/data
 #                     next to the checkout)
 #     bundle.env      what was built, from which commit, and what the binaries need
-#   and prints its size; it fails above GPU_BUNDLE_MAX_MB (default 60).
+#   and prints its size; it fails above GPU_BUNDLE_MAX_MB (default 60), and when a ctest test
+#   labelled `gpu` (GPU_CHECK_LABEL, a regex) runs an executable of the build not bundled.
 #
 # run: unpacks ARCHIVE into a temporary prefix, sets PATH, LD_LIBRARY_PATH (bundle first, then
 #   /usr/local/cuda/lib64, then the nvidia-* Python wheels' lib directories), OPAL_* and PMIX_*
@@ -75,6 +76,28 @@ die() {
 human() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
 # ---------------------------------------------------------------------------------- bundle --
+# Every executable of the build that a test labelled `gpu` runs must be in the bundle.
+check_gpu_label() {
+  local B=$1 bundled=$2 json exes f missing=() label=${GPU_CHECK_LABEL:-^gpu\$}
+  command -v ctest > /dev/null 2>&1 || { echo "gpu-check: warning: no ctest: cannot check the 'gpu' label"; return 0; }
+  command -v python3 > /dev/null 2>&1 || { echo "gpu-check: warning: no python3: cannot check the 'gpu' label"; return 0; }
+  json=$(ctest --test-dir "$B" -L "$label" --show-only=json-v1 2>/dev/null) ||
+    die "bundle: ctest --show-only failed in $B"
+  exes=$(python3 -c '
+import json, os, sys
+build = sys.argv[1]
+for t in json.loads(sys.stdin.read()).get("tests", []):
+    for a in t.get("command", []):
+        if a.startswith(build + "/") and os.path.isfile(a) and os.access(a, os.X_OK):
+            print(os.path.relpath(a, build))
+' "$B" <<< "$json" | sort -u)
+  if [[ -z $exes ]]; then echo "gpu-check: no ctest test has a label matching $label yet"; return 0; fi
+  for f in $exes; do [[ -f $bundled/$f ]] || missing+=("$f"); done
+  (( ${#missing[@]} == 0 )) ||
+    die "bundle: ctest tests labelled $label run ${missing[*]}, which scripts/gpu-check.bins does not list"
+  echo "gpu-check: the executables of the ctest tests labelled $label are all bundled: $(echo $exes)"
+}
+
 bundle() {
   local build_dir=${BUILD_DIR:-build-cuda} archive=${GPU_BUNDLE:-$DEFAULT_ARCHIVE} do_build=1
   while (( $# > 0 )); do
@@ -129,6 +152,7 @@ bundle() {
     done
     (( n > 0 || optional )) || die "bundle: '$line' (scripts/gpu-check.bins) matches no executable in $B"
   done < "$SCRIPTS/gpu-check.bins"
+  check_gpu_label "$B" "$P/build"
   [[ -d $B/hdf5-plugins ]] || die "bundle: $B/hdf5-plugins is missing"
   cp -rp "$B/hdf5-plugins" "$P/build/"
   for f in "$P"/build/hdf5-plugins/*.so; do elves+=("$f"); done
@@ -243,6 +267,7 @@ bundle() {
   echo "gpu-check: compressing $(human "$raw") with xz"
   mkdir -p "$(dirname "$archive")"
   tar -C "$stage" --owner=0 --group=0 --numeric-owner -cf - "$TOP" | xz -T2 -9 > "$archive.tmp"
+  xz -t "$archive.tmp" || die "bundle: $archive.tmp does not decompress"
   mv "$archive.tmp" "$archive"
   local size max_mb=${GPU_BUNDLE_MAX_MB:-60}
   size=$(stat -c %s "$archive")
