@@ -1,0 +1,31 @@
+#pragma once
+// CUDA_CHECK(call): a failed CUDA runtime call is a fault only this rank sees, so it ends the
+// whole job at once (pdtrain::fatal_abort prints "pdtrain: error (rank R): file:line: call
+// failed: <cudaGetErrorString>" and aborts every rank). For CUDA code only (the CUDA device and
+// the CUDA kernels); neither links MPI: fatal_abort is core's and the final link provides it.
+//
+// CUDA_CHECK_LAUNCH(): after a kernel launch, catches a bad launch configuration at once.
+// Faults inside a kernel surface at the next synchronizing call (checked the same way).
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "pdtrain/core/error.hpp"
+
+namespace pdtrain {
+
+[[noreturn]] inline void cuda_fail(cudaError_t rc, const char* call, const char* file, int line) {
+  fatal_abort(ExitCode::runtime, where(file, line) + ": " + call + " failed: " +
+                                     cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")");
+}
+
+}  // namespace pdtrain
+
+#define CUDA_CHECK(call)                                                        \
+  do {                                                                          \
+    const cudaError_t pdtrain_cuda_rc_ = (call);                                \
+    if (pdtrain_cuda_rc_ != cudaSuccess)                                        \
+      ::pdtrain::cuda_fail(pdtrain_cuda_rc_, #call, __FILE__, __LINE__);        \
+  } while (0)
+
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
