@@ -92,7 +92,8 @@ std::vector<T> to_host(Device& device, const Buffer<T>& b) {
 
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // |actual - expected| <= bound[i] elementwise; reports the first few failures.

@@ -54,7 +54,8 @@ TEST_P(DeviceTest, CopiesBetweenEveryPairOfKindsOnBothQueues) {
         d.zero(dst.data() + 10, 5 * sizeof(float));  // compute queue, after the copy
         auto y = to_host(d, dst);
         for (std::int64_t i = 0; i < n; ++i)
-          ASSERT_EQ(y[static_cast<std::size_t>(i)], i >= 10 && i < 15 ? 0.0f : x[static_cast<std::size_t>(i)])
+          ASSERT_EQ(y[static_cast<std::size_t>(i)],
+                    i >= 10 && i < 15 ? 0.0f : x[static_cast<std::size_t>(i)])
               << static_cast<int>(from) << "->" << static_cast<int>(to) << " on queue "
               << static_cast<int>(queue) << " at " << i;
       }

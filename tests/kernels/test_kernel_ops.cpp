@@ -89,8 +89,8 @@ class KernelOpsTest : public ::testing::TestWithParam<std::tuple<TestBackend, Sh
   KernelOps* ops_ = nullptr;
 };
 
-constexpr double kTol = 1e-5;                // non-linear ops, see the file comment
-constexpr double kGeluGradTol = 5e-5;      // see the file comment
+constexpr double kTol = 1e-5;                  // non-linear ops, see the file comment
+constexpr double kGeluGradTol = 5e-5;          // see the file comment
 const double kBf16Half = std::ldexp(1.0, -8);  // half a bf16 ulp, relative (8 significant bits)
 
 // fp32 tolerance plus bf16 rounding, against a double reference.
@@ -119,7 +119,8 @@ void expect_is_rounded(const std::string& what, const std::vector<float>& bf16_o
 // Fill, conversion, residual
 
 TEST_P(KernelOpsTest, FillSetsExactlyTheRange) {
-  const std::int64_t n = std::int64_t(shape().B) * shape().T * shape().C + 3;  // not a multiple of 4
+  const std::int64_t n =
+      std::int64_t(shape().B) * shape().T * shape().C + 3;  // not a multiple of 4
   const auto got = deterministic([&] {
     auto a = up(std::vector<float>(sz(n + 1), -1.0f)), b = up(std::vector<float>(sz(n + 1), -1.0f));
     ops_->fill(a.data(), n, 0.375f);      // aligned: vector stores
@@ -136,11 +137,16 @@ TEST_P(KernelOpsTest, FillSetsExactlyTheRange) {
 
 TEST_P(KernelOpsTest, ToBf16IsCoreRounding) {
   auto x = randn(sz(std::int64_t(shape().B) * shape().T * shape().C + 5), 11, 100.0);
-  const float specials[] = {0.0f,     -0.0f,   1.0f + std::ldexp(1.0f, -8),  // a tie
-                            1.0f + 3 * std::ldexp(1.0f, -8),                   // a tie, odd
-                            FLT_MAX,  -FLT_MAX, std::numeric_limits<float>::infinity(),
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f + std::ldexp(1.0f, -8),      // a tie
+                            1.0f + 3 * std::ldexp(1.0f, -8),  // a tie, odd
+                            FLT_MAX,
+                            -FLT_MAX,
+                            std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), std::ldexp(1.0f, -130)};
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::ldexp(1.0f, -130)};
   std::copy(std::begin(specials), std::end(specials), x.begin());
   const auto n = static_cast<std::int64_t>(x.size());
   std::vector<bf16> got[2];
@@ -167,7 +173,7 @@ TEST_P(KernelOpsTest, ResidualIsTheFp32Sum) {
     ops_->residual_forward(out.data(), da.data(), db.data(), n);
     auto out1 = zeros<float>(n + 1);
     ops_->residual_forward(out1.data() + 1, da.data() + 1, db.data() + 1, n);  // unaligned
-    ops_->residual_forward(in_place.data(), in_place.data(), db.data(), n);     // out == a
+    ops_->residual_forward(in_place.data(), in_place.data(), db.data(), n);    // out == a
     return Results{down(out), down(out1), down(in_place)};
   });
   for (std::int64_t i = 0; i < n; ++i) {
@@ -254,14 +260,16 @@ TEST_P(KernelOpsTest, LayerNormForwardFp32AndBf16) {
     auto out = zeros<float>(std::int64_t(N) * C), mean = zeros<float>(N), rstd = zeros<float>(N);
     auto out_h = zeros<bf16>(std::int64_t(N) * C);
     auto mean_h = zeros<float>(N), rstd_h = zeros<float>(N);
-    ops_->layernorm_forward(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), N, C);
+    ops_->layernorm_forward(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(),
+                            N, C);
     ops_->layernorm_forward(out_h.data(), mean_h.data(), rstd_h.data(), dx.data(), dw.data(),
                             db.data(), N, C);
     return Results{down(out), down(mean), down(rstd), down(out_h), down(mean_h), down(rstd_h)};
   });
   Vec out(sz(std::int64_t(N) * C)), mean(sz(N)), rstd(sz(N));
   const Vec xd = widen(x), wd = widen(w), bd = widen(b);
-  layernorm_forward(host(), out.data(), mean.data(), rstd.data(), xd.data(), wd.data(), bd.data(), N, C);
+  layernorm_forward(host(), out.data(), mean.data(), rstd.data(), xd.data(), wd.data(), bd.data(),
+                    N, C);
   expect_close("out", got[0], out, kTol);
   expect_close("mean", got[1], mean, kTol);
   expect_close("rstd", got[2], rstd, kTol);
@@ -281,7 +289,8 @@ TEST_P(KernelOpsTest, LayerNormBackward) {
   {
     Vec out(x.size()), m(sz(N)), r(sz(N));
     const Vec xd = widen(x), wd = widen(w), zero(sz(C), 0.0);
-    layernorm_forward(host(), out.data(), m.data(), r.data(), xd.data(), wd.data(), zero.data(), N, C);
+    layernorm_forward(host(), out.data(), m.data(), r.data(), xd.data(), wd.data(), zero.data(), N,
+                      C);
     for (int n = 0; n < N; ++n) {
       mean[sz(n)] = static_cast<float>(m[sz(n)]);
       rstd[sz(n)] = static_cast<float>(r[sz(n)]);
@@ -337,7 +346,8 @@ TEST_P(KernelOpsTest, MatmulForwardFp32AndBf16) {
   });
   const auto reference = [&](const Vec& xd, const Vec& wd, const Vec* bd) {
     Vec y(sz(std::int64_t(N) * OC));
-    matmul_forward(host(), y.data(), xd.data(), wd.data(), bd != nullptr ? bd->data() : nullptr, N, C, OC);
+    matmul_forward(host(), y.data(), xd.data(), wd.data(), bd != nullptr ? bd->data() : nullptr, N,
+                   C, OC);
     return y;
   };
   const Vec bd = widen(bias), abd = absolute(bd);
@@ -365,17 +375,21 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     auto dx = up(dx0), dw = up(dw0), db = up(db0), dw_only = up(dw0);
     auto dxh = up(dx0), dwh = up(dw0), dbh = up(db0);
     auto g_h = zeros<bf16>(std::int64_t(N) * OC);
-    ops_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(), N, C, OC);
-    ops_->matmul_backward(nullptr, dw_only.data(), nullptr, g.data(), dx_in.data(), dw_in.data(), N, C, OC);
+    ops_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(), N,
+                          C, OC);
+    ops_->matmul_backward(nullptr, dw_only.data(), nullptr, g.data(), dx_in.data(), dw_in.data(), N,
+                          C, OC);
     ops_->matmul_backward(dxh.data(), dwh.data(), dbh.data(), g.data(), g_h.data(), dxh_in.data(),
                           dwh_in.data(), N, C, OC);
-    return Results{down(dx), down(dw), down(db), down(dw_only), down(dxh), down(dwh), down(dbh), down(g_h)};
+    return Results{down(dx),  down(dw),  down(db),  down(dw_only),
+                   down(dxh), down(dwh), down(dbh), down(g_h)};
   });
   // dinp += g W, dweight += g^T x; dbias += column sums of the fp32 dout (bias_g) also when the
   // products use its bf16 rounding (g).
-  const auto reference = [&](const Vec& g, const Vec& xd, const Vec& wd, const Vec& bias_g,
-                             Vec dx, Vec dw, Vec db) {
-    matmul_backward(host(), dx.data(), dw.data(), nullptr, g.data(), xd.data(), wd.data(), N, C, OC);
+  const auto reference = [&](const Vec& g, const Vec& xd, const Vec& wd, const Vec& bias_g, Vec dx,
+                             Vec dw, Vec db) {
+    matmul_backward(host(), dx.data(), dw.data(), nullptr, g.data(), xd.data(), wd.data(), N, C,
+                    OC);
     column_sums_add(host(), db.data(), bias_g.data(), N, OC);
     return std::tuple(dx, dw, db);
   };
@@ -384,9 +398,9 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     const Vec g = half ? widen(rounded(dout)) : g32;
     const Vec xd = half ? widen(xh) : widen(x), wd = half ? widen(wh) : widen(w);
     const auto [dx, dw, db] = reference(g, xd, wd, g32, widen(dx0), widen(dw0), widen(db0));
-    const auto [mx, mw, mb] = reference(absolute(g), absolute(xd), absolute(wd), absolute(g32),
-                                        absolute(widen(dx0)), absolute(widen(dw0)),
-                                        absolute(widen(db0)));
+    const auto [mx, mw, mb] =
+        reference(absolute(g), absolute(xd), absolute(wd), absolute(g32), absolute(widen(dx0)),
+                  absolute(widen(dw0)), absolute(widen(db0)));
     const std::string p = half ? "bf16 " : "fp32 ";
     const std::size_t k = half ? 4 : 0;
     expect_within(p + "dinp", got[k], dx, sum_bounds(mx, OC));
@@ -403,7 +417,8 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
 TEST_P(KernelOpsTest, AttentionForward) {
   const Shape s = shape();
   const int HS = s.C / s.NH;
-  const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C, n_out = std::int64_t(s.B) * s.T * s.C;
+  const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C,
+                     n_out = std::int64_t(s.B) * s.T * s.C;
   const std::int64_t n_att = std::int64_t(s.B) * s.NH * s.T * s.T;
   const auto qkv = randn(sz(n_qkv), 40);
   const std::vector<float> garbage(sz(n_att), 7.0f);  // both are overwritten everywhere
@@ -426,7 +441,8 @@ TEST_P(KernelOpsTest, AttentionForward) {
 
 TEST_P(KernelOpsTest, AttentionBackward) {
   const Shape s = shape();
-  const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C, n_out = std::int64_t(s.B) * s.T * s.C;
+  const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C,
+                     n_out = std::int64_t(s.B) * s.T * s.C;
   const std::int64_t n_att = std::int64_t(s.B) * s.NH * s.T * s.T;
   const auto qkv = randn(sz(n_qkv), 41), dout = randn(sz(n_out), 42);
   const auto dqkv0 = randn(sz(n_qkv), 43);
@@ -466,7 +482,7 @@ TEST_P(KernelOpsTest, GeluForwardFp32AndBf16) {
     auto out_h = zeros<bf16>(n + 1), out1_h = zeros<bf16>(n + 1);
     ops_->gelu_forward(out.data(), in.data(), n);
     ops_->gelu_forward(out_h.data(), in.data(), n);
-    ops_->gelu_forward(out1.data(), in.data() + 1, n);    // unaligned input: element by element
+    ops_->gelu_forward(out1.data(), in.data() + 1, n);  // unaligned input: element by element
     ops_->gelu_forward(out1_h.data(), in.data() + 1, n);
     return Results{down(out), down(out_h), down(out1), down(out1_h)};
   });
@@ -532,7 +548,8 @@ TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
       auto p = zeros<float>(std::int64_t(N) * V), l = zeros<float>(N), st_in = up(stats_f);
       auto d = up(dlogits0);
       ops_->crossentropy_rowmax(m.data(), zl.data(), N, V);
-      ops_->crossentropy_partials(st.data(), p.data(), zl.data(), m.data(), t.data(), sh.begin, N, V);
+      ops_->crossentropy_partials(st.data(), p.data(), zl.data(), m.data(), t.data(), sh.begin, N,
+                                  V);
       const auto partial = down(st), unnorm = down(p);
       // Phase 3 from the reference's combined statistics, so each phase is checked alone.
       ops_->crossentropy_finish(l.data(), p.data(), st_in.data(), N, V);

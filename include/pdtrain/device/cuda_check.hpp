@@ -21,11 +21,14 @@ namespace pdtrain {
 
 }  // namespace pdtrain
 
-#define CUDA_CHECK(call)                                                        \
-  do {                                                                          \
-    const cudaError_t pdtrain_cuda_rc_ = (call);                                \
-    if (pdtrain_cuda_rc_ != cudaSuccess)                                        \
-      ::pdtrain::cuda_fail(pdtrain_cuda_rc_, #call, __FILE__, __LINE__);        \
+// Checks a call that returns a status of `type`; any status but `ok` goes to fail(status, call
+// text, file, line), which does not return.
+#define PDTRAIN_CHECKED_CALL(call, type, ok, fail)                                 \
+  do {                                                                             \
+    const type pdtrain_status_ = (call);                                           \
+    if (pdtrain_status_ != (ok)) fail(pdtrain_status_, #call, __FILE__, __LINE__); \
   } while (0)
+
+#define CUDA_CHECK(call) PDTRAIN_CHECKED_CALL(call, cudaError_t, cudaSuccess, ::pdtrain::cuda_fail)
 
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

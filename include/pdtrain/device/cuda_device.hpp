@@ -59,7 +59,8 @@ class CudaDevice final : public Device {
   int sm_count_ = 0;
   std::string description_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
-  cudaEvent_t filled_ = nullptr;  // the last zero-fill of new memory, for the copy stream to wait on
+  cudaEvent_t filled_ =
+      nullptr;  // the last zero-fill of new memory, for the copy stream to wait on
 };
 
 }  // namespace pdtrain

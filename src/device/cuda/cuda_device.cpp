@@ -85,8 +85,8 @@ void* CudaDevice::do_allocate(std::size_t bytes, MemoryKind kind) {
         (void)cudaMemGetInfo(&free_bytes, &total);
         throw Error(ExitCode::runtime,
                     "cannot allocate " + std::to_string(bytes) + " bytes of GPU memory on " +
-                        description_ + ": " + std::to_string(free_bytes) + " bytes (" + gib(free_bytes) +
-                        ") of " + std::to_string(total) + " are free");
+                        description_ + ": " + std::to_string(free_bytes) + " bytes (" +
+                        gib(free_bytes) + ") of " + std::to_string(total) + " are free");
       }
       if (rc != cudaSuccess) cuda_fail(rc, "cudaMalloc", __FILE__, __LINE__);
       // Zero-filled on the compute stream; the copy stream waits for the fill too, so an upload

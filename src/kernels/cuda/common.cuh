@@ -18,8 +18,8 @@ using Index = std::int64_t;
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kBlock = 256;         // threads per block of the grid-stride and row kernels
-constexpr Index kMaxGrid = 4096;    // blocks of a grid-stride loop (enough to fill an H200)
+constexpr int kBlock = 256;       // threads per block of the grid-stride and row kernels
+constexpr Index kMaxGrid = 4096;  // blocks of a grid-stride loop (enough to fill an H200)
 
 inline Index ceil_div(Index a, Index b) { return (a + b - 1) / b; }
 
@@ -94,6 +94,20 @@ __device__ __forceinline__ void for_each_element(Index n, Vec4 vec4, One one) {
   const Index n4 = kVec ? n / 4 : 0;
   for (Index i = start; i < n4; i += stride) vec4(i);
   for (Index i = 4 * n4 + start; i < n; i += stride) one(i);
+}
+
+// Launches an element-wise kernel over n elements (nothing when n = 0): vec (the kVec = true
+// instantiation, four elements at a time) when the pointers' alignment allows vector access,
+// else scalar (kVec = false); args are the kernel's arguments.
+template <class... Params, class... Args>
+void launch_elementwise(cudaStream_t stream, Index n, bool vector_ok, void (*vec)(Params...),
+                        void (*scalar)(Params...), Args... args) {
+  if (n <= 0) return;
+  if (vector_ok)
+    vec<<<grid_for(ceil_div(n, 4)), kBlock, 0, stream>>>(args...);
+  else
+    scalar<<<grid_for(n), kBlock, 0, stream>>>(args...);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace pdtrain::kernels::cuda

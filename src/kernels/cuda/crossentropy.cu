@@ -15,8 +15,7 @@ namespace {
 constexpr int kCeBlock = 512;  // 16 warps; a 50304-column row is ~100 columns per thread
 
 // rowmax[n] = max_v logits[n,v] (the lowest float when V = 0).
-__global__ void rowmax_kernel(float* __restrict__ rowmax, const float* __restrict__ logits,
-                              int V) {
+__global__ void rowmax_kernel(float* __restrict__ rowmax, const float* __restrict__ logits, int V) {
   __shared__ float shared[kWarp];
   const Index n = blockIdx.x;
   const float* z = logits + n * V;
@@ -29,9 +28,8 @@ __global__ void rowmax_kernel(float* __restrict__ rowmax, const float* __restric
 // probs[n,v] = exp(logits - rowmax) (unnormalized); stats[n] = their sum over the shard;
 // stats[N+n] = target logit - rowmax when the shard holds the target, else 0.
 __global__ void partials_kernel(float* __restrict__ stats, float* __restrict__ probs,
-                                const float* __restrict__ logits,
-                                const float* __restrict__ rowmax, const I32* __restrict__ targets,
-                                int vocab_begin, int N, int V) {
+                                const float* __restrict__ logits, const float* __restrict__ rowmax,
+                                const I32* __restrict__ targets, int vocab_begin, int N, int V) {
   __shared__ float shared[kWarp];
   const Index n = blockIdx.x;
   const float* z = logits + n * V;
@@ -63,8 +61,8 @@ __global__ void finish_kernel(float* __restrict__ losses, float* __restrict__ pr
 
 // dlogits[n,v] += (probs - onehot(target)) * dlosses[n], the target counted on its shard only.
 __global__ void backward_kernel(float* __restrict__ dlogits, const float* __restrict__ probs,
-                                const I32* __restrict__ targets,
-                                const float* __restrict__ dlosses, int V, int vocab_begin) {
+                                const I32* __restrict__ targets, const float* __restrict__ dlosses,
+                                int V, int vocab_begin) {
   const Index n = blockIdx.x;
   const float dl = dlosses[n];
   const float* p = probs + n * V;
@@ -91,11 +89,10 @@ void crossentropy_rowmax(cudaStream_t stream, float* rowmax, const float* logits
 }
 
 void crossentropy_partials(cudaStream_t stream, float* stats, float* probs, const float* logits,
-                           const float* rowmax, const I32* targets, int vocab_begin, int N,
-                           int V) {
+                           const float* rowmax, const I32* targets, int vocab_begin, int N, int V) {
   if (N <= 0) return;
-  partials_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
-      stats, probs, logits, rowmax, targets, vocab_begin, N, V);
+  partials_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(stats, probs, logits, rowmax,
+                                                                     targets, vocab_begin, N, V);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -13,16 +13,12 @@ namespace pdtrain {
 
 [[noreturn]] inline void cublas_fail(cublasStatus_t rc, const char* call, const char* file,
                                      int line) {
-  fatal_abort(ExitCode::runtime, where(file, line) + ": " + call + " failed: " +
-                                     cublasLtGetStatusString(rc) + " (status " +
+  fatal_abort(ExitCode::runtime, where(file, line) + ": " + call +
+                                     " failed: " + cublasLtGetStatusString(rc) + " (status " +
                                      std::to_string(static_cast<int>(rc)) + ")");
 }
 
 }  // namespace pdtrain
 
-#define CUBLAS_CHECK(call)                                                      \
-  do {                                                                          \
-    const cublasStatus_t pdtrain_cublas_rc_ = (call);                           \
-    if (pdtrain_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                            \
-      ::pdtrain::cublas_fail(pdtrain_cublas_rc_, #call, __FILE__, __LINE__);    \
-  } while (0)
+#define CUBLAS_CHECK(call) \
+  PDTRAIN_CHECKED_CALL(call, cublasStatus_t, CUBLAS_STATUS_SUCCESS, ::pdtrain::cublas_fail)

@@ -9,9 +9,8 @@ namespace {
 
 // One thread per output element (grid-stride). Tokens outside the shard contribute 0.
 __global__ void encoder_forward_kernel(float* __restrict__ out, const I32* __restrict__ tokens,
-                                       const float* __restrict__ wte,
-                                       const float* __restrict__ wpe, Index NC, int T, int C,
-                                       int vocab_begin, int vocab_end) {
+                                       const float* __restrict__ wte, const float* __restrict__ wpe,
+                                       Index NC, int T, int C, int vocab_begin, int vocab_end) {
   for (Index i = global_thread(); i < NC; i += grid_threads()) {
     const Index bt = i / C, c = i - bt * C, t = bt % T;
     const I32 tok = tokens[bt];

@@ -34,7 +34,9 @@ __device__ __forceinline__ void store4(bf16* out, Index i, float4 v) {
   reinterpret_cast<uint2*>(out)[i] = pack_bf16x4(v);
 }
 __device__ __forceinline__ void store1(float* out, Index i, float v) { out[i] = v; }
-__device__ __forceinline__ void store1(bf16* out, Index i, float v) { out[i] = pdtrain::to_bf16(v); }
+__device__ __forceinline__ void store1(bf16* out, Index i, float v) {
+  out[i] = pdtrain::to_bf16(v);
+}
 
 template <bool kVec, class Out>
 __global__ void gelu_forward_kernel(Out* __restrict__ out, const float* __restrict__ inp, Index n) {
@@ -42,7 +44,8 @@ __global__ void gelu_forward_kernel(Out* __restrict__ out, const float* __restri
       n,
       [&](Index i) {
         const float4 x = reinterpret_cast<const float4*>(inp)[i];
-        store4(out, i, make_float4(gelu_value(x.x), gelu_value(x.y), gelu_value(x.z), gelu_value(x.w)));
+        store4(out, i,
+               make_float4(gelu_value(x.x), gelu_value(x.y), gelu_value(x.z), gelu_value(x.w)));
       },
       [&](Index i) { store1(out, i, gelu_value(inp[i])); });
 }
@@ -65,33 +68,22 @@ __global__ void gelu_backward_kernel(float* __restrict__ dinp, const float* __re
       [&](Index i) { dinp[i] += gelu_grad(inp[i]) * dout[i]; });
 }
 
-template <class Out>
-void gelu_forward_impl(cudaStream_t stream, Out* out, const float* inp, Index n) {
-  if (n <= 0) return;
-  if (aligned(out, 4 * sizeof(Out)) && aligned(inp, 16))
-    gelu_forward_kernel<true><<<grid_for(ceil_div(n, 4)), kBlock, 0, stream>>>(out, inp, n);
-  else
-    gelu_forward_kernel<false><<<grid_for(n), kBlock, 0, stream>>>(out, inp, n);
-  CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n) {
-  gelu_forward_impl(stream, out, inp, n);
+  launch_elementwise(stream, n, aligned(out, 16) && aligned(inp, 16),
+                     gelu_forward_kernel<true, float>, gelu_forward_kernel<false, float>, out, inp,
+                     n);
 }
 void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n) {
-  gelu_forward_impl(stream, out, inp, n);
+  launch_elementwise(stream, n, aligned(out, 8) && aligned(inp, 16),
+                     gelu_forward_kernel<true, bf16>, gelu_forward_kernel<false, bf16>, out, inp,
+                     n);
 }
 
-void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout,
-                   Index n) {
-  if (n <= 0) return;
-  if (aligned(dinp, 16) && aligned(inp, 16) && aligned(dout, 16))
-    gelu_backward_kernel<true><<<grid_for(ceil_div(n, 4)), kBlock, 0, stream>>>(dinp, inp, dout, n);
-  else
-    gelu_backward_kernel<false><<<grid_for(n), kBlock, 0, stream>>>(dinp, inp, dout, n);
-  CUDA_CHECK_LAUNCH();
+void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n) {
+  launch_elementwise(stream, n, aligned(dinp, 16) && aligned(inp, 16) && aligned(dout, 16),
+                     gelu_backward_kernel<true>, gelu_backward_kernel<false>, dinp, inp, dout, n);
 }
 
 }  // namespace pdtrain::kernels::cuda

@@ -128,8 +128,8 @@ void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const floa
 void attention_forward(Gemm& gemm, cudaStream_t stream, float* out, float* preatt, float* att,
                        const float* qkv, int B, int T, int C, int NH);
 void attention_backward(Gemm& gemm, cudaStream_t stream, float* dqkv, float* dpreatt, float* datt,
-                        const float* dout, const float* qkv, const float* att, int B, int T,
-                        int C, int NH);
+                        const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH);
 
 // ---------------------------------------------------------------------------------------------
 // crossentropy.cu: one block per row, fixed-order block reductions.
@@ -139,8 +139,7 @@ void crossentropy_partials(cudaStream_t stream, float* stats, float* probs, cons
 void crossentropy_finish(cudaStream_t stream, float* losses, float* probs, const float* stats,
                          int N, int V);
 void crossentropy_backward(cudaStream_t stream, float* dlogits, const float* probs,
-                           const I32* targets, const float* dlosses, int N, int V,
-                           int vocab_begin);
+                           const I32* targets, const float* dlosses, int N, int V, int vocab_begin);
 // *sum = losses[0] + ... + losses[n-1] in double, in order, by one thread (the CPU's bits).
 void sum_losses(cudaStream_t stream, double* sum, const float* losses, int n);
 

@@ -73,13 +73,10 @@ __global__ void layernorm_backward_inp_kernel(float* __restrict__ dinp,
 
 // Stage 1 of dweight (sum of norm * dy) and dbias (sum of dy): thread (column c, slab) sums
 // the slab's rows in order.
-__global__ void layernorm_backward_params_kernel(float* __restrict__ partial_w,
-                                                 float* __restrict__ partial_b,
-                                                 const float* __restrict__ dout,
-                                                 const float* __restrict__ inp,
-                                                 const float* __restrict__ mean,
-                                                 const float* __restrict__ rstd, Index N, int C,
-                                                 Index slab_rows) {
+__global__ void layernorm_backward_params_kernel(
+    float* __restrict__ partial_w, float* __restrict__ partial_b, const float* __restrict__ dout,
+    const float* __restrict__ inp, const float* __restrict__ mean, const float* __restrict__ rstd,
+    Index N, int C, Index slab_rows) {
   const Index c = Index(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const Index slab = blockIdx.y;

@@ -47,8 +47,8 @@ std::int64_t alignment(const void* p, Index stride, std::size_t elem_bytes, int 
 
 // A column-major rows x cols matrix with leading dimension ld, `batch` of them `stride`
 // elements apart.
-cublasLtMatrixLayout_t make_layout(cudaDataType_t type, Index rows, Index cols, Index ld,
-                                   int batch, Index stride) {
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, Index rows, Index cols, Index ld, int batch,
+                                   Index stride) {
   cublasLtMatrixLayout_t layout = nullptr;
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<std::uint64_t>(rows),
                                           static_cast<std::uint64_t>(cols), ld));
@@ -93,10 +93,10 @@ const Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                              sizeof op_a));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
-                                              sizeof op_b));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   // cuBLASLt's op(A) is m x k = N x K: stored K x N when transposed. Its op(B) is k x n = K x M:
   // stored M x K when transposed. C is m x n = N x M.
   p->lt_a = make_layout(in_type, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch,
@@ -123,17 +123,15 @@ const Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t rc =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref,
-                                     1, &result, &found);
+  const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(
+      handle_, p->desc, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (rc != CUBLAS_STATUS_SUCCESS || found == 0)
     fatal_abort(ExitCode::runtime,
                 where(__FILE__, __LINE__) + ": cuBLASLt has no algorithm for the " + describe(g) +
                     " (alignments A " + std::to_string(key[kAlignA]) + ", B " +
                     std::to_string(key[kAlignB]) + ", C " + std::to_string(key[kAlignC]) +
-                    " bytes): " +
-                    cublasLtGetStatusString(rc));
+                    " bytes): " + cublasLtGetStatusString(rc));
   p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;
 }
@@ -164,8 +162,7 @@ void Gemm::run(const GemmArgs& g) {
                 alignment(g.C, g.stride_c, sizeof(float), g.batch)};
   const Plan& p = plan(g, key);
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &g.alpha, g.B, p.lt_a, g.A, p.lt_b, &g.beta, g.C,
-                              p.lt_c, g.C, p.lt_c, &p.algo, workspace_, workspace_bytes_,
-                              stream_));
+                              p.lt_c, g.C, p.lt_c, &p.algo, workspace_, workspace_bytes_, stream_));
 }
 
 // ---------------------------------------------------------------------------------------------

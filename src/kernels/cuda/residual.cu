@@ -12,7 +12,8 @@ namespace {
 template <bool kVec>
 __global__ void fill_kernel(float* p, Index n, float value) {
   for_each_element<kVec>(
-      n, [&](Index i) { reinterpret_cast<float4*>(p)[i] = make_float4(value, value, value, value); },
+      n,
+      [&](Index i) { reinterpret_cast<float4*>(p)[i] = make_float4(value, value, value, value); },
       [&](Index i) { p[i] = value; });
 }
 
@@ -41,30 +42,17 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
 }  // namespace
 
 void fill(cudaStream_t stream, float* p, Index n, float value) {
-  if (n <= 0) return;
-  if (aligned(p, 16))
-    fill_kernel<true><<<grid_for(ceil_div(n, 4)), kBlock, 0, stream>>>(p, n, value);
-  else
-    fill_kernel<false><<<grid_for(n), kBlock, 0, stream>>>(p, n, value);
-  CUDA_CHECK_LAUNCH();
+  launch_elementwise(stream, n, aligned(p, 16), fill_kernel<true>, fill_kernel<false>, p, n, value);
 }
 
 void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n) {
-  if (n <= 0) return;
-  if (aligned(out, 8) && aligned(in, 16))
-    to_bf16_kernel<true><<<grid_for(ceil_div(n, 4)), kBlock, 0, stream>>>(out, in, n);
-  else
-    to_bf16_kernel<false><<<grid_for(n), kBlock, 0, stream>>>(out, in, n);
-  CUDA_CHECK_LAUNCH();
+  launch_elementwise(stream, n, aligned(out, 8) && aligned(in, 16), to_bf16_kernel<true>,
+                     to_bf16_kernel<false>, out, in, n);
 }
 
 void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n) {
-  if (n <= 0) return;
-  if (aligned(out, 16) && aligned(a, 16) && aligned(b, 16))
-    residual_forward_kernel<true><<<grid_for(ceil_div(n, 4)), kBlock, 0, stream>>>(out, a, b, n);
-  else
-    residual_forward_kernel<false><<<grid_for(n), kBlock, 0, stream>>>(out, a, b, n);
-  CUDA_CHECK_LAUNCH();
+  launch_elementwise(stream, n, aligned(out, 16) && aligned(a, 16) && aligned(b, 16),
+                     residual_forward_kernel<true>, residual_forward_kernel<false>, out, a, b, n);
 }
 
 }  // namespace pdtrain::kernels::cuda

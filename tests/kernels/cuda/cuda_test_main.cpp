@@ -17,8 +17,9 @@ std::vector<TestBackend> test_backends() {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (pdtrain::kernels::cuda_device_count() == 0) {
-    std::printf("test_kernels_cuda: no GPU is visible (no driver or no device): "
-                "every CUDA test skipped\n");
+    std::printf(
+        "test_kernels_cuda: no GPU is visible (no driver or no device): "
+        "every CUDA test skipped\n");
     return 77;
   }
   Kokkos::initialize(argc, argv);  // the host reference kernels

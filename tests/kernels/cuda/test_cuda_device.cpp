@@ -33,8 +33,8 @@ TEST(CudaBackend, AGpuThatIsNotVisibleIsAClearError) {
 
 TEST(CudaDevice, MemoryKindsAreWhatTheySay) {
   ComputeBackend b = make_cuda_backend(0);
-  Buffer<float> host_buf(*b.device, 16, MemoryKind::host), pinned(*b.device, 16, MemoryKind::pinned),
-      dev(*b.device, 16, MemoryKind::device);
+  Buffer<float> host_buf(*b.device, 16, MemoryKind::host),
+      pinned(*b.device, 16, MemoryKind::pinned), dev(*b.device, 16, MemoryKind::device);
   const auto type = [](const void* p) {
     cudaPointerAttributes a{};
     EXPECT_EQ(cudaPointerGetAttributes(&a, p), cudaSuccess);
