@@ -16,6 +16,7 @@ std::vector<TestBackend> test_backends() {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();  // lists, runs nothing
   if (pdtrain::kernels::cuda_device_count() == 0) {
     std::printf(
         "test_kernels_cuda: no GPU is visible (no driver or no device): "
