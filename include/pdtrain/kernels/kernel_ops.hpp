@@ -151,5 +151,7 @@ ComputeBackend make_cuda_backend(int gpu);
 // (0 when there is no driver or no device: "no GPU", never an error).
 bool cuda_backend_built();
 int cuda_device_count();
+// The backends this binary has, for --version: "cpu" or e.g. "cpu, cuda (sm_90)".
+std::string backends_built();
 
 }  // namespace pdtrain::kernels
