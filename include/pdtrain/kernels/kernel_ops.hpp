@@ -13,7 +13,7 @@
 // as "may be null" are skipped when null. Ops are queued on the device's compute queue in call
 // order: the host reads results only after Device::synchronize() (or a download).
 // Determinism: every op gives the same bits run to run (no float atomics; reductions in a fixed
-// order). Backends agree within stated tolerances (tests/kernels/test_kernel_ops.cpp), not
+// order). Backends agree within stated tolerances (tests/backend/test_kernel_ops.cpp), not
 // bit for bit: a GPU sums in another order than the CPU.
 #include <cstdint>
 #include <memory>

@@ -1,4 +1,4 @@
-// The Device seam on each backend (the CPU here, the GPU in test_kernels_cuda): zero-filled
+// The Device seam on each backend (the CPU here, the GPU in test_backend_cuda): zero-filled
 // allocations of every memory kind, device bytes counted, copies between every pair of kinds on
 // both queues, events ordering the copy queue before compute work, Mirrored's host view.
 #include "backend_test_support.hpp"

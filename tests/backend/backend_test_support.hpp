@@ -1,7 +1,7 @@
 #pragma once
 // Backend tests written once, run per backend: test_kernel_ops.cpp and test_device_backend.cpp
-// are compiled into test_kernels with the CPU backend (cpu_test_backends.cpp) and into
-// test_kernels_cuda with the CUDA backend (cuda/cuda_test_main.cpp), each of which defines
+// are compiled into test_backend with the CPU backend (cpu_test_backends.cpp) and into
+// test_backend_cuda with the CUDA backend (cuda/cuda_test_main.cpp), each of which defines
 // test_backends(). Data moves through the backend's own Device: Buffers, copies, synchronize.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Every KernelOps method, forward and backward, on each backend (CPU here; CUDA in
-// test_kernels_cuda), against the reference kernels of gpt_kernels.hpp run in double on the host.
+// test_backend_cuda), against the reference kernels of gpt_kernels.hpp run in double on the host.
 // Inputs come from the counter RNG, move through the backend's Device, on small odd shapes and a
 // larger one that crosses block, warp and vector tails. Every op runs twice from the same inputs
 // and must give the same bits (determinism); gradient outputs start nonzero (accumulation).

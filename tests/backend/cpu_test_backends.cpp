@@ -1,5 +1,5 @@
-// test_kernels runs the backend tests (test_kernel_ops.cpp, test_device_backend.cpp) on the CPU
-// backend; test_kernels_cuda runs the same tests on a GPU (cuda/cuda_test_main.cpp).
+// test_backend runs the backend tests (test_kernel_ops.cpp, test_device_backend.cpp) on the CPU
+// backend; test_backend_cuda runs the same tests on a GPU (cuda/cuda_test_main.cpp).
 #include "backend_test_support.hpp"
 
 namespace pdtrain::kernels::testing {

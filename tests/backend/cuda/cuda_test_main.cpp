@@ -1,4 +1,4 @@
-// test_kernels_cuda: the backend tests of tests/kernels (test_kernel_ops.cpp,
+// test_backend_cuda: the backend tests of tests/backend (test_kernel_ops.cpp,
 // test_device_backend.cpp) on GPU 0, and the CUDA device's own tests. Without a GPU (no driver,
 // no device) it runs nothing and exits 77, which ctest reports as skipped (SKIP_RETURN_CODE).
 #include <Kokkos_Core.hpp>
@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();  // lists, runs nothing
   if (pdtrain::kernels::cuda_device_count() == 0) {
     std::printf(
-        "test_kernels_cuda: no GPU is visible (no driver or no device): "
+        "test_backend_cuda: no GPU is visible (no driver or no device): "
         "every CUDA test skipped\n");
     return 77;
   }
