@@ -172,6 +172,43 @@ TEST_P(ModelOnBackend, CacheUnitsReachDeviceMemoryBeforeTheirUse) {
   }
 }
 
+// Device packing of blocks (the device-resident baseline's) agrees with the host's
+// unpack_param: a tensor-parallel shard (tiles narrower than their rows), fp32 and bf16.
+TEST_P(ModelOnBackend, TilesPackAndUnpackBlocksLikeTheHost) {
+  const ParamCatalog cat(small_shape());
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    StageParams host(cat, StageSpec{0, 2, true, true, 2, 1}, StageParams::Storage::resident,
+                     precision, device());
+    StageParams dev(cat, StageSpec{0, 2, true, true, 2, 1}, StageParams::Storage::resident,
+                    precision, device());
+    std::vector<float> packed;
+    for (int id : host.needed_blocks()) {
+      const BlockInfo& b = cat.block(id);
+      std::vector<float> block(static_cast<std::size_t>(b.numel()));
+      cat.init_block(b, 0.3, 9, block.data());
+      host.unpack_param(b, block.data());
+      for (float x : block) packed.push_back(precision == Precision::bf16 ? to_float(to_bf16(x)) : x);
+    }
+    host.upload_params();
+    const auto tiles = host.tiles(host.needed_blocks());
+    Buffer<float> gathered(device(), static_cast<std::int64_t>(packed.size()));
+    ops().gather_tiles(gathered.data(), host.params_device(), tiles);
+    EXPECT_TRUE(same_bits(to_host(device(), gathered), packed)) << "gather";
+    // Unrounded values scattered with rounding give the host's bf16 view, and its bf16 copy.
+    std::vector<float> raw;
+    for (int id : host.needed_blocks()) {
+      const BlockInfo& b = cat.block(id);
+      std::vector<float> block(static_cast<std::size_t>(b.numel()));
+      cat.init_block(b, 0.3, 9, block.data());
+      raw.insert(raw.end(), block.begin(), block.end());
+    }
+    const Buffer<float> source = to_device(device(), raw);
+    ops().scatter_tiles(dev.params_device(), dev.params_bf16_device(), source.data(), tiles);
+    ops().gather_tiles(gathered.data(), dev.params_device(), tiles);
+    EXPECT_TRUE(same_bits(to_host(device(), gathered), packed)) << "scatter";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ModelOnBackend, ::testing::ValuesIn(test_backends()),
                          [](const auto& info) { return info.param.name; });
 
