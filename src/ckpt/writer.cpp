@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 
 #include "comm.hpp"
@@ -24,6 +23,7 @@
 #include "pdtrain/ckpt/zstd_filter.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "precompress.hpp"
 
@@ -39,18 +39,6 @@ struct CheckpointWriter::Anchor {
 };
 
 namespace {
-
-std::mutex g_hook_mutex;
-std::function<void(std::string_view)> g_hook;
-
-void run_hook(std::string_view point) {
-  std::function<void(std::string_view)> h;
-  {
-    std::lock_guard<std::mutex> lock(g_hook_mutex);
-    h = g_hook;
-  }
-  if (h) h(point);
-}
 
 std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
   std::vector<std::uint32_t> out(v.size());
@@ -72,13 +60,6 @@ struct EncodedBlock {
 };
 
 }  // namespace
-
-namespace testing {
-void set_write_hook(std::function<void(std::string_view point)> hook) {
-  std::lock_guard<std::mutex> lock(g_hook_mutex);
-  g_hook = std::move(hook);
-}
-}  // namespace testing
 
 struct CheckpointWriter::Job {
   // What to write.
@@ -537,7 +518,7 @@ void CheckpointWriter::commit() {
   detail::PrecompressedChunks::activate(&j.chunks);
   try {
     FileWriter w(j, geom, calls, level_, comm_, rank_, size_);
-    run_hook("file_created");
+    test_hooks::checkpoint_write_point("file_created");
     write_attributes(w.file(), j, catalog_, params_crc, j.base ? j.base->file : "",
                      j.base ? j.base->params_crc : 0);
     if (j.file_codec == Codec::bitdelta) {
@@ -550,16 +531,16 @@ void CheckpointWriter::commit() {
     } else {
       w.write_state(0);
     }
-    run_hook("params_written");
+    test_hooks::checkpoint_write_point("params_written");
     w.write_state(1);
     w.write_state(2);
-    run_hook("moments_written");
+    test_hooks::checkpoint_write_point("moments_written");
     H5Id crcs(H5_CHECK(H5Gcreate2(w.file(), detail::kCrc, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
     for (int k = 0; k < 3; ++k)
       w.write_small(crcs, detail::kStateGroups[k], H5T_STD_U32LE, H5T_NATIVE_UINT32,
                     crc[k].data(), nb);
     crcs.reset();
-    run_hook("before_complete");
+    test_hooks::checkpoint_write_point("before_complete");
     detail::write_attr_i64(w.file(), "complete", 1);
     w.close();
   } catch (const Error& e) {
@@ -578,9 +559,9 @@ void CheckpointWriter::commit() {
   std::unique_ptr<Error> err;
   if (rank_ == 0) {
     try {
-      run_hook("before_rename");
+      test_hooks::checkpoint_write_point("before_rename");
       detail::publish(j.tmp, j.path);
-      run_hook("before_latest");
+      test_hooks::checkpoint_write_point("before_latest");
       detail::write_latest(dir_, detail::base_of(j.path));
       stats_.deleted = detail::apply_retention(dir_, j.step, keep_);
       stats_.file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(j.path));

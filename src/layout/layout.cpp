@@ -1,11 +1,12 @@
 #include "pdtrain/layout/layout.hpp"
 
 #include <algorithm>
-#include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 
 namespace pdtrain {
 
@@ -174,9 +175,8 @@ std::vector<int> node_of_ranks(MPI_Comm comm) {
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_CHECK(MPI_Comm_size(comm, &size));
   int leader = rank;  // the lowest rank of comm on my node
-  if (const char* k = std::getenv("PDTRAIN_TEST_RANKS_PER_NODE")) {
-    const int per = std::max(1, std::atoi(k));
-    leader = rank / per * per;
+  if (const std::optional<int> per = test_hooks::ranks_per_node()) {
+    leader = rank / *per * *per;
   } else {
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));

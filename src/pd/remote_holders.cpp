@@ -1,11 +1,11 @@
 #include "pdtrain/pd/remote_holders.hpp"
 
-#include <cstdlib>
 #include <cstring>
 
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/pd/wire.hpp"
 
 namespace pdtrain {
@@ -14,9 +14,7 @@ RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std:
                              WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread)
     : layout_(layout), table_(table), owner_(std::move(owner)), fetch_codec_(fetch_codec),
       push_codec_(push_codec) {
-  // Test hook: PDTRAIN_TEST_FLIP_FETCH_BIT=<version> flips one bit of the first block this
-  // rank receives at that version, so tests can check that corruption is caught and named.
-  if (const char* v = std::getenv("PDTRAIN_TEST_FLIP_FETCH_BIT")) flip_at_version_ = std::atoll(v);
+  flip_at_version_ = test_hooks::flip_fetch_bit_at_version().value_or(-1);
   if (relays()) {
     MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
     const int r = layout_.dp_rank(), dp = layout_.shape().dp;

@@ -13,11 +13,9 @@
 #include <mpi.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "pdtrain/ckpt/codec.hpp"
@@ -149,12 +147,5 @@ std::string inspect(const std::string& path);
 
 // The file name of the checkpoint of `step`: "ckpt-00000100.h5".
 std::string checkpoint_file_name(std::int64_t step);
-
-namespace testing {
-// Called by the writer at named points of a commit ("file_created", "params_written",
-// "moments_written", "before_complete", "before_rename", "before_latest") on every holder;
-// tests use it to kill a writer mid-write. Pass an empty function to remove it.
-void set_write_hook(std::function<void(std::string_view point)> hook);
-}  // namespace testing
 
 }  // namespace pdtrain::ckpt

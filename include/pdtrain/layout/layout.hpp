@@ -80,8 +80,7 @@ std::vector<int> place_blocks_near(const std::vector<std::int64_t>& served,
                                    const std::vector<int>& holder_node);
 
 // The node (0, 1, ... in order of first rank) of every rank of `comm`, from
-// MPI_Comm_split_type(shared). Test hook: PDTRAIN_TEST_RANKS_PER_NODE=k pretends that ranks
-// k*i .. k*i+k-1 share node i.
+// MPI_Comm_split_type(shared), or as test_hooks::ranks_per_node() pretends.
 std::vector<int> node_of_ranks(MPI_Comm comm);
 
 }  // namespace pdtrain

@@ -112,7 +112,7 @@ class RemoteHolders final : public ParameterService {
   std::atomic<bool> stop_{false};
   std::atomic<std::int64_t> fetched_{0}, from_holders_{0};
   std::int64_t pushed_ = 0;
-  std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
+  std::int64_t flip_at_version_ = -1;  // test_hooks::flip_fetch_bit_at_version()
 };
 
 }  // namespace pdtrain
