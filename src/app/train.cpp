@@ -15,6 +15,7 @@
 
 #include "pdtrain/app/checkpointing.hpp"
 #include "pdtrain/app/stage_cache.hpp"
+#include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/signals.hpp"
 #include "pdtrain/core/mpi_check.hpp"
@@ -38,22 +39,6 @@
 #include "pdtrain/version.hpp"
 
 namespace pdtrain {
-
-void rethrow_collectively(MPI_Comm comm, const Error* local) {
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int mine = local ? rank : INT32_MAX, first = INT32_MAX;
-  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT32_MAX) return;
-  int code = local ? static_cast<int>(local->code()) : 0;
-  std::string msg = local ? local->what() : "";
-  int len = static_cast<int>(msg.size());
-  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, first, comm));
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, comm));
-  msg.resize(static_cast<std::size_t>(len));
-  MPI_CHECK(MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm));
-  throw Error(static_cast<ExitCode>(code), msg).mark_collective();
-}
 
 namespace {
 
@@ -829,17 +814,12 @@ template <class Target>
 void restore_collectively(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm comm,
                           MPI_Comm world, Target* target) {
   if (rp.path.empty()) return;
-  std::unique_ptr<Error> err;
-  try {
-    if (target) {
-      std::vector<int> ids;
-      for (const auto& [id, state] : target->owned_blocks()) ids.push_back(id);
-      target->restore(rp.version, read_restart_state(rp, cat, comm, ids));
-    }
-  } catch (const Error& e) {
-    err = std::make_unique<Error>(e);
-  }
-  rethrow_collectively(world, err.get());
+  run_collectively(world, ErrorScope::job, [&] {
+    if (!target) return;
+    std::vector<int> ids;
+    for (const auto& [id, state] : target->owned_blocks()) ids.push_back(id);
+    target->restore(rp.version, read_restart_state(rp, cat, comm, ids));
+  });
 }
 
 }  // namespace
@@ -865,18 +845,12 @@ class OrderedComm {
 
 TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts) {
   Setup setup;
-  {
-    std::unique_ptr<Error> err;
-    try {
-      setup = make_setup(deck, job, opts.eval_batches > 0);
-      int job_rank = 0;
-      MPI_CHECK(MPI_Comm_rank(job, &job_rank));
-      if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) write_resolved_deck(deck);
-    } catch (const Error& e) {
-      err = std::make_unique<Error>(e);
-    }
-    rethrow_collectively(job, err.get());
-  }
+  run_collectively(job, ErrorScope::job, [&] {
+    setup = make_setup(deck, job, opts.eval_batches > 0);
+    int job_rank = 0;
+    MPI_CHECK(MPI_Comm_rank(job, &job_rank));
+    if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) write_resolved_deck(deck);
+  });
   const OrderedComm ordered(job, setup.job_rank);
   const MPI_Comm world = ordered.get();
   int rank = 0;

@@ -1,7 +1,5 @@
 #include "comm.hpp"
 
-#include <climits>
-
 #include "pdtrain/core/mpi_check.hpp"
 
 namespace pdtrain::ckpt::detail {
@@ -12,23 +10,6 @@ int size_of(MPI_Comm comm) {
   return n;
 }
 }  // namespace
-
-void agree_on_error(MPI_Comm comm, const Error* local) {
-  if (size_of(comm) == 1) {
-    if (local) throw *local;
-    return;
-  }
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int mine = local ? rank : INT_MAX, first = INT_MAX;
-  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return;
-  int code = local ? static_cast<int>(local->code()) : 0;
-  std::string msg = local ? local->what() : "";
-  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, first, comm));
-  bcast_string(comm, msg, first);
-  throw Error(static_cast<ExitCode>(code), msg);
-}
 
 void allreduce_bor(MPI_Comm comm, std::vector<std::uint32_t>& v) {
   if (size_of(comm) == 1) return;
@@ -54,14 +35,6 @@ bool allreduce_and(MPI_Comm comm, bool x) {
   int mine = x ? 1 : 0, all = 0;
   MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm));
   return all == 1;
-}
-
-void bcast_string(MPI_Comm comm, std::string& s, int root) {
-  if (size_of(comm) == 1) return;
-  std::int64_t n = static_cast<std::int64_t>(s.size());
-  MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm));
-  s.resize(static_cast<std::size_t>(n));
-  MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm));
 }
 
 void bcast_u32(MPI_Comm comm, std::uint32_t& x, int root) {

@@ -13,6 +13,7 @@
 #include "h5_util.hpp"
 #include "pdtrain/ckpt/canonical_crc.hpp"
 #include "pdtrain/ckpt/checkpoint.hpp"
+#include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "reader_impl.hpp"
@@ -350,7 +351,7 @@ Checkpoint read_checkpoint(const std::string& path, const ParamCatalog& catalog,
   } catch (const Error& e) {
     err = std::make_unique<Error>(e);
   }
-  detail::agree_on_error(holders_comm, err.get());
+  rethrow_collectively(holders_comm, err.get(), ErrorScope::group);
 
   // When the holders together hold the whole model, its canonical CRC must be the file's.
   const std::int64_t total =
@@ -372,7 +373,7 @@ Checkpoint read_checkpoint(const std::string& path, const ParamCatalog& catalog,
                                 detail::hex32(*crc) + " differs from params_crc32c " +
                                 detail::hex32(ck.meta.params_crc32c));
     }
-    detail::agree_on_error(holders_comm, err.get());
+    rethrow_collectively(holders_comm, err.get(), ErrorScope::group);
   }
   return ck;
 }

@@ -21,6 +21,7 @@
 #include "pdtrain/ckpt/canonical_crc.hpp"
 #include "pdtrain/ckpt/checkpoint.hpp"
 #include "pdtrain/ckpt/zstd_filter.hpp"
+#include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/test_hooks.hpp"
@@ -382,7 +383,7 @@ CheckpointWriter::CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& ca
       err = std::make_unique<Error>(ExitCode::runtime, "cannot create checkpoint directory " +
                                                            dir_ + ": " + ec.message());
   }
-  detail::agree_on_error(comm_, err.get());
+  rethrow_collectively(comm_, err.get(), ErrorScope::group);
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -460,7 +461,7 @@ void CheckpointWriter::commit() {
   std::unique_ptr<Job> job = std::move(job_);  // gone whatever happens below
   Job& j = *job;
   if (j.worker.joinable()) j.worker.join();
-  detail::agree_on_error(comm_, j.error.get());
+  rethrow_collectively(comm_, j.error.get(), ErrorScope::group);
   const double t0 = now_seconds();
   const std::vector<TensorGeom> geom = detail::tensor_geometry(catalog_);
   const std::size_t nb = catalog_.blocks().size();
@@ -497,8 +498,8 @@ void CheckpointWriter::commit() {
                                        ": the holders' blocks do not cover every parameter "
                                        "exactly once");
   // HDF5 metadata writes are collective: every holder must write identical attributes.
-  detail::bcast_string(comm_, j.deck);
-  detail::bcast_string(comm_, j.layout);
+  broadcast_string(comm_, j.deck);
+  broadcast_string(comm_, j.layout);
 
   // How many boxes the busiest holder has per tensor: the number of collective writes.
   std::vector<std::uint32_t> calls(2 * geom.size(), 0);
@@ -571,7 +572,7 @@ void CheckpointWriter::commit() {
       err = std::make_unique<Error>(ExitCode::runtime, "checkpoint " + j.path + ": " + e.what());
     }
   }
-  detail::agree_on_error(comm_, err.get());
+  rethrow_collectively(comm_, err.get(), ErrorScope::group);
   stats_.file_bytes = detail::allreduce_sum(comm_, rank_ == 0 ? stats_.file_bytes : 0);
   if (j.anchor && is_delta(codec_)) {
     j.new_anchor->file = detail::base_of(j.path);
