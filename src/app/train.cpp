@@ -33,7 +33,7 @@
 #include "pdtrain/pd/remote_holders.hpp"
 #include "pdtrain/schedule/grad_reduce.hpp"
 #include "pdtrain/schedule/pipeline_executor.hpp"
-#include "pdtrain/layout/fixed_order_allreduce.hpp"
+#include "pdtrain/layout/tensor_parallel_group.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/version.hpp"

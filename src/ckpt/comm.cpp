@@ -1,5 +1,6 @@
 #include "comm.hpp"
 
+#include "pdtrain/core/counts.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 
 namespace pdtrain::ckpt::detail {
@@ -48,17 +49,10 @@ std::vector<char> gather_bytes(MPI_Comm comm, const std::vector<char>& mine, int
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   int count = static_cast<int>(mine.size());
-  std::vector<int> counts(rank == root ? n : 0), displs(rank == root ? n : 0);
+  std::vector<int> counts(rank == root ? n : 0);
   MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
-  std::vector<char> all;
-  if (rank == root) {
-    int total = 0;
-    for (int r = 0; r < n; ++r) {
-      displs[r] = total;
-      total += counts[r];
-    }
-    all.resize(static_cast<std::size_t>(total));
-  }
+  const std::vector<int> displs = displacements(counts);
+  std::vector<char> all(rank == root ? static_cast<std::size_t>(displs.back() + counts.back()) : 0);
   MPI_CHECK(MPI_Gatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(), displs.data(),
                         MPI_CHAR, root, comm));
   return all;
