@@ -28,9 +28,9 @@
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/llmc_format.hpp"
 #include "pdtrain/optim/adamw.hpp"
+#include "pdtrain/pd/fetch_client.hpp"
 #include "pdtrain/pd/holder_server.hpp"
 #include "pdtrain/pd/local_replica.hpp"
-#include "pdtrain/pd/remote_holders.hpp"
 #include "pdtrain/schedule/grad_reduce.hpp"
 #include "pdtrain/schedule/pipeline_executor.hpp"
 #include "pdtrain/layout/tensor_parallel_group.hpp"
@@ -905,10 +905,10 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
     } else {
       restore_collectively(restart, *setup.catalog, MPI_COMM_NULL, world,
                            static_cast<HolderServer*>(nullptr));
-      service = std::make_unique<RemoteHolders>(layout, setup.table, setup.owner,
-                                                fetch_codec(deck),
-                                                *wire_codec_from_string(deck.pd.push_codec),
-                                                deck.pd.fetch_thread);
+      service = std::make_unique<FetchClient>(layout, setup.table, setup.owner,
+                                              fetch_codec(deck),
+                                              *wire_codec_from_string(deck.pd.push_codec),
+                                              deck.pd.fetch_thread);
     }
     ComputeLoop loop(deck, setup, layout, opts, std::move(service), restart.step, &trace);
     setup.table.init = nullptr;

@@ -18,17 +18,18 @@
 
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
 
-class RemoteHolders final : public ParameterService {
+class FetchClient final : public ParameterService {
  public:
-  RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-                WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread = true);
-  ~RemoteHolders() override;
-  RemoteHolders(const RemoteHolders&) = delete;
-  RemoteHolders& operator=(const RemoteHolders&) = delete;
+  FetchClient(const Layout& layout, const BlockTable& table, std::vector<int> owner,
+              WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread = true);
+  ~FetchClient() override;
+  FetchClient(const FetchClient&) = delete;
+  FetchClient& operator=(const FetchClient&) = delete;
 
   UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                    const BlockSink& sink) override;
