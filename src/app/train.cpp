@@ -24,6 +24,7 @@
 #include "pdtrain/io/metrics.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/layout/layout.hpp"
+#include "pdtrain/layout/placement.hpp"
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/llmc_format.hpp"

@@ -2,7 +2,7 @@
 
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
-#include "pdtrain/layout/layout.hpp"
+#include "pdtrain/layout/placement.hpp"
 
 namespace pdtrain {
 
