@@ -1,5 +1,7 @@
 #include "comm.hpp"
 
+#include <cstring>
+
 #include "pdtrain/core/counts.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 
@@ -9,6 +11,27 @@ int size_of(MPI_Comm comm) {
   int n = 1;
   MPI_CHECK(MPI_Comm_size(comm, &n));
   return n;
+}
+
+int rank_of(MPI_Comm comm) {
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &r));
+  return r;
+}
+
+// Gathers every rank's bytes on root (concatenated in rank order); others get {}.
+std::vector<char> gather_bytes(MPI_Comm comm, const std::vector<char>& mine, int root) {
+  const int n = size_of(comm);
+  if (n == 1) return mine;
+  const int rank = rank_of(comm);
+  int count = static_cast<int>(mine.size());
+  std::vector<int> counts(rank == root ? n : 0);
+  MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
+  const std::vector<int> displs = displacements(counts);
+  std::vector<char> all(rank == root ? static_cast<std::size_t>(displs.back() + counts.back()) : 0);
+  MPI_CHECK(MPI_Gatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(), displs.data(),
+                        MPI_CHAR, root, comm));
+  return all;
 }
 }  // namespace
 
@@ -43,19 +66,16 @@ void bcast_u32(MPI_Comm comm, std::uint32_t& x, int root) {
   MPI_CHECK(MPI_Bcast(&x, 1, MPI_UINT32_T, root, comm));
 }
 
-std::vector<char> gather_bytes(MPI_Comm comm, const std::vector<char>& mine, int root) {
-  const int n = size_of(comm);
-  if (n == 1) return mine;
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int count = static_cast<int>(mine.size());
-  std::vector<int> counts(rank == root ? n : 0);
-  MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
-  const std::vector<int> displs = displacements(counts);
-  std::vector<char> all(rank == root ? static_cast<std::size_t>(displs.back() + counts.back()) : 0);
-  MPI_CHECK(MPI_Gatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(), displs.data(),
-                        MPI_CHAR, root, comm));
-  return all;
+std::optional<std::uint32_t> combine_crc_pieces_on_root(MPI_Comm comm,
+                                                        const std::vector<CrcPiece>& mine,
+                                                        std::int64_t total_numel) {
+  std::vector<char> bytes(mine.size() * sizeof(CrcPiece));
+  if (!bytes.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
+  const std::vector<char> all = gather_bytes(comm, bytes, 0);
+  if (rank_of(comm) != 0) return std::nullopt;
+  std::vector<CrcPiece> every(all.size() / sizeof(CrcPiece));
+  if (!all.empty()) std::memcpy(every.data(), all.data(), all.size());
+  return combine_crc_pieces(std::move(every), total_numel);
 }
 
 }  // namespace pdtrain::ckpt::detail

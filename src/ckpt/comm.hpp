@@ -5,10 +5,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "pdtrain/core/error.hpp"
+#include "pdtrain/ckpt/canonical_crc.hpp"
 
 namespace pdtrain::ckpt::detail {
 
@@ -20,7 +21,11 @@ void allreduce_max(MPI_Comm comm, std::vector<std::uint32_t>& v);
 std::int64_t allreduce_sum(MPI_Comm comm, std::int64_t x);
 bool allreduce_and(MPI_Comm comm, bool x);
 void bcast_u32(MPI_Comm comm, std::uint32_t& x, int root = 0);
-// Gathers every rank's bytes on root (concatenated in rank order); others get {}.
-std::vector<char> gather_bytes(MPI_Comm comm, const std::vector<char>& mine, int root = 0);
+// Every rank's pieces of the canonical parameter array combined on rank 0 into the canonical
+// CRC (combine_crc_pieces: nullopt unless they tile [0, total_numel) exactly); nullopt on the
+// other ranks.
+std::optional<std::uint32_t> combine_crc_pieces_on_root(MPI_Comm comm,
+                                                        const std::vector<CrcPiece>& mine,
+                                                        std::int64_t total_numel);
 
 }  // namespace pdtrain::ckpt::detail

@@ -100,14 +100,19 @@ class CheckpointWriter {
   const WriteStats& last_stats() const { return stats_; }
   Codec codec() const { return codec_; }
 
-  // Opaque, defined in writer.cpp: a checkpoint in flight, and this holder's anchor blocks.
+  // Opaque, defined in writer.cpp: a checkpoint in flight, this holder's anchor blocks, and
+  // what the holders agree on before writing a file together.
   struct Job;
   struct Anchor;
+  struct Agreed;
 
  private:
   std::string start(bool async, std::int64_t step, std::int64_t version, std::int64_t tokens,
                     const std::string& deck, const std::string& layout, const BlockRefs& blocks);
+  // Writes and publishes the pending checkpoint: agree_before_writing() (writer.cpp), then:
   void commit();
+  void write_file(const Job& j, const Agreed& agreed);
+  void publish(const Job& j);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
