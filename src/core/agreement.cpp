@@ -8,12 +8,6 @@
 namespace pdtrain {
 
 namespace {
-int size_of(MPI_Comm comm) {
-  int n = 1;
-  MPI_CHECK(MPI_Comm_size(comm, &n));
-  return n;
-}
-
 [[noreturn]] void throw_in_scope(Error e, ErrorScope scope) {
   if (scope == ErrorScope::job) e.mark_collective();
   throw e;
@@ -21,13 +15,11 @@ int size_of(MPI_Comm comm) {
 }  // namespace
 
 void rethrow_collectively(MPI_Comm comm, const Error* local, ErrorScope scope) {
-  if (size_of(comm) == 1) {
+  if (comm_size(comm) == 1) {
     if (local) throw_in_scope(*local, scope);
     return;
   }
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int mine = local ? rank : INT_MAX, first = INT_MAX;
+  int mine = local ? comm_rank(comm) : INT_MAX, first = INT_MAX;
   MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
   if (first == INT_MAX) return;
   int code = local ? static_cast<int>(local->code()) : 0;
@@ -38,7 +30,7 @@ void rethrow_collectively(MPI_Comm comm, const Error* local, ErrorScope scope) {
 }
 
 void broadcast_string(MPI_Comm comm, std::string& s, int root) {
-  if (size_of(comm) == 1) return;
+  if (comm_size(comm) == 1) return;
   std::int64_t n = static_cast<std::int64_t>(s.size());
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm));
   s.resize(static_cast<std::size_t>(n));

@@ -8,17 +8,11 @@
 namespace pdtrain {
 namespace {
 
-bool cpu_has_fma() {
+TEST(FpContract, ProjectCodeKeepsMultiplyAndAddApart) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("fma") != 0;
-#else
-  return true;
+  if (!__builtin_cpu_supports("fma")) GTEST_SKIP() << "no FMA instructions to run the probe with";
 #endif
-}
-
-TEST(FpContract, ProjectCodeKeepsMultiplyAndAddApart) {
-  if (!cpu_has_fma()) GTEST_SKIP() << "this CPU has no FMA instructions to run the probe with";
   // a*b = 1 + 2^-11 + 2^-24 exactly; rounded to float (a tie, to even) it is 1 + 2^-11. So
   // round(round(a*b) + c) = 0, while the fused fma(a, b, c) keeps the 2^-24.
   const float a = 1.0f + 0x1p-12f, b = a, c = -(1.0f + 0x1p-11f);

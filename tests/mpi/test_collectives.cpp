@@ -12,66 +12,63 @@
 #include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/counts.hpp"
 #include "pdtrain/core/fixed_order_reduce.hpp"
+#include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/layout/tensor_parallel_group.hpp"
 #include "pdtrain/schedule/grad_reduce.hpp"
 
 namespace pdtrain {
 namespace {
 
-int rank_of(MPI_Comm comm) {
-  int r = 0;
-  MPI_Comm_rank(comm, &r);
-  return r;
-}
-
 TEST(Agreement, NoErrorAnywhereReturnsNormally) {
   EXPECT_NO_THROW(rethrow_collectively(MPI_COMM_WORLD, nullptr, ErrorScope::job));
   EXPECT_NO_THROW(run_collectively(MPI_COMM_WORLD, ErrorScope::group, [] {}));
 }
 
-TEST(Agreement, EveryRankThrowsTheLowestFailingRanksError) {
-  const int me = rank_of(MPI_COMM_WORLD);
-  // Ranks 1 and 2 fail with different errors; rank 0 does not.
-  const Error mine(me == 1 ? ExitCode::data : ExitCode::layout, "rank " + std::to_string(me));
+// Runs `agree`, which must throw on every rank, and checks the error this rank got.
+template <class Agree>
+void expect_error_everywhere(Agree&& agree, ExitCode code, const char* what, bool collective) {
   try {
-    rethrow_collectively(MPI_COMM_WORLD, me > 0 ? &mine : nullptr, ErrorScope::job);
+    agree();
     FAIL() << "expected an error on every rank";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::data);
-    EXPECT_STREQ(e.what(), "rank 1");
-    EXPECT_TRUE(e.collective());
+    EXPECT_EQ(e.code(), code);
+    EXPECT_STREQ(e.what(), what);
+    EXPECT_EQ(e.collective(), collective);
   }
 }
 
+TEST(Agreement, EveryRankThrowsTheLowestFailingRanksError) {
+  const int me = comm_rank(MPI_COMM_WORLD);
+  // Ranks 1 and 2 fail with different errors; rank 0 does not.
+  const Error mine(me == 1 ? ExitCode::data : ExitCode::layout, "rank " + std::to_string(me));
+  expect_error_everywhere(
+      [&] { rethrow_collectively(MPI_COMM_WORLD, me > 0 ? &mine : nullptr, ErrorScope::job); },
+      ExitCode::data, "rank 1", true);
+}
+
 TEST(Agreement, AGroupsErrorIsNotMarkedCollective) {
-  const int me = rank_of(MPI_COMM_WORLD);
-  try {
-    run_collectively(MPI_COMM_WORLD, ErrorScope::group, [&] {
-      if (me == 2) throw Error(ExitCode::runtime, "disk full");
-    });
-    FAIL() << "expected an error on every rank";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::runtime);
-    EXPECT_STREQ(e.what(), "disk full");
-    EXPECT_FALSE(e.collective());
-  }
+  const int me = comm_rank(MPI_COMM_WORLD);
+  expect_error_everywhere(
+      [&] {
+        run_collectively(MPI_COMM_WORLD, ErrorScope::group, [&] {
+          if (me == 2) throw Error(ExitCode::runtime, "disk full");
+        });
+      },
+      ExitCode::runtime, "disk full", false);
 }
 
 TEST(Agreement, OneRankMakesNoMpiCall) {
   // MPI_COMM_SELF has one rank: the local error comes straight back, in either scope.
   const Error local(ExitCode::deck, "bad key");
-  try {
-    rethrow_collectively(MPI_COMM_SELF, &local, ErrorScope::job);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "bad key");
-    EXPECT_TRUE(e.collective());
-  }
+  expect_error_everywhere([&] { rethrow_collectively(MPI_COMM_SELF, &local, ErrorScope::job); },
+                          ExitCode::deck, "bad key", true);
+  expect_error_everywhere([&] { rethrow_collectively(MPI_COMM_SELF, &local, ErrorScope::group); },
+                          ExitCode::deck, "bad key", false);
   EXPECT_NO_THROW(rethrow_collectively(MPI_COMM_SELF, nullptr, ErrorScope::group));
 }
 
 TEST(Agreement, BroadcastStringFromAnyRoot) {
-  const int me = rank_of(MPI_COMM_WORLD);
+  const int me = comm_rank(MPI_COMM_WORLD);
   std::string s = me == 2 ? std::string(100000, 'x') + "end" : "short";
   broadcast_string(MPI_COMM_WORLD, s, 2);
   EXPECT_EQ(s.size(), 100003u);
@@ -93,7 +90,7 @@ float sum_in_rank_order(std::int64_t i, int ranks) {
 
 std::vector<float> my_copy(std::int64_t n) {
   std::vector<float> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[i] = value(rank_of(MPI_COMM_WORLD), i);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = value(comm_rank(MPI_COMM_WORLD), i);
   return v;
 }
 
@@ -106,7 +103,7 @@ TEST(FixedOrderReducer, ReduceScatterAddsEverySegmentInRankOrder) {
   const std::vector<std::int64_t> counts = {5, 0, 7};  // rank 1's segment is empty
   const std::vector<std::int64_t> starts = displacements(counts);
   const std::vector<float> data = my_copy(12);
-  const int me = rank_of(MPI_COMM_WORLD);
+  const int me = comm_rank(MPI_COMM_WORLD);
   for (std::int64_t max_message : {std::int64_t{1}, std::int64_t{2}, FixedOrderReducer::kMaxMessageFloats}) {
     FixedOrderReducer reducer(MPI_COMM_WORLD, max_message);
     for (int call = 0; call < 2; ++call) {  // the next call's messages never mix with these
@@ -121,7 +118,7 @@ TEST(FixedOrderReducer, ReduceScatterAddsEverySegmentInRankOrder) {
 TEST(FixedOrderReducer, AllgatherPutsEverySegmentInItsPlace) {
   const std::vector<std::int64_t> counts = {3, 6, 0};
   const std::vector<std::int64_t> starts = displacements(counts);
-  const int me = rank_of(MPI_COMM_WORLD);
+  const int me = comm_rank(MPI_COMM_WORLD);
   std::vector<float> segment(static_cast<std::size_t>(counts[me]));
   for (std::int64_t i = 0; i < counts[me]; ++i) segment[i] = value(me, starts[me] + i);
   FixedOrderReducer reducer(MPI_COMM_WORLD, 4);
@@ -160,7 +157,7 @@ TEST(GradReducer, SegmentsByBlockReducedInReplicaOrderThenGathered) {
   int owned = static_cast<int>(reducer.my_blocks().size()), total = 0;
   MPI_Allreduce(&owned, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   EXPECT_EQ(total, 4);  // every block reduced by exactly one replica
-  EXPECT_EQ(reducer.sum(rank_of(MPI_COMM_WORLD) + 0.5), 4.5);
+  EXPECT_EQ(reducer.sum(comm_rank(MPI_COMM_WORLD) + 0.5), 4.5);
 }
 
 }  // namespace
