@@ -49,6 +49,7 @@
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/pd/local_replica.hpp"
 
 namespace {

@@ -7,6 +7,7 @@
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
 #include "pdtrain/pd/holder_server.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 
 namespace pdtrain {
 
