@@ -8,6 +8,7 @@
 #include <string>
 
 #include "pdtrain/app/report.hpp"
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/core/signals.hpp"
@@ -61,7 +62,8 @@ TrainResult ComputeLoop::run() {
   result.wall_seconds = now_seconds() - t_start;
   if (cache_) write_heat_map();
   if (result.reporter && opts_.verbose)
-    print_run_summary(deck_, result, start_step_, timers_, *service_, cache_.get());
+    print_run_summary(deck_, result, start_step_, timers_, *service_, cache_.get(),
+                      *backend_.device);
   return result;
 }
 
@@ -74,7 +76,10 @@ double ComputeLoop::ensure_version(std::int64_t version) {
   }
   if (version == have_version_) return 0.0;
   const double t0 = now_seconds();
-  fetch(version);
+  if (replica_)
+    publish(version);
+  else
+    fetch(version);
   have_version_ = version;
   return now_seconds() - t0;
 }
@@ -88,6 +93,7 @@ void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
   runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
   double waited = 0.0;
   const double fetch_wait = cache_pass(step_plan_, [&] { waited = pipeline_.run_step(runner_); });
+  backend_.device->synchronize();  // a GPU's queued work belongs to this phase
   rec.fetch_ms += 1e3 * fetch_wait;
   const double elapsed = now_seconds() - t0;
   rec.compute_ms = 1e3 * (elapsed - fetch_wait);  // the wait is fetch_ms
@@ -95,6 +101,10 @@ void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
 }
 
 void ComputeLoop::reduce_and_push(std::int64_t step, StepRecord& rec) {
+  if (replica_ && layout_.shape().dp == 1) {  // nothing to reduce: the step stays on the device
+    update_replica(step, rec);
+    return;
+  }
   const double t0 = now_seconds();
   const ParamCatalog& cat = *setup_.catalog;
   stage_params_.download_grads();
@@ -189,28 +199,40 @@ TrainResult ComputeLoop::run_eval(std::int64_t batches) {
 // ---------------------------------------------------------------- set-up and helpers
 
 ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout,
-                         const RunOptions& opts, std::unique_ptr<ParameterService> service,
+                         const RunOptions& opts, kernels::ComputeBackend& backend,
+                         std::unique_ptr<ParameterService> service, DeviceReplica* replica,
                          std::int64_t start_step, TraceRecorder* trace)
     : deck_(deck), setup_(setup), layout_(layout), opts_(opts), trace_(trace),
       start_step_(start_step),
+      backend_(backend),
       tp_(layout.tp_comm()),
+      staged_tp_(tp_, *backend.device),
       stage_params_(*setup.catalog, stage_spec(deck, layout),
                     layout.replicated() ? StageParams::Storage::resident
                                         : StageParams::Storage::streamed,
-                    precision(deck)),
+                    precision(deck), *backend.device),
       micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
       kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
       micro_batch_(micro_batch_size(deck, layout.shape())),
       T_(deck.model.seq_len),
       slots_(pipeline_in_flight(kind_, layout.shape().pp, layout.pp_rank(), micro_batches_)),
-      stage_(stage_params_, micro_batch_, T_, tp_, slots_, recompute_mode(deck)),
+      stage_(stage_params_, micro_batch_, T_, staged_tp_, slots_, recompute_mode(deck),
+             *backend.ops),
       runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
-              micro_batch_, T_, slots_, stage_params_.spec().has_head),
+              micro_batch_, T_, slots_, *backend.device),
       pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
                 trace),
       reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
-      service_(std::move(service)) {
+      service_(std::move(service)), replica_(replica) {
   packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  if (replica_) {
+    // The baseline's stage is the whole model (dp only): its blocks are every block, in order,
+    // as the replica packs them.
+    PDT_CHECK(static_cast<std::int64_t>(stage_params_.needed_blocks().size()) ==
+                  static_cast<std::int64_t>(setup.catalog->blocks().size()),
+              "the replicated baseline's stage must hold every block");
+    tiles_ = stage_params_.tiles(stage_params_.needed_blocks());
+  }
   // PD: parameters stream through a bounded cache with prefetch; the baseline keeps its
   // whole stage resident.
   if (!layout.replicated()) {
@@ -266,6 +288,32 @@ UpdateInfo ComputeLoop::fetch(std::int64_t version) {
   return info;
 }
 
+// The baseline: the replica's parameters of `version` into the stage, on the device (in bf16
+// precision rounded, with their bf16 copies, as unpack_param does).
+void ComputeLoop::publish(std::int64_t version) {
+  ScopedPhase t(timers_, "fetch");
+  PDT_CHECK(version == replica_->version(),
+            "replica at version " + std::to_string(replica_->version()) + ", asked for " +
+                std::to_string(version));
+  backend_.ops->scatter_tiles(stage_params_.params_device(), stage_params_.params_bf16_device(),
+                              replica_->params(), tiles_);
+}
+
+// The baseline with one replica: the stage's gradients packed on the device, and the replica's
+// optimizer step there.
+void ComputeLoop::update_replica(std::int64_t step, StepRecord& rec) {
+  const double t0 = now_seconds();
+  backend_.ops->gather_tiles(replica_->grads(), stage_params_.grads_device(), tiles_);
+  const double t1 = now_seconds();
+  rec.reduce_ms = 1e3 * (t1 - t0);
+  timers_.add("reduce", t1 - t0);
+  replica_->update(step, replica_->grads());
+  const double t2 = now_seconds();
+  rec.push_ms = 1e3 * (t2 - t1);
+  timers_.add("push", t2 - t1);
+  trace_event("update", "pd", t1, t2);
+}
+
 // The measured bubble: the share of the pipeline phase each stage spent waiting for its
 // neighbours, averaged over the stages.
 double ComputeLoop::mean_over_stages(double x) {
@@ -278,7 +326,7 @@ double ComputeLoop::mean_over_stages(double x) {
 
 void ComputeLoop::open_outputs() {
   metrics_ = std::make_unique<MetricsWriter>(deck_.run.out_dir + "/metrics.csv", start_step_);
-  if (opts_.verbose) print_run_header(deck_, setup_, layout_);
+  if (opts_.verbose) print_run_header(deck_, setup_, layout_, backend_.ops->describe());
 }
 
 void ComputeLoop::write_heat_map() {

@@ -1,5 +1,7 @@
 #include "pdtrain/app/report.hpp"
 
+#include "pdtrain/app/compute_device.hpp"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -46,12 +48,15 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
   }
   const auto kind = *pipeline_kind_from_string(deck.parallel.schedule);
   const int slots = pipeline_in_flight(kind, ls.pp, p, static_cast<int>(deck.parallel.micro_batches));
-  const std::int64_t acts = GptStage::memory_bytes(cat.shape(), spec, micro_batch_size(deck, ls),
-                                                   deck.model.seq_len, slots);
+  const std::int64_t acts =
+      GptStage::memory_bytes(cat.shape(), spec, micro_batch_size(deck, ls), deck.model.seq_len,
+                             slots, recompute_mode(deck), precision(deck));
   // PD ranks hold at most pd.cache_mb of parameters (plus the whole stage's gradients); the
-  // baseline holds its stage's parameters, gradients and AdamW state.
+  // baseline holds its stage's parameters and gradients, and its replica's parameters, AdamW
+  // moments and reduced gradients. bf16 precision keeps a bf16 copy beside the parameters.
   const double cap = deck.pd.cache_mb * 1048576.0, b = static_cast<double>(bytes);
-  const double params = ls.holders > 0 && cap > 0 ? std::min(cap, b) : b;
+  const double copies = deck.train.precision == "bf16" ? 1.5 : 1.0;
+  const double params = ls.holders > 0 && cap > 0 ? std::min(cap, copies * b) : copies * b;
   std::string where;
   if (ls.holders > 0 && fetcher == r)
     where = ", " + std::to_string(static_cast<int>(100.0 * static_cast<double>(local) / b)) +
@@ -59,14 +64,16 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
   else if (ls.holders > 0)
     where = ", relayed by rank " + std::to_string(fetcher);
   std::printf(": layers %lld..%lld%s%s, fetches %zu blocks (%s%s); memory: params %s, grads %s, "
-              "activations %s (%d slot(s))%s\n",
+              "activations %s (%d slot(s))%s; device: %s\n",
               static_cast<long long>(spec.layer_begin),
               static_cast<long long>(spec.layer_end - 1),
               spec.has_embedding ? " + embedding" : "", spec.has_head ? " + head" : "",
               pos.shapes.needed_blocks().size(), human_bytes(b).c_str(), where.c_str(),
               human_bytes(params).c_str(), human_bytes(b).c_str(),
               human_bytes(static_cast<double>(acts)).c_str(), slots,
-              ls.holders == 0 ? (" + AdamW " + human_bytes(2.0 * b)).c_str() : "");
+              ls.holders == 0 ? (" + replica (params, AdamW, grads) " + human_bytes(4.0 * b)).c_str()
+                              : "",
+              describe_compute_device(deck, s, r).c_str());
 }
 
 }  // namespace
@@ -96,7 +103,8 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   }
 }
 
-void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout) {
+void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout,
+                      const std::string& compute) {
   const ModelShape& m = setup.catalog->shape();
   const LayoutShape& ls = layout.shape();
   std::printf("pdtrain %s | %s | %d ranks: %d holder(s) + %d compute (dp %d x pp %d x tp %d)%s\n",
@@ -126,6 +134,7 @@ void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout
                     ? " | LOSSY: numerics differ from exact synchronous training"
                     : " (lossless)");
   }
+  std::printf("\ncompute: %s", compute.c_str());
   std::printf("\ndata: %s\n", setup.source->describe().c_str());
   std::printf("output: %s\n", deck.run.out_dir.c_str());
   std::fflush(stdout);
@@ -143,7 +152,7 @@ void report_step(MetricsWriter& metrics, const StepRecord& rec, const Deck& deck
 
 void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t start_step,
                        const PhaseTimers& timers, const ParameterService& service,
-                       const StageCache* cache) {
+                       const StageCache* cache, const Device& device) {
   const double tokens = static_cast<double>((r.final_step - start_step) * deck.train.batch_size *
                                             deck.model.seq_len);
   std::printf("summary: wall %.2f s | %.0f tok/s | fetch %.2f s | compute %.2f s | "
@@ -156,6 +165,9 @@ void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t star
   if (cache)
     std::printf("%s (this rank; per-block table in %s/pd_heat/)\n",
                 cache->summary(timers.get("compute")).c_str(), deck.run.out_dir.c_str());
+  if (!device.is_host())
+    std::printf("device: %s | peak %s allocated by this rank\n", device.describe().c_str(),
+                human_bytes(static_cast<double>(device.peak_bytes())).c_str());
   if (r.losses.empty()) return;
   if (r.final_step < deck.run.steps)
     std::printf("stopped after step %lld of %lld: checkpoint written; continue with "

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pdtrain/app/checkpointing.hpp"
+#include "pdtrain/app/compute_device.hpp"
 #include "pdtrain/app/compute_loop.hpp"
 #include "pdtrain/app/report.hpp"
 #include "pdtrain/app/setup.hpp"
@@ -23,7 +24,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/pd/fetch_client.hpp"
 #include "pdtrain/pd/holder_server.hpp"
-#include "pdtrain/pd/local_replica.hpp"
+#include "pdtrain/pd/device_replica.hpp"
 
 namespace pdtrain {
 
@@ -55,7 +56,7 @@ void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                       const RunOptions& opts, const RestartPoint& restart, TraceRecorder* trace);
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
-                             TraceRecorder* trace);
+                             kernels::ComputeBackend& backend, TraceRecorder* trace);
 void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world);
 
 }  // namespace
@@ -81,13 +82,18 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
     const std::string hint = kernels::blas_misdetection_hint();
     if (!hint.empty()) std::printf("hint: %s\n", hint.c_str());
   }
+  // Compute ranks take their device (a GPU, or the CPU); one that cannot ends the whole job.
+  kernels::ComputeBackend backend;
+  run_collectively(world, ErrorScope::job, [&] {
+    if (!layout.is_holder()) backend = make_compute_backend(deck, setup, layout);
+  });
   TraceRecorder trace = trace_recorder(deck, layout);
   const RestartPoint restart = resolve_restart(deck, opts.restart, world);
   TrainResult result;
   if (layout.is_holder())
     serve_parameters(deck, setup, layout, opts, restart, &trace);
   else
-    result = run_compute_rank(deck, setup, layout, opts, restart, &trace);
+    result = run_compute_rank(deck, setup, layout, opts, restart, backend, &trace);
   if (deck.output.trace) write_traces(deck, trace, world);
   return result;
 }
@@ -165,12 +171,15 @@ void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
 // baseline, where compute rank 0 writes the checkpoints); then the step loop.
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
-                             TraceRecorder* trace) {
+                             kernels::ComputeBackend& backend, TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
   std::unique_ptr<ParameterService> service;
+  DeviceReplica* baseline = nullptr;
   std::unique_ptr<ckpt::CheckpointWriter> writer;
   if (layout.replicated()) {
-    auto replica = std::make_unique<LocalReplica>(setup.table, adamw_config(deck));
+    auto replica = std::make_unique<DeviceReplica>(setup.table, adamw_config(deck),
+                                                   *backend.device, *backend.ops);
+    baseline = replica.get();
     restore_collectively(restart, *setup.catalog, MPI_COMM_SELF, layout.world(), replica.get());
     if (training && layout.compute_index() == 0) {  // one replica writes for all
       writer = make_writer(deck, *setup.catalog, MPI_COMM_SELF);
@@ -186,7 +195,8 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
                                             *wire_codec_from_string(deck.pd.push_codec),
                                             deck.pd.fetch_thread);
   }
-  ComputeLoop loop(deck, setup, layout, opts, std::move(service), restart.step, trace);
+  ComputeLoop loop(deck, setup, layout, opts, backend, std::move(service), baseline, restart.step,
+                   trace);
   setup.table.init = nullptr;
   return training ? loop.run() : loop.run_eval(opts.eval_batches);
 }

@@ -1,8 +1,9 @@
 #pragma once
 // The compute ranks' step loop (see compute_loop.cpp for the algorithm as code): parameters
-// from a ParameterService (holders or the local replica), forward and backward through the
-// pipeline on this replica's slice of the batch, the fixed-order gradient reduction, the push,
-// and on the reporter the step's record.
+// from a ParameterService (holders, or the rank's own DeviceReplica in the baseline), forward
+// and backward through the pipeline on this replica's slice of the batch on the rank's compute
+// backend (CPU or GPU), the fixed-order gradient reduction, the push, and on the reporter the
+// step's record.
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -14,12 +15,14 @@
 #include "pdtrain/app/train.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "pdtrain/deck/deck.hpp"
+#include "pdtrain/device/host_staging.hpp"
 #include "pdtrain/io/metrics.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/layout/tensor_parallel_group.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
+#include "pdtrain/pd/device_replica.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/schedule/grad_reduce.hpp"
 #include "pdtrain/schedule/pipeline_executor.hpp"
@@ -29,9 +32,10 @@ namespace pdtrain {
 
 class ComputeLoop {
  public:
+  // `replica`: the baseline's DeviceReplica (it is `service`), null under PD.
   ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout, const RunOptions& opts,
-              std::unique_ptr<ParameterService> service, std::int64_t start_step,
-              TraceRecorder* trace);
+              kernels::ComputeBackend& backend, std::unique_ptr<ParameterService> service,
+              DeviceReplica* replica, std::int64_t start_step, TraceRecorder* trace);
 
   // The step loop, from the step after start_step to run.steps (or --stop-after, or a signal).
   TrainResult run();
@@ -53,6 +57,8 @@ class ComputeLoop {
   template <class Body>
   double cache_pass(const std::vector<std::vector<int>>& plan, Body&& body);
   UpdateInfo fetch(std::int64_t version);
+  void publish(std::int64_t version);
+  void update_replica(std::int64_t step, StepRecord& rec);
   double mean_over_stages(double x);
   std::vector<int> pushed_blocks() const;
   std::vector<std::int64_t> block_sizes(const std::vector<int>& blocks) const;
@@ -66,7 +72,9 @@ class ComputeLoop {
   RunOptions opts_;
   TraceRecorder* trace_;
   std::int64_t start_step_;
+  kernels::ComputeBackend& backend_;
   TensorParallelGroup tp_;
+  StagedTensorParallel staged_tp_;  // the tp group for device memory (host staging on a GPU)
   StageParams stage_params_;
   int micro_batches_;
   PipelineKind kind_;
@@ -77,6 +85,8 @@ class ComputeLoop {
   PipelineExecutor pipeline_;
   GradReducer reducer_;
   std::unique_ptr<ParameterService> service_;
+  DeviceReplica* replica_ = nullptr;         // baseline only (service_ itself)
+  std::vector<kernels::KernelOps::Tile> tiles_;  // baseline: every block in the stage's buffers
   std::unique_ptr<StageCache> cache_;        // PD only
   std::vector<std::vector<int>> step_plan_;  // the cache's uses in one step
   std::int64_t pass_version_ = 0;            // the version the next pass computes on

@@ -1,10 +1,13 @@
 #pragma once
 // Binds the model stage to the pipeline executor: which tokens a micro-batch holds (training
-// step or validation batch), which activation slot it uses, and the loss it adds up.
+// step or validation batch), which activation slot it uses, and the loss it adds up. The
+// executor moves host memory: a stage on a GPU hands its output and input gradient over
+// through pinned host staging.
 #include <cstdint>
 #include <vector>
 
 #include "pdtrain/data/token_source.hpp"
+#include "pdtrain/device/host_staging.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/schedule/pipeline_executor.hpp"
 
@@ -13,9 +16,9 @@ namespace pdtrain {
 class StageRunner final : public PipelineStageOps {
  public:
   StageRunner(GptStage& stage, const data::TokenSource& source, std::int64_t first_sequence,
-              std::int64_t micro_batch, std::int64_t seq_len, int slots, bool has_head)
+              std::int64_t micro_batch, std::int64_t seq_len, int slots, Device& device)
       : stage_(stage), source_(source), first_(first_sequence), Bm_(micro_batch), T_(seq_len),
-        slots_(slots), has_head_(has_head), seq_(static_cast<std::size_t>(Bm_ * (T_ + 1))),
+        slots_(slots), staging_(device), seq_(static_cast<std::size_t>(Bm_ * (T_ + 1))),
         inputs_(static_cast<std::size_t>(Bm_ * T_)), targets_(inputs_.size()) {}
 
   // Micro-batch mb of training step `step`, d(loss)/d(token loss) = dloss.
@@ -30,11 +33,15 @@ class StageRunner final : public PipelineStageOps {
   double loss_sum() { return stage_.take_loss_sum(); }
 
   void forward(int mb, const float* input) override;
-  const float* output(int mb) override { return stage_.output(mb % slots_); }
+  const float* output(int mb) override {
+    return staging_.download(stage_.output(mb % slots_), stage_.activation_numel());
+  }
   void backward(int mb, const float* doutput) override {
     stage_.backward(mb % slots_, dloss_, doutput);
   }
-  const float* dinput() override { return stage_.dinput(); }
+  const float* dinput() override {
+    return staging_.download(stage_.dinput(), stage_.activation_numel());
+  }
 
  private:
   void load_tokens(int mb);
@@ -43,7 +50,7 @@ class StageRunner final : public PipelineStageOps {
   const data::TokenSource& source_;
   std::int64_t first_, Bm_, T_;
   int slots_;
-  bool has_head_;
+  HostStaging staging_;
   std::vector<std::int32_t> seq_, inputs_, targets_;
   std::int64_t step_ = 0, val_batch_size_ = 0;
   int val_batches_per_pass_ = 0;
