@@ -23,7 +23,3 @@ struct BlockTable {
 };
 
 }  // namespace pdtrain
-
-// pd/param_cache.hpp still reaches ParameterService through this header; once it includes
-// parameter_service.hpp itself, this include can go.
-#include "pdtrain/pd/parameter_service.hpp"

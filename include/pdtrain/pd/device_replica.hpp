@@ -16,6 +16,7 @@
 #include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/pd/holder_server.hpp"
 
 namespace pdtrain {

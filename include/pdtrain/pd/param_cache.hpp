@@ -24,7 +24,7 @@
 
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/io/trace.hpp"
-#include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 
 namespace pdtrain {
 
