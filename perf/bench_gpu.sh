@@ -68,20 +68,22 @@ compare() {  # RESULTS_FILE PYTORCH_FILE
   local res=$1 pt=$2
   [[ -s $res ]] || { echo "bench_gpu compare: SKIP: no pdtrain results in $res (perf/bench_gpu.sh did not run or failed)"; return 77; }
   [[ -s $pt ]] || { echo "bench_gpu compare: SKIP: no PyTorch results in $pt (perf/pytorch_gpt2.py did not run: no torch?)"; return 77; }
-  local n=0 model a_tps a_mfu eager comp line
+  local n=0 model line a_tps a_mfu a_mem eager comp
+  field() { sed -nE "s/.* $1=([0-9.]+|n\/a).*/\1/p" <<< "$2"; }
   for model in $(grep -oE '^ratio model=[^ ]+ config=a ' "$res" | sed -E 's/^ratio model=([^ ]+) .*/\1/' | sort -u); do
     line=$(grep -E "^ratio model=$model config=a " "$res" | tail -1)
-    a_tps=$(sed -nE 's/.* tokens_per_s=([0-9.]+).*/\1/p' <<< "$line")
-    a_mfu=$(sed -nE 's/.* mfu_989=([0-9.]+).*/\1/p' <<< "$line")
-    eager=$(grep -E "^pytorch model=$model mode=eager " "$pt" | tail -1 | sed -nE 's/.* tokens_per_s=([0-9.]+).*/\1/p')
-    comp=$(grep -E "^pytorch model=$model mode=compile " "$pt" | tail -1 | sed -nE 's/.* tokens_per_s=([0-9.]+).*/\1/p')
+    a_tps=$(field tokens_per_s "$line"); a_mfu=$(field mfu_989 "$line"); a_mem=$(field peak_mem_mib "$line")
     [[ -n $a_tps ]] || continue
-    awk -v m="$model" -v a="$a_tps" -v am="${a_mfu:-n/a}" -v e="${eager:-}" -v c="${comp:-}" 'BEGIN {
-      printf "compare model=%s pdtrain_a_tokens_per_s=%.0f mfu_989=%s", m, a, am
-      if (e != "") printf " | pytorch_eager=%.0f a/eager=%.3f (target >= 1.00: %s)", e, a / e, (a >= e ? "met" : "not met")
-      else printf " | pytorch_eager=n/a"
-      if (c != "") printf " | pytorch_compile=%.0f a/compile=%.3f", c, a / c
-      else printf " | pytorch_compile=n/a"
+    eager=$(grep -E "^pytorch model=$model mode=eager " "$pt" | tail -1)
+    comp=$(grep -E "^pytorch model=$model mode=compile " "$pt" | tail -1)
+    awk -v m="$model" -v a="$a_tps" -v am="${a_mfu:-n/a}" -v amem="${a_mem:-n/a}" \
+        -v e="$(field tokens_per_s "$eager")" -v em="$(field mfu_989 "$eager")" -v emem="$(field peak_reserved_mib "$eager")" \
+        -v c="$(field tokens_per_s "$comp")" -v cm="$(field mfu_989 "$comp")" -v cmem="$(field peak_reserved_mib "$comp")" 'BEGIN {
+      printf "compare model=%s pdtrain_a: %.0f tok/s, MFU %s, peak %s MiB", m, a, am, amem
+      if (e != "") printf " | pytorch eager: %.0f tok/s, MFU %s, peak reserved %s MiB; a/eager=%.3f (target >= 1.00: %s)", e, em, emem, a / e, (a >= e ? "met" : "not met")
+      else printf " | pytorch eager: n/a"
+      if (c != "") printf " | torch.compile: %.0f tok/s, MFU %s, peak reserved %s MiB; a/compile=%.3f", c, cm, cmem, a / c
+      else printf " | torch.compile: n/a"
       printf "\n" }'
     n=$((n + 1))
   done
@@ -144,7 +146,7 @@ if (( cpu == 0 )); then
   have_smi=1
   echo "bench_gpu: GPU $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader -i 0)"
 fi
-echo "bench_gpu: $bin ($("$bin" --version 2>&1 | head -1)); compute.device=$( ((cpu)) && echo cpu || echo cuda );" \
+echo "bench_gpu: $bin ($(scripts/mpirun-local -np 1 "$bin" --version 2>&1 < /dev/null | head -1)); compute.device=$( ((cpu)) && echo cpu || echo cuda );" \
      "$(nproc) cores; budget ${budget}s; FLOPs/token = 6 N + 6 L T C (llm.c); peak $PEAK_FLOPS FLOP/s"
 
 used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -dc '0-9'; }
@@ -180,7 +182,8 @@ ensure_shape() {
   local m=$1 txt n mb t k L C
   [[ -n ${SHAPE[$m]:-} ]] && return 0
   # shellcheck disable=SC2046
-  txt=$("$bin" "${DECK[$m]}" $(model_sets "$m") "${common[@]}" --set parallel.holders=0 --dry-run 2>&1) ||
+  txt=$(scripts/mpirun-local -np 1 "$bin" "${DECK[$m]}" $(model_sets "$m") "${common[@]}" \
+        --set parallel.holders=0 --dry-run 2>&1 < /dev/null) ||
     { echo "$txt" | tail -5; echo "bench_gpu: FAIL: dry run of $m"; return 1; }
   n=$(sed -nE 's/^model: ([0-9]+) parameters.*/\1/p' <<< "$txt")
   read -r mb t k <<< "$(sed -nE 's/.*micro-batch ([0-9]+) x ([0-9]+) tokens, ([0-9]+) micro-batch.*/\1 \2 \3/p' <<< "$txt")"
@@ -206,7 +209,7 @@ least_cache_mb() {
   local m=$1 h=$2 msg
   # shellcheck disable=SC2046
   msg=$(scripts/mpirun-local -np $((h + 1)) "$bin" "${DECK[$m]}" $(model_sets "$m") "${common[@]}" \
-        --set parallel.holders="$h" --set pd.cache_mb=0.001 --dry-run 2>&1)
+        --set parallel.holders="$h" --set pd.cache_mb=0.001 --dry-run 2>&1 < /dev/null)
   sed -nE 's/.*needs ([0-9.]+) MiB.*/\1/p' <<< "$msg" | head -1
 }
 
@@ -229,7 +232,7 @@ ceiling_of() {  # model: sets CEIL[model] (TFLOP/s) or n/a
     say "ceiling model=$m: FAIL: no $gemm (a -DPDTRAIN_CUDA=ON build has it)"
     return 0
   fi
-  timeout -k 10 120 "$gemm" "${args[@]}" > "$log" 2>&1
+  timeout -k 10 60 "$gemm" "${args[@]}" > "$log" 2>&1
   rc=$?
   local line; line=$(grep -m1 '^ceiling:' "$log")
   if (( rc != 0 )) || [[ -z $line ]]; then
@@ -252,7 +255,6 @@ run_config() {  # model label holders staleness cache_factor
   local n L C T batch mb
   ensure_shape "$m" || { failures=$((failures + 1)); return; }
   read -r n L C T batch mb <<< "${SHAPE[$m]}"
-  [[ -n ${CEIL[$m]:-} ]] || ceiling_of "$m"
 
   # Budget: the run expected to take as long as the model's baseline did (or 3x the 124m one).
   local now elapsed est=0
@@ -274,6 +276,8 @@ run_config() {  # model label holders staleness cache_factor
     (( tmo < 30 )) && tmo=30
   fi
   [[ -n ${BENCH_GPU_RUN_TIMEOUT:-} ]] && tmo=$BENCH_GPU_RUN_TIMEOUT
+
+  [[ -n ${CEIL[$m]:-} ]] || ceiling_of "$m"
 
   local sets=() cache_mb=0
   # shellcheck disable=SC2206
