@@ -2,8 +2,8 @@
 # GPT-2 training on one GPU: the replicated GPU baseline against PD with CPU holders (issue 13,
 # "Benchmarks"; perf/RESULTS.md, "GPU: GPT-2 124M on one H200").
 #
-#   perf/bench_gpu.sh [--short] [--cpu] [--budget S] [--fetch-thread] [--results FILE]
-#                     [--pytorch FILE] [BUILD_DIR]
+#   perf/bench_gpu.sh [--short] [--cpu] [--budget S] [--steps N] [--fetch-thread]
+#                     [--set KEY=VALUE]... [--results FILE] [--pytorch FILE] [BUILD_DIR]
 #   perf/bench_gpu.sh --compare RESULTS_FILE PYTORCH_FILE
 #
 # Configurations, each on one compute rank (the GPU) at micro-batch 16 x 1024 tokens in bf16,
@@ -49,7 +49,10 @@
 #   memory: n/a), which is the ctest perf.bench_gpu_short (tests the script's plumbing here).
 # --budget S: start no configuration that is not expected to end within S seconds of the
 #   script's start (estimated from the runs so far; default 270, --short 120; 0: no limit).
+# --steps N: N steps per run (the first warms up) instead of 5 (124m), 4 (350m), 3 (--short).
 # --fetch-thread: pd.fetch_thread = true in the PD configurations (spare cores: 16 here).
+# --set KEY=VALUE: a deck override for every run (e.g. --set train.recompute=none), after the
+#   bench's own.
 # --results FILE: also append the ratio and ceiling lines to FILE.
 # --pytorch FILE: when FILE (perf/pytorch_gpt2.py --results) exists, compare at the end.
 # --compare: only the comparison of a results file with perf/pytorch_gpt2.py's: (a) against
@@ -98,7 +101,7 @@ if [[ ${1:-} == --compare ]]; then
 fi
 
 # ------------------------------------------------------------------------------ arguments --
-short=0 cpu=0 budget="" fetch_thread=0 results="" pytorch="" build=""
+short=0 cpu=0 budget="" fetch_thread=0 results="" pytorch="" build="" steps_override="" extra=()
 while (( $# > 0 )); do
   case $1 in
     --short) short=1 ;;
@@ -107,6 +110,8 @@ while (( $# > 0 )); do
     --fetch-thread) fetch_thread=1 ;;
     --results) results=$2; shift ;;
     --pytorch) pytorch=$2; shift ;;
+    --steps) steps_override=$2; shift ;;
+    --set) extra+=(--set "$2"); shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "bench_gpu: unknown option $1" >&2; exit 2 ;;
     *) build=$1 ;;
@@ -171,6 +176,11 @@ else
 fi
 common=(--set run.steps=1000)  # the schedule's target; --stop-after ends each run
 (( cpu )) && common+=(--set compute.device=cpu)
+common+=("${extra[@]}")
+if [[ -n $steps_override ]]; then
+  [[ $steps_override =~ ^[0-9]+$ && $steps_override -ge 2 ]] || { echo "bench_gpu: --steps needs N >= 2" >&2; exit 2; }
+  for m in "${!STEPS[@]}"; do STEPS[$m]=$steps_override; done
+fi
 
 # model_sets MODEL: the --set words of a model
 model_sets() { local s=${SETS[$1]}; [[ -n $s ]] && echo "$s"; return 0; }
@@ -292,6 +302,7 @@ run_config() {  # model label holders staleness cache_factor
       sets+=(--set pd.cache_mb="$cache_mb")
     fi
   fi
+  sets+=("${extra[@]}")  # the caller's --set last: it wins
 
   local base=0 peak_file=$out/$id.mem
   if (( have_smi )); then
