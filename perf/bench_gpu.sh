@@ -202,10 +202,10 @@ ensure_shape() {
     { echo "bench_gpu: FAIL: cannot read the shape of $m from its dry run"; return 1; }
   SHAPE[$m]="$n $L $C $t $((mb * k)) $mb"
 }
-# A deck key's value as used, from pdtrain's --print-deck? Read the deck and the overrides.
+# A deck key's value as used: the last --set of it (the model's, then the caller's), else the deck.
 resolved() {  # model key
   local m=$1 key=$2 v
-  v=$(grep -oE -- "--set $key=[^ ]+" <<< "$(model_sets "$m")" | tail -1 | cut -d= -f2)
+  v=$(grep -oE -- "--set $key=[^ ]+" <<< "$(model_sets "$m") ${extra[*]}" | tail -1 | cut -d= -f2)
   if [[ -z $v ]]; then
     local sec=${key%%.*} k=${key#*.}
     v=$(awk -v sec="[$sec]" -v k="$k" '$0 == sec { on = 1; next } /^\[/ { on = 0 }
