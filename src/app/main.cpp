@@ -17,6 +17,7 @@
 #include "pdtrain/deck/sweep.hpp"
 #include "pdtrain/io/summary.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/version.hpp"
 
 namespace {
@@ -226,7 +227,9 @@ int run(int argc, char** argv, int rank) {
     if (rank == 0) {
       if (cl.print_reference) std::fputs(pdtrain::deck_reference_markdown().c_str(), stdout);
       if (cl.help) std::fputs(kUsage, stdout);
-      if (cl.version) std::printf("pdtrain %s\n", PDTRAIN_VERSION);
+      if (cl.version)
+        std::printf("pdtrain %s\nbackends: %s\n", PDTRAIN_VERSION,
+                    pdtrain::kernels::backends_built().c_str());
       if (cl.print_default) std::fputs(pdtrain::default_deck_text(), stdout);
     }
     return 0;

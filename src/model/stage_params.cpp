@@ -190,6 +190,18 @@ void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
     std::copy_n(base + (r0 + r) * ld + c0, b.cols, packed + r * b.cols);
 }
 
+std::vector<kernels::KernelOps::Tile> StageParams::tiles(const std::vector<int>& blocks) const {
+  std::vector<kernels::KernelOps::Tile> out;
+  for (int id : blocks) {
+    const BlockInfo& b = cat_.block(id);
+    std::int64_t r0, c0;
+    block_origin(b, &r0, &c0);
+    const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
+    out.push_back({where(b.tensor, b.layer) + r0 * ld + c0, b.rows, b.cols, ld});
+  }
+  return out;
+}
+
 std::int64_t StageParams::vocab_begin() const {
   const LocalTensor& lt = local_[static_cast<int>(TensorId::wte)];
   return split_bound(cat_.shape().padded_vocab, cat_.shape().n_head, lt.unit_begin);

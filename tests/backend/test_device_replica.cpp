@@ -1,17 +1,17 @@
 // The replicated baseline on a backend's device equals the holders' CPU arithmetic bit for bit:
 // AdamW per block (holder_server.cpp's adamw_update) after the global norm of per-block sums of
-// squares, added in block order. Written once; instantiated per backend (backends.hpp).
+// squares, added in block order. Written once, run per backend (backend_test_support.hpp).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
 
-#include "backends.hpp"
+#include "backend_test_support.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/rng.hpp"
 #include "pdtrain/pd/device_replica.hpp"
 
-namespace pdtrain {
+namespace pdtrain::kernels::testing {
 namespace {
 
 // Blocks of awkward sizes (around a sum-of-squares chunk, and tiny ones), decay flags in runs.
@@ -36,13 +36,23 @@ BlockTable table() {
   return t;
 }
 
+class DeviceReplicaTest : public ::testing::TestWithParam<TestBackend> {
+ protected:
+  void SetUp() override { backend_ = GetParam().make(); }
+  Device& device() { return *backend_.device; }
+  KernelOps& ops() { return *backend_.ops; }
+
+ private:
+  ComputeBackend backend_;
+};
+
 std::vector<float> gradients(std::int64_t n, int step) {
   std::vector<float> g(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(rng_normal(rng_key(12, step), i));
   return g;
 }
 
-TEST_P(BackendTest, DeviceReplicaStepsEqualTheHoldersArithmeticBitForBit) {
+TEST_P(DeviceReplicaTest, StepsEqualTheHoldersArithmeticBitForBit) {
   const BlockTable t = table();
   AdamWConfig opt;
   opt.lr = 1e-2, opt.warmup_steps = 1, opt.total_steps = 4, opt.weight_decay = 0.1;
@@ -81,7 +91,7 @@ TEST_P(BackendTest, DeviceReplicaStepsEqualTheHoldersArithmeticBitForBit) {
   }
 }
 
-TEST_P(BackendTest, DeviceReplicaRestoreThenFetchGivesTheRestoredBlocks) {
+TEST_P(DeviceReplicaTest, RestoreThenFetchGivesTheRestoredBlocks) {
   const BlockTable t = table();
   DeviceReplica replica(t, AdamWConfig{}, device(), ops());
   std::map<int, BlockState> state;
@@ -113,5 +123,8 @@ TEST_P(BackendTest, DeviceReplicaRestoreThenFetchGivesTheRestoredBlocks) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceReplicaTest, ::testing::ValuesIn(test_backends()),
+                         [](const auto& info) { return info.param.name; });
+
 }  // namespace
-}  // namespace pdtrain
+}  // namespace pdtrain::kernels::testing

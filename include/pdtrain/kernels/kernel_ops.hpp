@@ -13,7 +13,7 @@
 // as "may be null" are skipped when null. Ops are queued on the device's compute queue in call
 // order: the host reads results only after Device::synchronize() (or a download).
 // Determinism: every op gives the same bits run to run (no float atomics; reductions in a fixed
-// order). Backends agree within stated tolerances (tests/kernels/test_kernel_ops.cpp), not
+// order). Backends agree within stated tolerances (tests/backend/test_kernel_ops.cpp), not
 // bit for bit: a GPU sums in another order than the CPU.
 #include <cstdint>
 #include <memory>
@@ -151,5 +151,7 @@ ComputeBackend make_cuda_backend(int gpu);
 // (0 when there is no driver or no device: "no GPU", never an error).
 bool cuda_backend_built();
 int cuda_device_count();
+// The backends this binary has, for --version: "cpu" or e.g. "cpu, cuda (sm_90)".
+std::string backends_built();
 
 }  // namespace pdtrain::kernels

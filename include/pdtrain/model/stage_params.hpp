@@ -20,6 +20,7 @@
 
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/device/device.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/model/catalog.hpp"
 
 namespace pdtrain {
@@ -115,6 +116,12 @@ class StageParams {
   void download_grads();
   // Block b's gradient from the host view, packed row-major.
   void pack_grad(const BlockInfo& b, float* packed) const;
+  // Where blocks live in the resident parameter buffer and in the gradient buffer (both have
+  // this layout), for device kernels that pack and unpack them (KernelOps::gather_tiles).
+  std::vector<kernels::KernelOps::Tile> tiles(const std::vector<int>& blocks) const;
+  // Storage::resident, device memory: every parameter, and its bf16 copy (null in fp32).
+  float* params_device() { return params_.device(); }
+  pdtrain::bf16* params_bf16_device() { return bf16() ? params_bf16_.device() : nullptr; }
   void zero_grads();
 
  private:

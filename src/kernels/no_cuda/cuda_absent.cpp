@@ -7,6 +7,7 @@ namespace pdtrain::kernels {
 
 bool cuda_backend_built() { return false; }
 int cuda_device_count() { return 0; }
+std::string backends_built() { return "cpu"; }
 
 ComputeBackend make_cuda_backend(int) {
   throw Error(ExitCode::runtime,

@@ -1,0 +1,74 @@
+# The CUDA backend for compute ranks (-DPDTRAIN_CUDA=ON): the CUDA device (src/device/cuda/)
+# and the CUDA kernels with cuBLASLt GEMMs (src/kernels/cuda/, library pdtrain_kernels_cuda).
+# Included by the top-level CMakeLists.txt before the parts are defined; it sets
+#   PDTRAIN_DEVICE_EXTRA_SOURCES, PDTRAIN_DEVICE_EXTRA_DEPS  (the CUDA device joins pdtrain_device)
+#   PDTRAIN_KERNELS_EXTRA_SOURCES, PDTRAIN_KERNELS_EXTRA_DEPS (pdtrain_kernels links the CUDA kernels)
+# and defines pdtrain_kernels_cuda once pdtrain_device exists (pdtrain_cuda_kernels_library()).
+#
+# Architectures: 90 (H100/H200) by default; e.g. -DCMAKE_CUDA_ARCHITECTURES="80;90" adds A100.
+# nvcc and its host compiler: the C++ compiler of the rest of the build, unless
+# CMAKE_CUDA_HOST_COMPILER says otherwise.
+
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90)
+endif()
+if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER)
+  set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
+endif()
+include(CheckLanguage)
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  message(FATAL_ERROR "pdtrain: PDTRAIN_CUDA=ON but no CUDA compiler was found: put nvcc on PATH "
+                      "(e.g. /usr/local/cuda/bin) or set CMAKE_CUDA_COMPILER, or configure with "
+                      "-DPDTRAIN_CUDA=OFF for the CPU-only binary")
+endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+# CMake before 3.26 does not know nvcc's C++20 flag (nvcc has it since CUDA 12.0).
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
+set(CMAKE_CUDA_STANDARD 20)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+set(CMAKE_CUDA_EXTENSIONS OFF)
+
+# "sm_80, sm_90" for `pdtrain --version` (suffixes such as -real dropped).
+set(_pdt_archs ${CMAKE_CUDA_ARCHITECTURES})
+list(TRANSFORM _pdt_archs REPLACE "-(real|virtual)$" "")
+list(TRANSFORM _pdt_archs PREPEND "sm_")
+list(JOIN _pdt_archs ", " PDTRAIN_CUDA_ARCH_LIST)
+message(STATUS "pdtrain: CUDA backend with CUDA ${CUDAToolkit_VERSION} for ${PDTRAIN_CUDA_ARCH_LIST}")
+
+set(PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/cuda_device.cpp)
+set(PDTRAIN_DEVICE_EXTRA_DEPS CUDA::cudart_static)
+set(PDTRAIN_KERNELS_EXTRA_SOURCES "")
+set(PDTRAIN_KERNELS_EXTRA_DEPS pdtrain_kernels_cuda)
+
+# Warnings for both compilers: nvcc's own (with their numbers, e.g. 20011-D) and the host
+# compiler's through -Xcompiler.
+set(PDTRAIN_CUDA_WARNING_FLAGS
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra -Xcudafe=--display_error_number>)
+
+# The CUDA kernels and the CUDA KernelOps. A library of its own so that nvcc never sees the
+# flags of Kokkos or oneDNN (it links neither); never MPI: its checked calls end the job through
+# pdtrain::fatal_abort (core/error.hpp), which the final link provides.
+function(pdtrain_cuda_kernels_library)
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/*.cu
+                                   ${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/*.cpp)
+  add_library(pdtrain_kernels_cuda STATIC ${srcs})
+  target_include_directories(pdtrain_kernels_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
+                                                         ${CMAKE_CURRENT_BINARY_DIR}/generated)
+  target_link_libraries(pdtrain_kernels_cuda PUBLIC pdtrain_device CUDA::cudart_static
+                                                    CUDA::cublasLt)
+  target_compile_options(pdtrain_kernels_cuda PRIVATE ${PDTRAIN_CUDA_WARNING_FLAGS})
+  target_compile_definitions(pdtrain_kernels_cuda PRIVATE
+                             PDTRAIN_CUDA_ARCH_LIST="${PDTRAIN_CUDA_ARCH_LIST}")
+  # sum_losses must add in double exactly as the CPU loop does: no contraction anywhere in
+  # the cross-entropy file (the kernel also spells its additions as __dadd_rn).
+  # The optimizer step likewise: its values must be the CPU holders' bits.
+  set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/crossentropy.cu
+                              ${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/optimizer.cu
+                              PROPERTIES COMPILE_OPTIONS "--fmad=false")
+endfunction()

@@ -1,0 +1,175 @@
+// The CUDA device: one GPU's memory, a compute and a copy stream, events.
+#include "pdtrain/device/cuda_device.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/device/cuda_check.hpp"
+
+namespace pdtrain {
+namespace {
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+const CudaEvent& cuda_event(const Event& e) {
+  const auto* ce = dynamic_cast<const CudaEvent*>(&e);
+  if (ce == nullptr)
+    fatal_abort(ExitCode::runtime, "CudaDevice: an event of another device was passed to it");
+  return *ce;
+}
+
+std::string gib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+  return text;
+}
+
+// A release that fails because the CUDA runtime is already shutting down (process exit) has
+// nothing left to free; any other failure is a fault.
+void check_release(cudaError_t rc, const char* call) {
+  if (rc == cudaErrorCudartUnloading) return;
+  if (rc != cudaSuccess) cuda_fail(rc, call, __FILE__, __LINE__);
+}
+
+constexpr std::size_t kHostAlign = 64;  // as the CPU device: a cache line, an AVX-512 vector
+
+}  // namespace
+
+CudaDevice::CudaDevice(int gpu) : gpu_(gpu) {
+  make_current();
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu_));
+  sm_count_ = prop.multiProcessorCount;
+  description_ = "cuda:" + std::to_string(gpu_) + " " + prop.name + " (" +
+                 std::to_string(sm_count_) + " SMs, " + gib(prop.totalGlobalMem) + ")";
+  CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&filled_, cudaEventDisableTiming));
+}
+
+CudaDevice::~CudaDevice() {
+  (void)cudaSetDevice(gpu_);
+  check_release(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy)");
+  check_release(cudaStreamSynchronize(compute_), "cudaStreamSynchronize(compute)");
+  (void)cudaEventDestroy(filled_);
+  (void)cudaStreamDestroy(copy_);
+  (void)cudaStreamDestroy(compute_);
+}
+
+void CudaDevice::make_current() const { CUDA_CHECK(cudaSetDevice(gpu_)); }
+
+void* CudaDevice::do_allocate(std::size_t bytes, MemoryKind kind) {
+  make_current();
+  const std::size_t n = bytes > 0 ? bytes : 1;  // a valid, distinct pointer even for 0 bytes
+  void* p = nullptr;
+  switch (kind) {
+    case MemoryKind::device: {
+      const cudaError_t rc = cudaMalloc(&p, n);
+      if (rc == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // not sticky, but clear it so no later check reports it
+        std::size_t free_bytes = 0, total = 0;
+        (void)cudaMemGetInfo(&free_bytes, &total);
+        throw Error(ExitCode::runtime,
+                    "cannot allocate " + std::to_string(bytes) + " bytes of GPU memory on " +
+                        description_ + ": " + std::to_string(free_bytes) + " bytes (" +
+                        gib(free_bytes) + ") of " + std::to_string(total) + " are free");
+      }
+      if (rc != cudaSuccess) cuda_fail(rc, "cudaMalloc", __FILE__, __LINE__);
+      // Zero-filled on the compute stream; the copy stream waits for the fill too, so an upload
+      // on either queue lands after it.
+      CUDA_CHECK(cudaMemsetAsync(p, 0, n, compute_));
+      CUDA_CHECK(cudaEventRecord(filled_, compute_));
+      CUDA_CHECK(cudaStreamWaitEvent(copy_, filled_, 0));
+      return p;
+    }
+    case MemoryKind::pinned: {
+      const cudaError_t rc = cudaMallocHost(&p, n);
+      if (rc == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        throw Error(ExitCode::runtime, "cannot allocate " + std::to_string(bytes) +
+                                           " bytes of pinned (page-locked) host memory");
+      }
+      if (rc != cudaSuccess) cuda_fail(rc, "cudaMallocHost", __FILE__, __LINE__);
+      std::memset(p, 0, n);
+      return p;
+    }
+    case MemoryKind::host:
+      break;
+  }
+  p = std::aligned_alloc(kHostAlign, (n + kHostAlign - 1) / kHostAlign * kHostAlign);
+  if (p == nullptr)
+    throw Error(ExitCode::runtime,
+                "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+  std::memset(p, 0, n);
+  return p;
+}
+
+void CudaDevice::do_release(void* p, MemoryKind kind) noexcept {
+  if (kind == MemoryKind::host) {
+    std::free(p);
+    return;
+  }
+  // Queued work on either stream may still use the memory: wait for both before freeing it
+  // (releases are rare: buffers are recycled, not freed per step).
+  (void)cudaSetDevice(gpu_);
+  check_release(cudaStreamSynchronize(compute_), "cudaStreamSynchronize(compute)");
+  check_release(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy)");
+  if (kind == MemoryKind::device)
+    check_release(cudaFree(p), "cudaFree");
+  else
+    check_release(cudaFreeHost(p), "cudaFreeHost");
+}
+
+void CudaDevice::copy(void* dst, const void* src, std::size_t bytes, Queue queue) {
+  if (bytes == 0 || dst == src) return;
+  make_current();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream(queue)));
+}
+
+void CudaDevice::zero(void* dst, std::size_t bytes) {
+  if (bytes == 0) return;
+  make_current();
+  cudaPointerAttributes attributes{};
+  CUDA_CHECK(cudaPointerGetAttributes(&attributes, dst));
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute_));
+  } else {  // host memory (pinned or not): in queue order, by the host
+    synchronize();
+    std::memset(dst, 0, bytes);
+  }
+}
+
+void CudaDevice::synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+
+std::unique_ptr<Event> CudaDevice::make_event() {
+  make_current();
+  return std::make_unique<CudaEvent>();
+}
+
+void CudaDevice::record(Event& event, Queue queue) {
+  CUDA_CHECK(cudaEventRecord(cuda_event(event).get(), stream(queue)));
+}
+
+void CudaDevice::wait(Queue queue, const Event& event) {
+  CUDA_CHECK(cudaStreamWaitEvent(stream(queue), cuda_event(event).get(), 0));
+}
+
+void CudaDevice::wait_host(const Event& event) {
+  CUDA_CHECK(cudaEventSynchronize(cuda_event(event).get()));
+}
+
+}  // namespace pdtrain

@@ -1,0 +1,42 @@
+// Stage 2 of the deterministic column sums (stage 1 is each op's own: matmul.cu's bias
+// gradient, layernorm.cu's weight and bias gradients). See launch.hpp.
+#include "common.cuh"
+#include "launch.hpp"
+
+namespace pdtrain::kernels::cuda {
+namespace {
+
+constexpr Index kMinSlabRows = 32;  // below this a slab is not worth a thread
+constexpr Index kMaxSlabs = 256;    // bounds the scratch to 256 rows of partial sums
+
+// One thread per column: the slabs' partial sums added in slab order, then onto out.
+__global__ void column_sums_finish_kernel(float* __restrict__ out,
+                                          const float* __restrict__ partial, Index slabs,
+                                          int cols) {
+  const Index c = global_thread();
+  if (c >= cols) return;
+  float acc = 0.0f;
+  for (Index s = 0; s < slabs; ++s) acc += partial[s * cols + c];
+  out[c] += acc;
+}
+
+}  // namespace
+
+Slabs column_slabs(Index rows) {
+  Slabs s;
+  if (rows <= 0) return s;
+  const Index even = ceil_div(rows, kMaxSlabs);
+  s.rows = even > kMinSlabRows ? even : kMinSlabRows;
+  s.count = ceil_div(rows, s.rows);  // <= kMaxSlabs
+  return s;
+}
+
+void column_sums_finish(cudaStream_t stream, float* out, const float* partial, Index slabs,
+                        int cols) {
+  if (slabs <= 0 || cols <= 0) return;
+  column_sums_finish_kernel<<<static_cast<unsigned>(ceil_div(cols, kBlock)), kBlock, 0, stream>>>(
+      out, partial, slabs, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pdtrain::kernels::cuda

@@ -1,0 +1,263 @@
+// The CUDA backend: CudaKernelOps (KernelOps on one GPU's compute stream, calling the kernels
+// of this directory and cuBLASLt) and the backend entry points of kernel_ops.hpp for CUDA
+// builds (src/kernels/no_cuda/cuda_absent.cpp stands in for this file otherwise).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+#include <memory>
+#include <string>
+
+#include "cuda_check.hpp"
+#include "launch.hpp"
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/device/cuda_device.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
+
+namespace pdtrain::kernels {
+namespace {
+
+using cuda::GemmInput;
+using I32 = std::int32_t;
+
+constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;  // cuBLASLt's workspace
+
+std::string cublaslt_version() {
+  const std::size_t v = cublasLtGetVersion();  // major * 10000 + minor * 100 + patch
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+class CudaKernelOps final : public KernelOps {
+ public:
+  explicit CudaKernelOps(CudaDevice& device)
+      : device_(device),
+        stream_(device.compute_stream()),
+        gemm_workspace_(device, static_cast<Index>(kGemmWorkspaceBytes)),
+        gemm_(stream_, gemm_workspace_.data(), gemm_workspace_.bytes()) {}
+
+  std::string describe() const override {
+    return "cuda: " + device_.describe() + ", cuBLASLt " + cublaslt_version() +
+           " (fp32 without TF32; bf16 inputs with fp32 accumulation)";
+  }
+
+  void fill(float* p, Index n, float value) override { cuda::fill(stream_, p, n, value); }
+  void to_bf16(bf16* out, const float* in, Index n) override { cuda::to_bf16(stream_, out, in, n); }
+
+  void encoder_forward(float* out, const I32* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C, int v0, int v1) override {
+    cuda::encoder_forward(stream_, out, tokens, wte, wpe, B, T, C, v0, v1);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const I32* tokens, int B,
+                        int T, int C, int v0, int v1) override {
+    cuda::encoder_backward(stream_, dwte, dwpe, dout, tokens, B, T, C, v0, v1);
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) override {
+    cuda::layernorm_forward(stream_, out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_forward(bf16* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) override {
+    cuda::layernorm_forward(stream_, out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    cuda::layernorm_backward(stream_, scratch(cuda::layernorm_backward_scratch(N, C)), dinp, dw,
+                             db, dout, inp, w, mean, rstd, N, C);
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int C, int OC) override {
+    forward(out, inp, w, bias, N, C, OC, GemmInput::f32);
+  }
+  void matmul_forward(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int C,
+                      int OC) override {
+    forward(out, inp, w, bias, N, C, OC, GemmInput::bf16);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int C, int OC) override {
+    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, GemmInput::f32);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
+                       const bf16* inp, const bf16* w, int N, int C, int OC) override {
+    cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * OC);
+    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, GemmInput::bf16);
+  }
+  void bias_add_forward(float* out, const float* bias, int N, int OC) override {
+    cuda::bias_add(stream_, out, bias, N, OC);
+  }
+
+  void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T,
+                         int C, int NH) override {
+    cuda::attention_forward(gemm_, stream_, out, preatt, att, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout,
+                          const float* qkv, const float* att, int B, int T, int C,
+                          int NH) override {
+    cuda::attention_backward(gemm_, stream_, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+  }
+
+  void gelu_forward(float* out, const float* inp, Index n) override {
+    cuda::gelu_forward(stream_, out, inp, n);
+  }
+  void gelu_forward(bf16* out, const float* inp, Index n) override {
+    cuda::gelu_forward(stream_, out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) override {
+    cuda::gelu_backward(stream_, dinp, inp, dout, n);
+  }
+
+  void residual_forward(float* out, const float* a, const float* b, Index n) override {
+    cuda::residual_forward(stream_, out, a, b, n);
+  }
+
+  void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) override {
+    cuda::crossentropy_rowmax(stream_, rowmax, logits, N, V);
+  }
+  void crossentropy_partials(float* stats, float* probs, const float* logits, const float* rowmax,
+                             const I32* targets, int v0, int N, int V) override {
+    cuda::crossentropy_partials(stream_, stats, probs, logits, rowmax, targets, v0, N, V);
+  }
+  void crossentropy_finish(float* losses, float* probs, const float* stats, int N,
+                           int V) override {
+    cuda::crossentropy_finish(stream_, losses, probs, stats, N, V);
+  }
+  void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
+                             const float* dlosses, int N, int V, int v0) override {
+    cuda::crossentropy_backward(stream_, dlogits, probs, targets, dlosses, N, V, v0);
+  }
+  void sum_losses(double* sum, const float* losses, int n) override {
+    cuda::sum_losses(stream_, sum, losses, n);
+  }
+
+  void gather_tiles(float* packed, const float* src, const std::vector<Tile>& tiles) override {
+    copy_tiles(tiles, true, packed, const_cast<float*>(src), nullptr);
+  }
+  void scatter_tiles(float* dst, bf16* dst_bf16, const float* packed,
+                     const std::vector<Tile>& tiles) override {
+    copy_tiles(tiles, false, const_cast<float*>(packed), dst, dst_bf16);
+  }
+  void block_sums_of_squares(double* sumsq, const float* packed,
+                             const std::vector<Index>& sizes) override {
+    const int n = static_cast<int>(sizes.size());
+    cuda::block_sums_of_squares(stream_, descriptors(cuda::sumsq_scratch_bytes(sizes.data(), n)),
+                                sumsq, packed, sizes.data(), n);
+  }
+  void adamw(float* param, float* m, float* v, const float* grad, Index n,
+             const AdamWStep& step) override {
+    cuda::adamw(stream_, param, m, v, grad, n, step);
+  }
+
+ private:
+  // out[N,OC] = inp[N,C] weight[OC,C]^T (+ bias: out is seeded with it and the GEMM adds onto
+  // it, beta = 1, as the CPU does).
+  void forward(float* out, const void* inp, const void* weight, const float* bias, int N, int C,
+               int OC, GemmInput input) {
+    if (bias != nullptr) cuda::bias_fill(stream_, out, bias, N, OC);
+    gemm_.run({.trans_b = true, .M = N, .N = OC, .K = C,
+               .A = inp, .lda = C, .B = weight, .ldb = C,
+               .beta = bias != nullptr ? 1.0f : 0.0f, .C = out, .ldc = OC, .input = input});
+  }
+
+  // dinp += dout weight, dweight += dout^T inp (dout_gemm: dout itself or its bf16 copy);
+  // dbias += column sums of the fp32 dout.
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                const void* dout_gemm, const void* inp, const void* weight, int N, int C, int OC,
+                GemmInput input) {
+    if (dinp != nullptr)
+      gemm_.run({.M = N, .N = C, .K = OC,
+                 .A = dout_gemm, .lda = OC, .B = weight, .ldb = C,
+                 .beta = 1.0f, .C = dinp, .ldc = C, .input = input});
+    gemm_.run({.trans_a = true, .M = OC, .N = C, .K = N,
+               .A = dout_gemm, .lda = OC, .B = inp, .ldb = C,
+               .beta = 1.0f, .C = dweight, .ldc = C, .input = input});
+    if (dbias != nullptr)
+      cuda::bias_backward(stream_, scratch(cuda::bias_backward_scratch(N, OC)), dbias, dout, N,
+                          OC);
+  }
+
+  // Tiles with their packed offsets, then one launch (to_packed: gather, else scatter).
+  void copy_tiles(const std::vector<Tile>& tiles, bool to_packed, float* packed, float* data,
+                  bf16* data_bf16) {
+    std::vector<cuda::TileDesc> desc;
+    Index at = 0, most = 0;
+    for (const Tile& t : tiles) {
+      desc.push_back({t.offset, t.rows, t.cols, t.ld, at});
+      at += t.rows * t.cols;
+      most = std::max(most, t.rows * t.cols);
+    }
+    cuda::copy_tiles(stream_, descriptors(cuda::tiles_scratch_bytes(desc.size())), desc.data(),
+                     static_cast<int>(desc.size()), most, to_packed, packed, data, data_bf16);
+  }
+
+  // Device memory for the optimizer kernels' descriptors and partial sums (grown, never shrunk:
+  // the stage's block list is fixed).
+  void* descriptors(std::size_t bytes) {
+    if (descriptors_.bytes() < bytes) {
+      descriptors_ = Buffer<std::byte>();
+      descriptors_ = Buffer<std::byte>(device_, static_cast<Index>(bytes));
+    }
+    return descriptors_.data();
+  }
+
+  // At least `floats` floats of device scratch, valid until the next call. Growing it frees the
+  // old buffer (the device waits for queued work first), so the shapes' maximum is kept.
+  float* scratch(Index floats) {
+    if (scratch_.size() < floats) {
+      scratch_ = Buffer<float>();
+      scratch_ = Buffer<float>(device_, floats);
+    }
+    return scratch_.data();
+  }
+
+  CudaDevice& device_;
+  cudaStream_t stream_;
+  Buffer<std::byte> gemm_workspace_;
+  cuda::Gemm gemm_;
+  Buffer<float> scratch_;
+  Buffer<std::byte> descriptors_;
+};
+
+}  // namespace
+
+bool cuda_backend_built() { return true; }
+
+std::string backends_built() { return std::string("cpu, cuda (") + PDTRAIN_CUDA_ARCH_LIST + ")"; }
+
+int cuda_device_count() {
+  int count = 0;
+  // Without a driver (cudaErrorInsufficientDriver) or a device (cudaErrorNoDevice), or with any
+  // other reason the runtime cannot start, this process has no GPU. Clear the error it leaves.
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+ComputeBackend make_cuda_backend(int gpu) {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(ExitCode::runtime, std::string("compute.device = cuda but no GPU is visible (") +
+                                       cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc) + ")");
+  }
+  if (count == 0)
+    throw Error(ExitCode::runtime, "compute.device = cuda but no GPU is visible (no CUDA device)");
+  if (gpu < 0 || gpu >= count)
+    throw Error(ExitCode::runtime, "compute.device = cuda: GPU " + std::to_string(gpu) +
+                                       " asked for, but only " + std::to_string(count) +
+                                       " GPU(s) are visible (CUDA_VISIBLE_DEVICES?)");
+  auto device = std::make_unique<CudaDevice>(gpu);
+  ComputeBackend backend;
+  backend.device = device.get();
+  backend.ops = std::make_unique<CudaKernelOps>(*device);
+  backend.owned_device = std::move(device);
+  return backend;
+}
+
+}  // namespace pdtrain::kernels

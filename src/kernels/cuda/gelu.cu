@@ -1,0 +1,89 @@
+// GELU, tanh form, as the CPU computes it: 0.5 x (1 + tanh u) = x / (1 + exp(-2u)),
+// u = sqrt(2/pi) (x + 0.044715 x^3). Element-wise grid-stride loops, four elements per vector
+// load where the pointers allow it.
+#include "common.cuh"
+#include "launch.hpp"
+
+namespace pdtrain::kernels::cuda {
+namespace {
+
+constexpr float kS = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kCubic = 0.044715f;
+
+// The forward value with every rounding spelled out (the CPU's operation order, no FMA
+// contraction), so the fp32 and bf16 outputs come from the very same float: the bf16 output is
+// the fp32 output rounded, bit for bit. expf is CUDA's (within 2 ulp), not the CPU's polynomial.
+__device__ __forceinline__ float gelu_value(float x) {
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kCubic, x), x), x);
+  const float u = __fmul_rn(kS, __fadd_rn(x, cube));
+  return __fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(-2.0f, u))));
+}
+
+// gelu'(x) = s + 2 x s (1 - s) du/dx with s = sigmoid(2u) (0 where exp overflows to inf).
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float u = kS * (x + kCubic * x * x * x);
+  const float s = 1.0f / (1.0f + expf(-2.0f * u));
+  const float du_dx = kS * (1.0f + 3.0f * kCubic * x * x);
+  return s + 2.0f * x * s * (1.0f - s) * du_dx;
+}
+
+__device__ __forceinline__ void store4(float* out, Index i, float4 v) {
+  reinterpret_cast<float4*>(out)[i] = v;
+}
+__device__ __forceinline__ void store4(bf16* out, Index i, float4 v) {
+  reinterpret_cast<uint2*>(out)[i] = pack_bf16x4(v);
+}
+__device__ __forceinline__ void store1(float* out, Index i, float v) { out[i] = v; }
+__device__ __forceinline__ void store1(bf16* out, Index i, float v) {
+  out[i] = pdtrain::to_bf16(v);
+}
+
+template <bool kVec, class Out>
+__global__ void gelu_forward_kernel(Out* __restrict__ out, const float* __restrict__ inp, Index n) {
+  for_each_element<kVec>(
+      n,
+      [&](Index i) {
+        const float4 x = reinterpret_cast<const float4*>(inp)[i];
+        store4(out, i,
+               make_float4(gelu_value(x.x), gelu_value(x.y), gelu_value(x.z), gelu_value(x.w)));
+      },
+      [&](Index i) { store1(out, i, gelu_value(inp[i])); });
+}
+
+template <bool kVec>
+__global__ void gelu_backward_kernel(float* __restrict__ dinp, const float* __restrict__ inp,
+                                     const float* __restrict__ dout, Index n) {
+  for_each_element<kVec>(
+      n,
+      [&](Index i) {
+        const float4 x = reinterpret_cast<const float4*>(inp)[i];
+        const float4 g = reinterpret_cast<const float4*>(dout)[i];
+        float4 d = reinterpret_cast<float4*>(dinp)[i];
+        d.x += gelu_grad(x.x) * g.x;
+        d.y += gelu_grad(x.y) * g.y;
+        d.z += gelu_grad(x.z) * g.z;
+        d.w += gelu_grad(x.w) * g.w;
+        reinterpret_cast<float4*>(dinp)[i] = d;
+      },
+      [&](Index i) { dinp[i] += gelu_grad(inp[i]) * dout[i]; });
+}
+
+}  // namespace
+
+void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n) {
+  launch_elementwise(stream, n, aligned(out, 16) && aligned(inp, 16),
+                     gelu_forward_kernel<true, float>, gelu_forward_kernel<false, float>, out, inp,
+                     n);
+}
+void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n) {
+  launch_elementwise(stream, n, aligned(out, 8) && aligned(inp, 16),
+                     gelu_forward_kernel<true, bf16>, gelu_forward_kernel<false, bf16>, out, inp,
+                     n);
+}
+
+void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n) {
+  launch_elementwise(stream, n, aligned(dinp, 16) && aligned(inp, 16) && aligned(dout, 16),
+                     gelu_backward_kernel<true>, gelu_backward_kernel<false>, dinp, inp, dout, n);
+}
+
+}  // namespace pdtrain::kernels::cuda

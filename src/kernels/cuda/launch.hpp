@@ -1,0 +1,166 @@
+#pragma once
+// Host entry points of the CUDA kernels, one .cu per op family (forward beside backward), called
+// by CudaKernelOps (cuda_kernel_ops.cpp). Each queues its work on `stream` and returns at once;
+// pointers are device memory; shapes, accumulation (+=) and "may be null" are KernelOps's
+// (kernel_ops.hpp), the exact semantics gpt_kernels.hpp's. Zero-sized work queues nothing
+// (except sum_losses, which writes 0). No float atomics anywhere: every sum is in a fixed order,
+// so every op gives the same bits run to run.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "pdtrain/core/bf16.hpp"
+#include "pdtrain/optim/adamw_math.hpp"
+
+namespace pdtrain::kernels::cuda {
+
+using Index = std::int64_t;
+using I32 = std::int32_t;
+
+// ---------------------------------------------------------------------------------------------
+// Column sums (bias, LayerNorm weight and bias gradients) in two deterministic stages: the rows
+// are cut into slabs whose height depends on the row count only; stage 1 sums each slab's rows
+// in order (one thread per column and slab), stage 2 adds the slabs in order (one thread per
+// column) and adds the total to the gradient. Scratch: count * cols floats per summed array.
+struct Slabs {
+  Index count = 0;  // number of slabs, at most kMaxSlabs
+  Index rows = 0;   // rows per slab (the last may have fewer)
+};
+Slabs column_slabs(Index rows);
+// Stage 2 (column_sums.cu): out[c] += partial[c] + partial[cols + c] + ... (slabs in order).
+void column_sums_finish(cudaStream_t stream, float* out, const float* partial, Index slabs,
+                        int cols);
+
+// ---------------------------------------------------------------------------------------------
+// residual.cu: fill, conversion to bf16, residual.
+void fill(cudaStream_t stream, float* p, Index n, float value);
+void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n);  // core/bf16.hpp rounding
+void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n);
+
+// gelu.cu
+void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n);
+void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n);
+void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n);
+
+// encoder.cu
+void encoder_forward(cudaStream_t stream, float* out, const I32* tokens, const float* wte,
+                     const float* wpe, int B, int T, int C, int vocab_begin, int vocab_end);
+void encoder_backward(cudaStream_t stream, float* dwte, float* dwpe, const float* dout,
+                      const I32* tokens, int B, int T, int C, int vocab_begin, int vocab_end);
+
+// layernorm.cu
+void layernorm_forward(cudaStream_t stream, float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
+void layernorm_forward(cudaStream_t stream, bf16* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
+// Floats of scratch layernorm_backward needs.
+Index layernorm_backward_scratch(int N, int C);
+void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float* dweight,
+                        float* dbias, const float* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, int N, int C);
+
+// ---------------------------------------------------------------------------------------------
+// matmul.cu: GEMMs through cuBLASLt, and the bias kernels.
+
+enum class GemmInput { f32, bf16 };
+
+// C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, row-major with row strides lda/ldb/ldc as
+// stored (before op), like the CPU's kernels::gemm(); `batch` products, the i-th at
+// A + i*stride_a, B + i*stride_b, C + i*stride_c (element strides). A and B are fp32 or bf16
+// (`input`), C is fp32, products are accumulated in fp32 (CUBLAS_COMPUTE_32F, no TF32).
+// beta = 0 never reads C.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int M = 0, N = 0, K = 0;
+  float alpha = 1.0f;
+  const void* A = nullptr;
+  Index lda = 0, stride_a = 0;
+  const void* B = nullptr;
+  Index ldb = 0, stride_b = 0;
+  float beta = 0.0f;
+  float* C = nullptr;
+  Index ldc = 0, stride_c = 0;
+  int batch = 1;
+  GemmInput input = GemmInput::f32;
+};
+
+// cuBLASLt on one stream with a caller-owned workspace. The algorithm for a shape (and the
+// pointers' alignments) is chosen once by cuBLASLt's heuristic and cached with its descriptors,
+// so the same shape always runs the same algorithm (the same bits). Not thread-safe.
+class Gemm {
+ public:
+  Gemm(cudaStream_t stream, void* workspace, std::size_t workspace_bytes);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  void run(const GemmArgs& g);
+
+ private:
+  struct Plan;
+  using Key = std::array<std::int64_t, 16>;
+  const Plan& plan(const GemmArgs& g, const Key& key);
+
+  cudaStream_t stream_;
+  void* workspace_;
+  std::size_t workspace_bytes_;
+  cublasLtHandle_t handle_ = nullptr;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+// out[N,OC] = bias[OC] broadcast over rows (the seed a matmul with bias accumulates onto).
+void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC);
+// out[N,OC] += bias[OC]
+void bias_add(cudaStream_t stream, float* out, const float* bias, int N, int OC);
+// Floats of scratch bias_backward needs.
+Index bias_backward_scratch(int N, int OC);
+// dbias[OC] += column sums of dout[N,OC].
+void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const float* dout, int N,
+                   int OC);
+
+// ---------------------------------------------------------------------------------------------
+// attention.cu: score and value products through `gemm` (cuBLASLt, one call per sequence b with
+// the NH heads as a strided batch: head h of q, k, v is at column h*HS of qkv's rows, stride HS),
+// the causal softmax and its backward one warp per row.
+void attention_forward(Gemm& gemm, cudaStream_t stream, float* out, float* preatt, float* att,
+                       const float* qkv, int B, int T, int C, int NH);
+void attention_backward(Gemm& gemm, cudaStream_t stream, float* dqkv, float* dpreatt, float* datt,
+                        const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH);
+
+// ---------------------------------------------------------------------------------------------
+// crossentropy.cu: one block per row, fixed-order block reductions.
+void crossentropy_rowmax(cudaStream_t stream, float* rowmax, const float* logits, int N, int V);
+void crossentropy_partials(cudaStream_t stream, float* stats, float* probs, const float* logits,
+                           const float* rowmax, const I32* targets, int vocab_begin, int N, int V);
+void crossentropy_finish(cudaStream_t stream, float* losses, float* probs, const float* stats,
+                         int N, int V);
+void crossentropy_backward(cudaStream_t stream, float* dlogits, const float* probs,
+                           const I32* targets, const float* dlosses, int N, int V, int vocab_begin);
+// *sum = losses[0] + ... + losses[n-1] in double, in order, by one thread (the CPU's bits).
+void sum_losses(cudaStream_t stream, double* sum, const float* losses, int n);
+
+// ---------------------------------------------------------------------------------------------
+// optimizer.cu (no FMA contraction: the holders' bits): blocks packed as tiles, their sums of
+// squares in adamw_math.hpp's chunked order, AdamW. Descriptors are copied to `scratch`, device
+// memory of at least optimizer_scratch_bytes(...) bytes.
+struct TileDesc {
+  Index offset = 0, rows = 0, cols = 0, ld = 0;  // in the strided array
+  Index packed = 0;                              // where the tile starts in the packed array
+};
+std::size_t tiles_scratch_bytes(std::size_t tiles);
+// to_packed: packed <- data's tiles; else data's tiles <- packed (with data_bf16 non-null, the
+// bf16 rounding of each value into data_bf16 and its float value into data).
+void copy_tiles(cudaStream_t stream, void* scratch, const TileDesc* tiles_host, int tiles,
+                Index max_tile_numel, bool to_packed, float* packed, float* data, bf16* data_bf16);
+std::size_t sumsq_scratch_bytes(const Index* sizes, int blocks);
+void block_sums_of_squares(cudaStream_t stream, void* scratch, double* sumsq, const float* packed,
+                           const Index* sizes, int blocks);
+void adamw(cudaStream_t stream, float* param, float* m, float* v, const float* grad, Index n,
+           const AdamWStep& step);
+
+}  // namespace pdtrain::kernels::cuda

@@ -1,0 +1,226 @@
+// Matmul: GEMMs through cuBLASLt (fp32, or bf16 inputs with fp32 accumulation and output), the
+// bias broadcast that seeds a forward product, the row-parallel bias add, and the bias gradient
+// as a deterministic two-stage column sum.
+#include <cstdint>
+#include <string>
+
+#include "common.cuh"
+#include "launch.hpp"
+
+namespace pdtrain::kernels::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// cuBLASLt. cuBLASLt is column-major; a row-major matrix is the column-major matrix of its
+// transpose, so row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's
+// "A" is our B, its "B" our A, with the same transpose flags, m = N and n = M.
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t lt_a = nullptr;  // our B
+  cublasLtMatrixLayout_t lt_b = nullptr;  // our A
+  cublasLtMatrixLayout_t lt_c = nullptr;  // our C, also D (in place: C == D, same layout)
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (lt_c != nullptr) cublasLtMatrixLayoutDestroy(lt_c);
+    if (lt_b != nullptr) cublasLtMatrixLayoutDestroy(lt_b);
+    if (lt_a != nullptr) cublasLtMatrixLayoutDestroy(lt_a);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+namespace {
+
+// Where run() puts the alignments of our A, B and C in a plan's key.
+constexpr int kAlignA = 13, kAlignB = 14, kAlignC = 15;
+
+// The alignment (a power of two, at most 256 bytes) that every matrix of a batch starts at: the
+// heuristic must only offer algorithms that work with it (its default assumes 256 bytes, while
+// e.g. an attention head's view of qkv starts HS floats after the previous one).
+std::int64_t alignment(const void* p, Index stride, std::size_t elem_bytes, int batch) {
+  std::uint64_t bits = reinterpret_cast<std::uintptr_t>(p) | 256u;
+  if (batch > 1) bits |= static_cast<std::uint64_t>(stride) * elem_bytes;
+  return static_cast<std::int64_t>(bits & (~bits + 1));  // lowest set bit
+}
+
+// A column-major rows x cols matrix with leading dimension ld, `batch` of them `stride`
+// elements apart.
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, Index rows, Index cols, Index ld, int batch,
+                                   Index stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<std::uint64_t>(rows),
+                                          static_cast<std::uint64_t>(cols), ld));
+  if (batch > 1) {
+    const std::int32_t count = batch;
+    const std::int64_t offset = stride;
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                  &count, sizeof count));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset, sizeof offset));
+  }
+  return layout;
+}
+
+std::string describe(const GemmArgs& g) {
+  return std::string(g.input == GemmInput::bf16 ? "bf16" : "fp32") + " GEMM " +
+         (g.trans_a ? "T" : "N") + (g.trans_b ? "T" : "N") + " M=" + std::to_string(g.M) +
+         " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K) +
+         " lda=" + std::to_string(g.lda) + " ldb=" + std::to_string(g.ldb) +
+         " ldc=" + std::to_string(g.ldc) + " batch=" + std::to_string(g.batch);
+}
+
+}  // namespace
+
+Gemm::Gemm(cudaStream_t stream, void* workspace, std::size_t workspace_bytes)
+    : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+const Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  auto p = std::make_unique<Plan>();
+  const cudaDataType_t in_type = g.input == GemmInput::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  // fp32 compute: no TF32 (that would be CUBLAS_COMPUTE_32F_FAST_TF32), fp32 alpha/beta.
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  // cuBLASLt's op(A) is m x k = N x K: stored K x N when transposed. Its op(B) is k x n = K x M:
+  // stored M x K when transposed. C is m x n = N x M.
+  p->lt_a = make_layout(in_type, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch,
+                        g.stride_b);
+  p->lt_b = make_layout(in_type, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda, g.batch,
+                        g.stride_a);
+  p->lt_c = make_layout(CUDA_R_32F, g.N, g.M, g.ldc, g.batch, g.stride_c);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t ws = workspace_bytes_;
+  const std::uint32_t align_a = static_cast<std::uint32_t>(key[kAlignB]);  // cuBLASLt's A: our B
+  const std::uint32_t align_b = static_cast<std::uint32_t>(key[kAlignA]);
+  const std::uint32_t align_c = static_cast<std::uint32_t>(key[kAlignC]);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(
+      handle_, p->desc, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (rc != CUBLAS_STATUS_SUCCESS || found == 0)
+    fatal_abort(ExitCode::runtime,
+                where(__FILE__, __LINE__) + ": cuBLASLt has no algorithm for the " + describe(g) +
+                    " (alignments A " + std::to_string(key[kAlignA]) + ", B " +
+                    std::to_string(key[kAlignB]) + ", C " + std::to_string(key[kAlignC]) +
+                    " bytes): " + cublasLtGetStatusString(rc));
+  p->algo = result.algo;
+  return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+void Gemm::run(const GemmArgs& g) {
+  if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return;
+  if (g.K <= 0) {
+    if (g.beta == 1.0f) return;  // C += nothing
+    fatal_abort(ExitCode::runtime, where(__FILE__, __LINE__) + ": " + describe(g) +
+                                       " with K = 0 and beta != 1 is not supported");
+  }
+  const std::size_t in_bytes = g.input == GemmInput::bf16 ? sizeof(bf16) : sizeof(float);
+  const Key key{g.trans_a,
+                g.trans_b,
+                g.M,
+                g.N,
+                g.K,
+                g.lda,
+                g.ldb,
+                g.ldc,
+                g.stride_a,
+                g.stride_b,
+                g.stride_c,
+                g.batch,
+                static_cast<std::int64_t>(g.input),
+                alignment(g.A, g.stride_a, in_bytes, g.batch),
+                alignment(g.B, g.stride_b, in_bytes, g.batch),
+                alignment(g.C, g.stride_c, sizeof(float), g.batch)};
+  const Plan& p = plan(g, key);
+  CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &g.alpha, g.B, p.lt_a, g.A, p.lt_b, &g.beta, g.C,
+                              p.lt_c, g.C, p.lt_c, &p.algo, workspace_, workspace_bytes_, stream_));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias kernels.
+
+namespace {
+
+// out[n,o] = bias[o] (kAdd false) or out[n,o] += bias[o] (kAdd true), grid-stride over N*OC.
+template <bool kAdd>
+__global__ void bias_kernel(float* __restrict__ out, const float* __restrict__ bias, Index NOC,
+                            int OC) {
+  for (Index i = global_thread(); i < NOC; i += grid_threads()) {
+    const float b = bias[i % OC];
+    out[i] = kAdd ? out[i] + b : b;
+  }
+}
+
+// Stage 1 of dbias: thread (column o, slab) sums the slab's rows of dout in order.
+__global__ void bias_partials_kernel(float* __restrict__ partial, const float* __restrict__ dout,
+                                     Index N, int OC, Index slab_rows) {
+  const Index o = Index(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= OC) return;
+  const Index slab = blockIdx.y;
+  const Index begin = slab * slab_rows;
+  const Index end = begin + slab_rows < N ? begin + slab_rows : N;
+  float acc = 0.0f;
+  for (Index n = begin; n < end; ++n) acc += dout[n * OC + o];
+  partial[slab * OC + o] = acc;
+}
+
+template <bool kAdd>
+void launch_bias(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
+  const Index NOC = Index(N) * OC;
+  if (NOC <= 0) return;
+  bias_kernel<kAdd><<<grid_for(NOC), kBlock, 0, stream>>>(out, bias, NOC, OC);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
+  launch_bias<false>(stream, out, bias, N, OC);
+}
+
+void bias_add(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
+  launch_bias<true>(stream, out, bias, N, OC);
+}
+
+Index bias_backward_scratch(int N, int OC) { return column_slabs(N).count * OC; }
+
+void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const float* dout, int N,
+                   int OC) {
+  if (N <= 0 || OC <= 0) return;
+  const Slabs slabs = column_slabs(N);
+  const dim3 grid(static_cast<unsigned>(ceil_div(OC, kBlock)), static_cast<unsigned>(slabs.count));
+  bias_partials_kernel<<<grid, kBlock, 0, stream>>>(scratch, dout, N, OC, slabs.rows);
+  CUDA_CHECK_LAUNCH();
+  column_sums_finish(stream, dbias, scratch, slabs.count, OC);
+}
+
+}  // namespace pdtrain::kernels::cuda

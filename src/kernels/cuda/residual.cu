@@ -1,0 +1,58 @@
+// Residual (out = a + b; its backward passes the gradient through), fill and the bf16
+// conversion: element-wise grid-stride loops, four elements per vector load/store where the
+// pointers allow it. Every element is computed exactly as on the CPU (one fp32 addition, the
+// one bf16 rounding of core/bf16.hpp), so these match the CPU bit for bit. No __restrict__ on
+// fp32 outputs: out may be one of the inputs (each element is read before it is written).
+#include "common.cuh"
+#include "launch.hpp"
+
+namespace pdtrain::kernels::cuda {
+namespace {
+
+template <bool kVec>
+__global__ void fill_kernel(float* p, Index n, float value) {
+  for_each_element<kVec>(
+      n,
+      [&](Index i) { reinterpret_cast<float4*>(p)[i] = make_float4(value, value, value, value); },
+      [&](Index i) { p[i] = value; });
+}
+
+template <bool kVec>
+__global__ void to_bf16_kernel(bf16* __restrict__ out, const float* __restrict__ in, Index n) {
+  for_each_element<kVec>(
+      n,
+      [&](Index i) {
+        reinterpret_cast<uint2*>(out)[i] = pack_bf16x4(reinterpret_cast<const float4*>(in)[i]);
+      },
+      [&](Index i) { out[i] = pdtrain::to_bf16(in[i]); });
+}
+
+template <bool kVec>
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, Index n) {
+  for_each_element<kVec>(
+      n,
+      [&](Index i) {
+        const float4 x = reinterpret_cast<const float4*>(a)[i];
+        const float4 y = reinterpret_cast<const float4*>(b)[i];
+        reinterpret_cast<float4*>(out)[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+      },
+      [&](Index i) { out[i] = a[i] + b[i]; });
+}
+
+}  // namespace
+
+void fill(cudaStream_t stream, float* p, Index n, float value) {
+  launch_elementwise(stream, n, aligned(p, 16), fill_kernel<true>, fill_kernel<false>, p, n, value);
+}
+
+void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n) {
+  launch_elementwise(stream, n, aligned(out, 8) && aligned(in, 16), to_bf16_kernel<true>,
+                     to_bf16_kernel<false>, out, in, n);
+}
+
+void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n) {
+  launch_elementwise(stream, n, aligned(out, 16) && aligned(a, 16) && aligned(b, 16),
+                     residual_forward_kernel<true>, residual_forward_kernel<false>, out, a, b, n);
+}
+
+}  // namespace pdtrain::kernels::cuda

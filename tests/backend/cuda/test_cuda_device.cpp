@@ -1,0 +1,68 @@
+// The CUDA backend's own checks: what the build and the GPU say about themselves, the memory
+// kinds as CUDA sees them, and clear errors for a GPU that is not there or memory that is not.
+#include <cuda_runtime_api.h>
+
+#include "../backend_test_support.hpp"
+#include "pdtrain/core/error.hpp"
+
+namespace pdtrain::kernels::testing {
+namespace {
+
+TEST(CudaBackend, DescribesBuildDeviceAndLibraries) {
+  EXPECT_TRUE(cuda_backend_built());
+  EXPECT_GE(cuda_device_count(), 1);
+  EXPECT_NE(backends_built().find("cuda (sm_"), std::string::npos) << backends_built();
+  const ComputeBackend b = make_cuda_backend(0);
+  EXPECT_FALSE(b.device->is_host());
+  EXPECT_EQ(b.device->describe().rfind("cuda:0 ", 0), 0u) << b.device->describe();
+  EXPECT_NE(b.device->describe().find(" SMs, "), std::string::npos) << b.device->describe();
+  EXPECT_NE(b.ops->describe().find("cuBLASLt"), std::string::npos) << b.ops->describe();
+  EXPECT_NE(b.ops->describe().find("without TF32"), std::string::npos) << b.ops->describe();
+}
+
+TEST(CudaBackend, AGpuThatIsNotVisibleIsAClearError) {
+  try {
+    make_cuda_backend(cuda_device_count());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::runtime);
+    EXPECT_NE(std::string(e.what()).find("compute.device = cuda"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("visible"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaDevice, MemoryKindsAreWhatTheySay) {
+  ComputeBackend b = make_cuda_backend(0);
+  Buffer<float> host_buf(*b.device, 16, MemoryKind::host),
+      pinned(*b.device, 16, MemoryKind::pinned), dev(*b.device, 16, MemoryKind::device);
+  const auto type = [](const void* p) {
+    cudaPointerAttributes a{};
+    EXPECT_EQ(cudaPointerGetAttributes(&a, p), cudaSuccess);
+    return a.type;
+  };
+  EXPECT_EQ(type(dev.data()), cudaMemoryTypeDevice);
+  EXPECT_EQ(type(pinned.data()), cudaMemoryTypeHost);
+  EXPECT_EQ(type(host_buf.data()), cudaMemoryTypeUnregistered);
+}
+
+TEST(CudaDevice, AllocationFailureNamesTheBytesAndFreeMemory) {
+  ComputeBackend b = make_cuda_backend(0);
+  const std::int64_t before = b.device->bytes_in_use();
+  const std::int64_t huge = std::int64_t{1} << 50;  // 1 PiB
+  try {
+    Buffer<std::byte> buf(*b.device, huge);
+    FAIL() << "1 PiB of GPU memory was allocated";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::runtime);
+    EXPECT_NE(std::string(e.what()).find(std::to_string(huge) + " bytes"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("free"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(b.device->bytes_in_use(), before);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the failure left no error behind
+  Buffer<float> after(*b.device, 1000);        // and the device still works
+  b.device->synchronize();
+}
+
+}  // namespace
+}  // namespace pdtrain::kernels::testing

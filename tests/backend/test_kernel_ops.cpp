@@ -1,0 +1,604 @@
+// Every KernelOps method, forward and backward, on each backend (CPU here; CUDA in
+// test_backend_cuda), against the reference kernels of gpt_kernels.hpp run in double on the host.
+// Inputs come from the counter RNG, move through the backend's Device, on small odd shapes and a
+// larger one that crosses block, warp and vector tails. Every op runs twice from the same inputs
+// and must give the same bits (determinism); gradient outputs start nonzero (accumulation).
+//
+// Tolerances (u = 2^-24, fp32's unit roundoff):
+//  * Exact: fill, to_bf16 (core/bf16.hpp's rounding), residual and bias_add (one fp32 addition),
+//    the encoder forward (one addition: within u |ref| of the double result), sum_losses (the
+//    CPU loop's bits), the cross-entropy row max, and each bf16 output, which must be the same
+//    backend's fp32 output rounded (LayerNorm, GELU), with statistics unchanged.
+//  * Sums (matmuls, bias and encoder gradients, LayerNorm dbias, attention scores): any order of
+//    k fp32 additions, with or without FMA, is within gamma_k sum|terms| of the exact sum; the
+//    tests allow (k + 2) 2^-23 sum|terms|, with sum|terms| computed by the double reference on
+//    absolute values. bf16 matmuls: the same bound against the double product of the bf16 values.
+//  * Non-linear ops (LayerNorm, GELU, softmax, attention, cross-entropy): 1e-5 max(1, |ref|), as
+//    tests/kernels/test_gradients.cpp allows float against double: a few ulps of exp/log/sqrt and
+//    reductions of at most a few hundred terms of magnitude ~1 stay below 1e-6; an index or
+//    indexing-stride bug gives errors of order 1e-2 to 1. Probabilities are checked relative to
+//    themselves (floor 0). GELU's gradient: 5e-5, because s (1 - s) with s = sigmoid(2u) ~ 1
+//    carries an absolute error ~u that the formula multiplies by 2 x du/dx (~150 at |x| ~ 9,
+//    the tail of the test's inputs), in fp32 on any backend. bf16 outputs: the fp32 tolerance
+//    plus the bf16 rounding, at most half an ulp of 8 significant bits, 2^-8 |ref|.
+#include <algorithm>
+#include <cfloat>
+#include <limits>
+#include <tuple>
+
+#include "backend_test_support.hpp"
+#include "pdtrain/kernels/gpt_kernels.hpp"
+
+namespace pdtrain::kernels::testing {
+namespace {
+
+using Results = std::vector<std::vector<float>>;
+using Vec = std::vector<double>;
+using Tokens = std::vector<std::int32_t>;
+
+struct Shape {
+  const char* name;
+  int B, T, C, NH, V, OC;
+};
+std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.name; }
+
+// Odd sizes (OC != C, V odd, HS = 4 and 8) and one larger shape: N = 135 rows (several slabs of
+// the column sums, a partial block of 8 warp-rows), T = 45 (softmax rows longer than a warp),
+// C = 160 (columns beyond one block of 128), OC = 640 (several blocks of 256 plus a tail),
+// V = 257 (one column beyond a 256-thread stride), HS = 32.
+const Shape kShapes[] = {
+    {"B2T5C8", 2, 5, 8, 2, 11, 12},
+    {"B2T7C24", 2, 7, 24, 3, 11, 36},
+    {"B3T45C160", 3, 45, 160, 5, 257, 640},
+};
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+class KernelOpsTest : public ::testing::TestWithParam<std::tuple<TestBackend, Shape>> {
+ protected:
+  void SetUp() override {
+    backend_ = std::get<0>(GetParam()).make();
+    device_ = backend_.device;
+    ops_ = backend_.ops.get();
+  }
+  const Shape& shape() const { return std::get<1>(GetParam()); }
+
+  template <class T>
+  Buffer<T> up(const std::vector<T>& h) {
+    return to_device(*device_, h);
+  }
+  template <class T>
+  Buffer<T> zeros(std::int64_t n) {
+    return Buffer<T>(*device_, n);
+  }
+  std::vector<float> down(const Buffer<float>& b) { return to_host(*device_, b); }
+  std::vector<float> down(const Buffer<bf16>& b) { return to_floats(to_host(*device_, b)); }
+
+  // Runs `run` twice from the same inputs: both runs must give the same bits.
+  template <class Run>
+  Results deterministic(Run run) {
+    const Results first = run(), second = run();
+    EXPECT_EQ(first.size(), second.size());
+    for (std::size_t i = 0; i < first.size() && i < second.size(); ++i)
+      EXPECT_TRUE(same_bits(first[i], second[i])) << "output " << i << " differs between runs";
+    return first;
+  }
+
+  ComputeBackend backend_;
+  Device* device_ = nullptr;
+  KernelOps* ops_ = nullptr;
+};
+
+constexpr double kTol = 1e-5;                  // non-linear ops, see the file comment
+constexpr double kGeluGradTol = 5e-5;          // see the file comment
+const double kBf16Half = std::ldexp(1.0, -8);  // half a bf16 ulp, relative (8 significant bits)
+
+// fp32 tolerance plus bf16 rounding, against a double reference.
+void expect_bf16_close(const std::string& what, const std::vector<float>& actual,
+                       const Vec& expected) {
+  Vec bound(expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    bound[i] = kBf16Half * std::abs(expected[i]) + kTol * std::max(1.0, std::abs(expected[i]));
+  expect_within(what, actual, expected, bound);
+}
+
+// The bits of `rounded_fp32` (an fp32 output rounded to bf16) against a bf16 output, both given
+// as floats (exact).
+void expect_is_rounded(const std::string& what, const std::vector<float>& bf16_out,
+                       const std::vector<float>& fp32_out) {
+  ASSERT_EQ(bf16_out.size(), fp32_out.size());
+  int failures = 0;
+  for (std::size_t i = 0; i < fp32_out.size(); ++i)
+    if (to_bf16(bf16_out[i]).bits != to_bf16(fp32_out[i]).bits && ++failures <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: bf16 output " << bf16_out[i]
+                    << " is not the fp32 output " << fp32_out[i] << " rounded";
+  EXPECT_EQ(failures, 0) << what;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fill, conversion, residual
+
+TEST_P(KernelOpsTest, FillSetsExactlyTheRange) {
+  const std::int64_t n =
+      std::int64_t(shape().B) * shape().T * shape().C + 3;  // not a multiple of 4
+  const auto got = deterministic([&] {
+    auto a = up(std::vector<float>(sz(n + 1), -1.0f)), b = up(std::vector<float>(sz(n + 1), -1.0f));
+    ops_->fill(a.data(), n, 0.375f);      // aligned: vector stores
+    ops_->fill(b.data() + 1, n, 0.375f);  // 4 bytes off: element by element
+    return Results{down(a), down(b)};
+  });
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[0][sz(i)], 0.375f) << i;
+    ASSERT_EQ(got[1][sz(i + 1)], 0.375f) << i;
+  }
+  EXPECT_EQ(got[0][sz(n)], -1.0f);
+  EXPECT_EQ(got[1][0], -1.0f);
+}
+
+TEST_P(KernelOpsTest, ToBf16IsCoreRounding) {
+  auto x = randn(sz(std::int64_t(shape().B) * shape().T * shape().C + 5), 11, 100.0);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f + std::ldexp(1.0f, -8),      // a tie
+                            1.0f + 3 * std::ldexp(1.0f, -8),  // a tie, odd
+                            FLT_MAX,
+                            -FLT_MAX,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::ldexp(1.0f, -130)};
+  std::copy(std::begin(specials), std::end(specials), x.begin());
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<bf16> got[2];
+  for (int run = 0; run < 2; ++run) {
+    auto in = up(x);
+    auto out = zeros<bf16>(n + 1);
+    ops_->to_bf16(out.data(), in.data(), n);  // aligned
+    got[run] = to_host(*device_, out);
+    auto out1 = zeros<bf16>(n + 1);
+    ops_->to_bf16(out1.data() + 1, in.data(), n);  // 2 bytes off: element by element
+    const auto shifted = to_host(*device_, out1);
+    for (std::int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(shifted[sz(i + 1)].bits, got[run][sz(i)].bits) << i;
+  }
+  EXPECT_TRUE(same_bits(got[0], got[1]));
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(got[0][sz(i)].bits, to_bf16(x[sz(i)]).bits) << i;
+}
+
+TEST_P(KernelOpsTest, ResidualIsTheFp32Sum) {
+  const std::int64_t n = std::int64_t(shape().B) * shape().T * shape().C + 1;
+  const auto a = randn(sz(n + 1), 12), b = randn(sz(n + 1), 13, 3.0);
+  const auto got = deterministic([&] {
+    auto da = up(a), db = up(b), out = zeros<float>(n + 1), in_place = up(a);
+    ops_->residual_forward(out.data(), da.data(), db.data(), n);
+    auto out1 = zeros<float>(n + 1);
+    ops_->residual_forward(out1.data() + 1, da.data() + 1, db.data() + 1, n);  // unaligned
+    ops_->residual_forward(in_place.data(), in_place.data(), db.data(), n);    // out == a
+    return Results{down(out), down(out1), down(in_place)};
+  });
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::size_t k = sz(i);
+    ASSERT_EQ(got[0][k], a[k] + b[k]) << i;
+    ASSERT_EQ(got[1][k + 1], a[k + 1] + b[k + 1]) << i;
+    ASSERT_EQ(got[2][k], a[k] + b[k]) << i;
+  }
+}
+
+TEST_P(KernelOpsTest, BiasAddIsTheFp32Sum) {
+  const int N = shape().B * shape().T, OC = shape().OC;
+  const auto out0 = randn(sz(std::int64_t(N) * OC), 14), bias = randn(sz(OC), 15);
+  const auto got = deterministic([&] {
+    auto out = up(out0), b = up(bias);
+    ops_->bias_add_forward(out.data(), b.data(), N, OC);
+    return Results{down(out)};
+  });
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      const std::size_t i = sz(std::int64_t(n) * OC + o);
+      ASSERT_EQ(got[0][i], out0[i] + bias[sz(o)]) << n << "," << o;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoder
+
+struct EncoderSetup {
+  int v0, v1;    // vocabulary shard
+  bool use_wpe;  // positions added by this shard
+};
+
+TEST_P(KernelOpsTest, EncoderForwardAndBackward) {
+  const Shape s = shape();
+  const int N = s.B * s.T, maxT = s.T + 2;
+  Tokens tokens = random_tokens(sz(N), s.V, 16);
+  tokens[1] = tokens[0];  // repeats within a sequence and across sequences
+  tokens[sz(N - 1)] = tokens[0];
+  const auto dout = randn(sz(std::int64_t(N) * s.C), 17);
+  for (const EncoderSetup e : {EncoderSetup{0, s.V, true}, EncoderSetup{3, 8, false}}) {
+    SCOPED_TRACE("shard [" + std::to_string(e.v0) + ", " + std::to_string(e.v1) + ")");
+    const std::size_t rows = sz(e.v1 - e.v0);
+    const auto wte = randn(rows * sz(s.C), 18), wpe = randn(sz(maxT * s.C), 19);
+    const auto dwte0 = randn(wte.size(), 20), dwpe0 = randn(wpe.size(), 21);
+    const auto got = deterministic([&] {
+      auto t = up(tokens);
+      auto w = up(wte), p = up(wpe), g = up(dout);
+      auto out = zeros<float>(std::int64_t(N) * s.C);
+      auto dw = up(dwte0), dp = up(dwpe0);
+      ops_->encoder_forward(out.data(), t.data(), w.data(), e.use_wpe ? p.data() : nullptr, s.B,
+                            s.T, s.C, e.v0, e.v1);
+      ops_->encoder_backward(dw.data(), e.use_wpe ? dp.data() : nullptr, g.data(), t.data(), s.B,
+                             s.T, s.C, e.v0, e.v1);
+      return Results{down(out), down(dw), down(dp)};
+    });
+    Vec out(sz(std::int64_t(N) * s.C)), dw = widen(dwte0), dp = widen(dwpe0);
+    const Vec w = widen(wte), p = widen(wpe), g = widen(dout);
+    encoder_forward(host(), out.data(), tokens.data(), w.data(), e.use_wpe ? p.data() : nullptr,
+                    s.B, s.T, s.C, e.v0, e.v1);
+    encoder_backward(host(), dw.data(), e.use_wpe ? dp.data() : nullptr, g.data(), tokens.data(),
+                     s.B, s.T, s.C, e.v0, e.v1);
+    // One fp32 addition: within u |ref|.
+    expect_close("encoder out", got[0], out, std::ldexp(1.0, -24), 0.0);
+    Vec mw = absolute(widen(dwte0)), mp = absolute(widen(dwpe0));
+    const Vec ag = absolute(g);
+    encoder_backward(host(), mw.data(), e.use_wpe ? mp.data() : nullptr, ag.data(), tokens.data(),
+                     s.B, s.T, s.C, e.v0, e.v1);
+    expect_within("dwte", got[1], dw, sum_bounds(mw, N));
+    expect_within("dwpe", got[2], dp, sum_bounds(mp, s.B));  // rows t >= T untouched
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm
+
+TEST_P(KernelOpsTest, LayerNormForwardFp32AndBf16) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C;
+  const auto x = randn(sz(std::int64_t(N) * C), 22, 1.0, 2.0);  // offset mean: it must matter
+  const auto w = randn(sz(C), 23, 0.5, 1.0), b = randn(sz(C), 24);
+  const auto got = deterministic([&] {
+    auto dx = up(x), dw = up(w), db = up(b);
+    auto out = zeros<float>(std::int64_t(N) * C), mean = zeros<float>(N), rstd = zeros<float>(N);
+    auto out_h = zeros<bf16>(std::int64_t(N) * C);
+    auto mean_h = zeros<float>(N), rstd_h = zeros<float>(N);
+    ops_->layernorm_forward(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(),
+                            N, C);
+    ops_->layernorm_forward(out_h.data(), mean_h.data(), rstd_h.data(), dx.data(), dw.data(),
+                            db.data(), N, C);
+    return Results{down(out), down(mean), down(rstd), down(out_h), down(mean_h), down(rstd_h)};
+  });
+  Vec out(sz(std::int64_t(N) * C)), mean(sz(N)), rstd(sz(N));
+  const Vec xd = widen(x), wd = widen(w), bd = widen(b);
+  layernorm_forward(host(), out.data(), mean.data(), rstd.data(), xd.data(), wd.data(), bd.data(),
+                    N, C);
+  expect_close("out", got[0], out, kTol);
+  expect_close("mean", got[1], mean, kTol);
+  expect_close("rstd", got[2], rstd, kTol);
+  expect_is_rounded("bf16 out", got[3], got[0]);
+  EXPECT_TRUE(same_bits(got[4], got[1])) << "bf16 variant changed the mean";
+  EXPECT_TRUE(same_bits(got[5], got[2])) << "bf16 variant changed rstd";
+  expect_bf16_close("bf16 out", got[3], out);
+}
+
+TEST_P(KernelOpsTest, LayerNormBackward) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C;
+  const auto x = randn(sz(std::int64_t(N) * C), 25, 1.0, 2.0), w = randn(sz(C), 26, 0.5, 1.0);
+  const auto dout = randn(sz(std::int64_t(N) * C), 27);
+  // mean and rstd: the double forward's, as floats, the same input for both sides.
+  std::vector<float> mean(sz(N)), rstd(sz(N));
+  {
+    Vec out(x.size()), m(sz(N)), r(sz(N));
+    const Vec xd = widen(x), wd = widen(w), zero(sz(C), 0.0);
+    layernorm_forward(host(), out.data(), m.data(), r.data(), xd.data(), wd.data(), zero.data(), N,
+                      C);
+    for (int n = 0; n < N; ++n) {
+      mean[sz(n)] = static_cast<float>(m[sz(n)]);
+      rstd[sz(n)] = static_cast<float>(r[sz(n)]);
+    }
+  }
+  const auto dx0 = randn(x.size(), 28), dw0 = randn(sz(C), 29), db0 = randn(sz(C), 30);
+  const auto got = deterministic([&] {
+    auto g = up(dout), dx_in = up(x), dw_in = up(w), m = up(mean), r = up(rstd);
+    auto dx = up(dx0), dw = up(dw0), db = up(db0);
+    ops_->layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(),
+                             m.data(), r.data(), N, C);
+    return Results{down(dx), down(dw), down(db)};
+  });
+  Vec dx = widen(dx0), dw = widen(dw0), db = widen(db0);
+  const Vec gd = widen(dout), xd = widen(x), wd = widen(w), md = widen(mean), rd = widen(rstd);
+  layernorm_backward(host(), dx.data(), dw.data(), db.data(), gd.data(), xd.data(), wd.data(),
+                     md.data(), rd.data(), N, C);
+  expect_close("dinp", got[0], dx, kTol);
+  // dweight and dbias are column sums of N terms (norm * dy, dy); norm itself is a few
+  // roundings off in fp32 (1e-6 relative covers it).
+  Vec mw = absolute(widen(dw0)), mb = absolute(widen(db0));
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      const std::size_t i = sz(std::int64_t(n) * C + c);
+      mw[sz(c)] += std::abs((xd[i] - md[sz(n)]) * rd[sz(n)] * gd[i]);
+      mb[sz(c)] += std::abs(gd[i]);
+    }
+  Vec bw = sum_bounds(mw, N);
+  for (std::size_t c = 0; c < bw.size(); ++c) bw[c] += 1e-6 * mw[c];
+  expect_within("dweight", got[1], dw, bw);
+  expect_within("dbias", got[2], db, sum_bounds(mb, N));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul
+
+TEST_P(KernelOpsTest, MatmulForwardFp32AndBf16) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;
+  const auto x = randn(sz(std::int64_t(N) * C), 31), w = randn(sz(std::int64_t(OC) * C), 32, 0.2);
+  const auto bias = randn(sz(OC), 33);
+  const auto xh = rounded(x), wh = rounded(w);
+  const std::vector<float> garbage(sz(std::int64_t(N) * OC), 7.0f);  // beta = 0 overwrites
+  const auto got = deterministic([&] {
+    auto dx = up(x), dw = up(w), db = up(bias);
+    auto dxh = up(xh), dwh = up(wh);
+    auto y = up(garbage), y_nb = up(garbage), yh = up(garbage), yh_nb = up(garbage);
+    ops_->matmul_forward(y.data(), dx.data(), dw.data(), db.data(), N, C, OC);
+    ops_->matmul_forward(y_nb.data(), dx.data(), dw.data(), nullptr, N, C, OC);
+    ops_->matmul_forward(yh.data(), dxh.data(), dwh.data(), db.data(), N, C, OC);
+    ops_->matmul_forward(yh_nb.data(), dxh.data(), dwh.data(), nullptr, N, C, OC);
+    return Results{down(y), down(y_nb), down(yh), down(yh_nb)};
+  });
+  const auto reference = [&](const Vec& xd, const Vec& wd, const Vec* bd) {
+    Vec y(sz(std::int64_t(N) * OC));
+    matmul_forward(host(), y.data(), xd.data(), wd.data(), bd != nullptr ? bd->data() : nullptr, N,
+                   C, OC);
+    return y;
+  };
+  const Vec bd = widen(bias), abd = absolute(bd);
+  for (const bool half : {false, true}) {
+    const Vec xd = half ? widen(xh) : widen(x), wd = half ? widen(wh) : widen(w);
+    const Vec ax = absolute(xd), aw = absolute(wd);
+    const std::string p = half ? "bf16 " : "fp32 ";
+    expect_within(p + "with bias", got[half ? 2 : 0], reference(xd, wd, &bd),
+                  sum_bounds(reference(ax, aw, &abd), C));
+    expect_within(p + "without bias", got[half ? 3 : 1], reference(xd, wd, nullptr),
+                  sum_bounds(reference(ax, aw, nullptr), C));
+  }
+}
+
+TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;
+  const auto x = randn(sz(std::int64_t(N) * C), 34), w = randn(sz(std::int64_t(OC) * C), 35, 0.2);
+  const auto dout = randn(sz(std::int64_t(N) * OC), 36);
+  const auto xh = rounded(x), wh = rounded(w);
+  const auto dx0 = randn(x.size(), 37), dw0 = randn(w.size(), 38), db0 = randn(sz(OC), 39);
+  const auto got = deterministic([&] {
+    auto g = up(dout), dx_in = up(x), dw_in = up(w);
+    auto dxh_in = up(xh), dwh_in = up(wh);
+    auto dx = up(dx0), dw = up(dw0), db = up(db0), dw_only = up(dw0);
+    auto dxh = up(dx0), dwh = up(dw0), dbh = up(db0);
+    auto g_h = zeros<bf16>(std::int64_t(N) * OC);
+    ops_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(), N,
+                          C, OC);
+    ops_->matmul_backward(nullptr, dw_only.data(), nullptr, g.data(), dx_in.data(), dw_in.data(), N,
+                          C, OC);
+    ops_->matmul_backward(dxh.data(), dwh.data(), dbh.data(), g.data(), g_h.data(), dxh_in.data(),
+                          dwh_in.data(), N, C, OC);
+    return Results{down(dx),  down(dw),  down(db),  down(dw_only),
+                   down(dxh), down(dwh), down(dbh), down(g_h)};
+  });
+  // dinp += g W, dweight += g^T x; dbias += column sums of the fp32 dout (bias_g) also when the
+  // products use its bf16 rounding (g).
+  const auto reference = [&](const Vec& g, const Vec& xd, const Vec& wd, const Vec& bias_g, Vec dx,
+                             Vec dw, Vec db) {
+    matmul_backward(host(), dx.data(), dw.data(), nullptr, g.data(), xd.data(), wd.data(), N, C,
+                    OC);
+    column_sums_add(host(), db.data(), bias_g.data(), N, OC);
+    return std::tuple(dx, dw, db);
+  };
+  const Vec g32 = widen(dout);
+  for (const bool half : {false, true}) {
+    const Vec g = half ? widen(rounded(dout)) : g32;
+    const Vec xd = half ? widen(xh) : widen(x), wd = half ? widen(wh) : widen(w);
+    const auto [dx, dw, db] = reference(g, xd, wd, g32, widen(dx0), widen(dw0), widen(db0));
+    const auto [mx, mw, mb] =
+        reference(absolute(g), absolute(xd), absolute(wd), absolute(g32), absolute(widen(dx0)),
+                  absolute(widen(dw0)), absolute(widen(db0)));
+    const std::string p = half ? "bf16 " : "fp32 ";
+    const std::size_t k = half ? 4 : 0;
+    expect_within(p + "dinp", got[k], dx, sum_bounds(mx, OC));
+    expect_within(p + "dweight", got[k + 1], dw, sum_bounds(mw, N));
+    expect_within(p + "dbias", got[k + 2], db, sum_bounds(mb, N));
+    if (!half) expect_within("dweight without dinp and dbias", got[3], dw, sum_bounds(mw, N));
+  }
+  expect_is_rounded("dout_bf16", got[7], dout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+TEST_P(KernelOpsTest, AttentionForward) {
+  const Shape s = shape();
+  const int HS = s.C / s.NH;
+  const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C,
+                     n_out = std::int64_t(s.B) * s.T * s.C;
+  const std::int64_t n_att = std::int64_t(s.B) * s.NH * s.T * s.T;
+  const auto qkv = randn(sz(n_qkv), 40);
+  const std::vector<float> garbage(sz(n_att), 7.0f);  // both are overwritten everywhere
+  const auto got = deterministic([&] {
+    auto in = up(qkv), out = zeros<float>(n_out), preatt = up(garbage), att = up(garbage);
+    ops_->attention_forward(out.data(), preatt.data(), att.data(), in.data(), s.B, s.T, s.C, s.NH);
+    return Results{down(out), down(preatt), down(att)};
+  });
+  const auto reference = [&](const Vec& q) {
+    Vec out(sz(n_out)), preatt(sz(n_att)), att(sz(n_att));
+    attention_forward(host(), out.data(), preatt.data(), att.data(), q.data(), s.B, s.T, s.C, s.NH);
+    return std::tuple(out, preatt, att);
+  };
+  const auto [out, preatt, att] = reference(widen(qkv));
+  const Vec mag_preatt = std::get<1>(reference(absolute(widen(qkv))));  // scale sum |q k|
+  expect_close("out", got[0], out, kTol);
+  expect_within("preatt", got[1], preatt, sum_bounds(mag_preatt, HS));  // masked: exactly 0
+  expect_close("att", got[2], att, kTol);
+}
+
+TEST_P(KernelOpsTest, AttentionBackward) {
+  const Shape s = shape();
+  const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C,
+                     n_out = std::int64_t(s.B) * s.T * s.C;
+  const std::int64_t n_att = std::int64_t(s.B) * s.NH * s.T * s.T;
+  const auto qkv = randn(sz(n_qkv), 41), dout = randn(sz(n_out), 42);
+  const auto dqkv0 = randn(sz(n_qkv), 43);
+  // att: the double forward's probabilities as floats, the same input for both sides.
+  std::vector<float> att(sz(n_att));
+  {
+    Vec out(sz(n_out)), pre(sz(n_att)), a(sz(n_att));
+    const Vec q = widen(qkv);
+    attention_forward(host(), out.data(), pre.data(), a.data(), q.data(), s.B, s.T, s.C, s.NH);
+    for (std::size_t i = 0; i < a.size(); ++i) att[i] = static_cast<float>(a[i]);
+  }
+  const std::vector<float> garbage(sz(n_att), 7.0f);  // scratch, overwritten
+  const auto got = deterministic([&] {
+    auto in = up(qkv), g = up(dout), a = up(att), dqkv = up(dqkv0);
+    auto dpreatt = up(garbage), datt = up(garbage);
+    ops_->attention_backward(dqkv.data(), dpreatt.data(), datt.data(), g.data(), in.data(),
+                             a.data(), s.B, s.T, s.C, s.NH);
+    return Results{down(dqkv), down(dpreatt), down(datt)};
+  });
+  Vec dqkv = widen(dqkv0), dpreatt(sz(n_att)), datt(sz(n_att));
+  const Vec q = widen(qkv), gd = widen(dout), ad = widen(att);
+  attention_backward(host(), dqkv.data(), dpreatt.data(), datt.data(), gd.data(), q.data(),
+                     ad.data(), s.B, s.T, s.C, s.NH);
+  expect_close("dqkv", got[0], dqkv, kTol);
+  expect_close("dpreatt", got[1], dpreatt, kTol);
+  expect_close("datt", got[2], datt, kTol);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU
+
+TEST_P(KernelOpsTest, GeluForwardFp32AndBf16) {
+  const std::int64_t n = std::int64_t(shape().B) * shape().T * 4 * shape().C + 3;
+  const auto x = randn(sz(n + 1), 44, 2.0);
+  const auto got = deterministic([&] {
+    auto in = up(x), out = zeros<float>(n + 1), out1 = zeros<float>(n + 1);
+    auto out_h = zeros<bf16>(n + 1), out1_h = zeros<bf16>(n + 1);
+    ops_->gelu_forward(out.data(), in.data(), n);
+    ops_->gelu_forward(out_h.data(), in.data(), n);
+    ops_->gelu_forward(out1.data(), in.data() + 1, n);  // unaligned input: element by element
+    ops_->gelu_forward(out1_h.data(), in.data() + 1, n);
+    return Results{down(out), down(out_h), down(out1), down(out1_h)};
+  });
+  Vec ref(sz(n + 1), 0.0), ref1(sz(n + 1), 0.0);
+  const Vec xd = widen(x);
+  gelu_forward(host(), ref.data(), xd.data(), n);
+  gelu_forward(host(), ref1.data(), xd.data() + 1, n);
+  expect_close("fp32", got[0], ref, kTol);
+  expect_close("fp32 unaligned", got[2], ref1, kTol);
+  expect_is_rounded("bf16", got[1], got[0]);
+  expect_is_rounded("bf16 unaligned", got[3], got[2]);
+  expect_bf16_close("bf16", got[1], ref);
+}
+
+TEST_P(KernelOpsTest, GeluBackward) {
+  const std::int64_t n = std::int64_t(shape().B) * shape().T * 4 * shape().C + 3;
+  const auto x = randn(sz(n + 1), 45, 2.0), dout = randn(sz(n + 1), 46), d0 = randn(sz(n + 1), 47);
+  const auto got = deterministic([&] {
+    auto in = up(x), g = up(dout), d = up(d0), d1 = up(d0);
+    ops_->gelu_backward(d.data(), in.data(), g.data(), n);
+    ops_->gelu_backward(d1.data() + 1, in.data() + 1, g.data() + 1, n);  // unaligned
+    return Results{down(d), down(d1)};
+  });
+  Vec ref = widen(d0), ref1 = widen(d0);
+  const Vec xd = widen(x), gd = widen(dout);
+  gelu_backward(host(), ref.data(), xd.data(), gd.data(), n);
+  gelu_backward(host(), ref1.data() + 1, xd.data() + 1, gd.data() + 1, n);
+  expect_close("dinp", got[0], ref, kGeluGradTol);
+  expect_close("dinp unaligned", got[1], ref1, kGeluGradTol);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+
+struct Shard {
+  int begin, width;  // vocabulary columns [begin, begin + width) of V
+};
+
+TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
+  const Shape s = shape();
+  const int N = s.B * s.T;
+  Tokens targets = random_tokens(sz(N), s.V, 48);
+  for (const Shard sh : {Shard{0, s.V}, Shard{3, s.V - 5}, Shard{s.V, 0}}) {
+    SCOPED_TRACE("shard [" + std::to_string(sh.begin) + ", +" + std::to_string(sh.width) + ")");
+    const int V = sh.width;
+    const auto logits = randn(sz(std::int64_t(N) * V), 49, 2.0);
+    const auto dlosses = randn(sz(N), 50), dlogits0 = randn(logits.size(), 51);
+    // Backward input: the double forward's probabilities as floats (the same for both sides).
+    Vec rowmax(sz(N)), stats(2 * sz(N)), probs(logits.size()), losses(sz(N));
+    const Vec z = widen(logits);
+    crossentropy_rowmax(host(), rowmax.data(), z.data(), N, V);
+    crossentropy_partials(host(), stats.data(), probs.data(), z.data(), rowmax.data(),
+                          targets.data(), sh.begin, N, V);
+    const Vec partial_stats = stats, unnormalized = probs;
+    if (V == 0) std::fill(stats.begin(), stats.begin() + N, 1.0);  // as if other shards summed
+    crossentropy_finish(host(), losses.data(), probs.data(), stats.data(), N, V);
+    std::vector<float> probs_f(probs.begin(), probs.end()), stats_f(stats.begin(), stats.end());
+
+    const auto got = deterministic([&] {
+      auto t = up(targets);
+      auto zl = up(logits), dl = up(dlosses), p_in = up(probs_f);
+      auto m = zeros<float>(N), st = zeros<float>(2 * std::int64_t(N));
+      auto p = zeros<float>(std::int64_t(N) * V), l = zeros<float>(N), st_in = up(stats_f);
+      auto d = up(dlogits0);
+      ops_->crossentropy_rowmax(m.data(), zl.data(), N, V);
+      ops_->crossentropy_partials(st.data(), p.data(), zl.data(), m.data(), t.data(), sh.begin, N,
+                                  V);
+      const auto partial = down(st), unnorm = down(p);
+      // Phase 3 from the reference's combined statistics, so each phase is checked alone.
+      ops_->crossentropy_finish(l.data(), p.data(), st_in.data(), N, V);
+      ops_->crossentropy_backward(d.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin);
+      return Results{down(m), partial, unnorm, down(l), down(p), down(d)};
+    });
+    for (int n = 0; n < N; ++n)  // the max is exact in any order; an empty shard gives lowest()
+      ASSERT_EQ(got[0][sz(n)], V > 0 ? static_cast<float>(rowmax[sz(n)]) : -FLT_MAX) << n;
+    expect_close("sums", std::vector<float>(got[1].begin(), got[1].begin() + N),
+                 Vec(partial_stats.begin(), partial_stats.begin() + N), kTol);
+    expect_close("target logit - max", std::vector<float>(got[1].begin() + N, got[1].end()),
+                 Vec(partial_stats.begin() + N, partial_stats.end()), kTol);
+    expect_close("unnormalized probs", got[2], unnormalized, kTol, 0.0);
+    expect_close("losses", got[3], losses, kTol);
+    // probs from the float statistics the op was given: within kTol of the double ones.
+    expect_close("probs", got[4], probs, 2 * kTol, 0.0);
+    Vec dlogits = widen(dlogits0);
+    const Vec pd = widen(probs_f), dld = widen(dlosses);
+    softmax_crossentropy_backward(host(), dlogits.data(), pd.data(), targets.data(), dld.data(), N,
+                                  V, sh.begin);
+    expect_close("dlogits", got[5], dlogits, kTol);
+  }
+}
+
+TEST_P(KernelOpsTest, SumLossesIsTheCpuLoopBitForBit) {
+  const int n = shape().B * shape().T * 37;
+  const auto losses = randn(sz(n), 52, 3.0, 5.0);
+  double expected = 0.0;
+  for (const float l : losses) expected += l;
+  for (const int count : {n, 1, 0}) {
+    auto l = up(losses);
+    auto sum = up(std::vector<double>{-1.0});
+    ops_->sum_losses(sum.data(), l.data(), count);
+    double want = 0.0;
+    for (int i = 0; i < count; ++i) want += losses[sz(i)];
+    const double got = to_host(*device_, sum)[0];
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << count << ": " << got << " vs " << want;
+  }
+  EXPECT_NE(expected, 0.0);
+}
+
+std::string test_name(const ::testing::TestParamInfo<std::tuple<TestBackend, Shape>>& info) {
+  return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KernelOpsTest,
+                         ::testing::Combine(::testing::ValuesIn(test_backends()),
+                                            ::testing::ValuesIn(kShapes)),
+                         test_name);
+
+}  // namespace
+}  // namespace pdtrain::kernels::testing
