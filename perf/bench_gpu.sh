@@ -61,6 +61,9 @@
 # BUILD_DIR: default build-cuda when it has pdtrain, else build (--cpu: build).
 # Each pdtrain run has a timeout (150 s for 124m, 240 s for 350m, 90 s --short, at most the
 # budget left + 60 s; BENCH_GPU_RUN_TIMEOUT=S sets it); the steps it finished still count.
+# On the GPU a run that has used no GPU memory (nvidia-smi: < 64 MiB more than before it)
+# after 30 s (15 s --short; BENCH_GPU_GRACE=S) is stopped as a failure, and a pdtrain whose
+# --version names no cuda backend is refused at the start.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -151,9 +154,16 @@ if (( cpu == 0 )); then
   have_smi=1
   echo "bench_gpu: GPU $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader -i 0)"
 fi
-echo "bench_gpu: $bin ($(scripts/mpirun-local -np 1 "$bin" --version 2>&1 < /dev/null | head -1)); compute.device=$( ((cpu)) && echo cpu || echo cuda );" \
+version=$(scripts/mpirun-local -np 1 "$bin" --version 2>&1 < /dev/null)
+backends=$(sed -n 's/^backends: //p' <<< "$version")
+echo "bench_gpu: $bin ($(head -1 <<< "$version"); backends: ${backends:-?}); compute.device=$( ((cpu)) && echo cpu || echo cuda );" \
      "$(nproc) cores; budget ${budget}s; FLOPs/token = 6 N + 6 L T C (llm.c); peak $PEAK_FLOPS FLOP/s"
+if (( cpu == 0 )) && [[ $backends != *cuda* ]]; then
+  echo "bench_gpu: FAIL: $bin has no CUDA backend (backends: ${backends:-unknown}; build with -DPDTRAIN_CUDA=ON)"
+  exit 1
+fi
 
+gpu_grace=${BENCH_GPU_GRACE:-$(( short ? 15 : 30 ))}  # seconds a run has to show GPU memory
 used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -dc '0-9'; }
 
 # --------------------------------------------------------------------------------- models --
@@ -258,6 +268,7 @@ ceiling_of() {  # model: sets CEIL[model] (TFLOP/s) or n/a
 
 # --------------------------------------------------------------------------- one config --
 declare -A TPS STEPMS PGO WALL
+no_gpu_use=0
 last_a_wall=""
 run_config() {  # model label holders staleness cache_factor
   local m=$1 label=$2 h=$3 s=$4 cf=$5
@@ -266,6 +277,10 @@ run_config() {  # model label holders staleness cache_factor
   ensure_shape "$m" || { failures=$((failures + 1)); return; }
   read -r n L C T batch mb <<< "${SHAPE[$m]}"
 
+  if (( no_gpu_use )); then
+    say "ratio model=$m config=$label: skipped (an earlier run used no GPU)"
+    return
+  fi
   # Budget: the run expected to take as long as the model's baseline did (or 3x the 124m one).
   local now elapsed est=0
   now=$(date +%s); elapsed=$((now - t_start))
@@ -310,9 +325,24 @@ run_config() {  # model label holders staleness cache_factor
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$peak_file" 2>/dev/null &
     smi_pid=$!
   fi
-  local t0 t1 rc
+  local t0 t1 rc pid nogpu=0 waited=0
   t0=$(date +%s.%N)
-  timeout -k 20 "$tmo" scripts/mpirun-local -np "$np" "$bin" "${DECK[$m]}" "${sets[@]}" > "$log" 2>&1 < /dev/null
+  timeout -k 20 "$tmo" scripts/mpirun-local -np "$np" "$bin" "${DECK[$m]}" "${sets[@]}" > "$log" 2>&1 < /dev/null &
+  pid=$!
+  # On the GPU: a run that has not touched the GPU's memory after gpu_grace seconds is not
+  # using it (a build whose training loop ignores compute.device would train 124M on the CPU
+  # for the whole timeout): stop it and say so.
+  if (( have_smi )); then
+    while kill -0 "$pid" 2>/dev/null; do
+      sleep 1; waited=$((waited + 1))
+      if (( waited == gpu_grace )) && kill -0 "$pid" 2>/dev/null; then
+        local so_far
+        so_far=$(awk -v b="$base" '{ v = $1 + 0; if (v > m) m = v } END { printf "%d", m - b }' "$peak_file")
+        if (( so_far < 64 )); then nogpu=1; kill -TERM "$pid" 2>/dev/null; fi
+      fi
+    done
+  fi
+  wait "$pid"
   rc=$?
   t1=$(date +%s.%N)
   if [[ -n $smi_pid ]]; then kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; smi_pid=""; fi
@@ -321,6 +351,13 @@ run_config() {  # model label holders staleness cache_factor
   rm -rf "$dir/ckpt"
 
   local status=ok
+  if (( nogpu )); then
+    tail -15 "$log"
+    say "ratio model=$m config=$label: FAIL: pdtrain used no GPU memory in its first ${gpu_grace}s (compute.device = cuda not in effect?); stopped"
+    failures=$((failures + 1))
+    no_gpu_use=1  # the other configurations would not either
+    return
+  fi
   if (( rc == 124 || rc == 137 )); then status=TIMEOUT
   elif (( rc != 0 )); then
     tail -25 "$log"
