@@ -29,7 +29,7 @@ adds the slack); device_used_mib is the whole GPU's used memory after the timed 
 peak); pgo_mib = parameters + gradients + AdamW m and v in fp32 = 16 N bytes.
 
 Usage:
-  python3 perf/pytorch_gpt2.py [--runs 124m:eager,124m:compile,350m:eager] [--steps 3]
+  python3 perf/pytorch_gpt2.py [--runs 124m:eager,350m:eager,124m:compile] [--steps 3]
                                [--warmup N] [--accum 32] [--budget S] [--results FILE]
   python3 perf/pytorch_gpt2.py --device cpu --tiny      # the script's own check, on a CPU
 
@@ -228,7 +228,7 @@ def main():
     ap.add_argument("--results", default=None)
     args = ap.parse_args()
     if args.runs is None:
-        args.runs = "tiny:eager" if args.tiny else "124m:eager,124m:compile,350m:eager"
+        args.runs = "tiny:eager" if args.tiny else "124m:eager,350m:eager,124m:compile"
     if args.steps is None:
         args.steps = 2 if args.tiny else 3
     runs = []
