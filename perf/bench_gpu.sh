@@ -163,6 +163,22 @@ if (( cpu == 0 )) && [[ $backends != *cuda* ]]; then
   exit 1
 fi
 
+# The processes of one run: with setsid, its session (the run's pid is the session id).
+setsid=""; command -v setsid > /dev/null 2>&1 && setsid=setsid
+session_pids() { [[ -n $setsid ]] && ps -s "$1" -o pid= 2>/dev/null; return 0; }
+end_session() {  # pid: SIGKILL whatever is left of the run's session
+  local p
+  for p in $(session_pids "$1"); do kill -KILL "$p" 2>/dev/null; done
+  return 0
+}
+end_run() {  # pid: TERM the run (timeout and mpirun: mpirun ends its ranks), KILL it after 10 s
+  if [[ -n $setsid ]]; then kill -TERM -- "-$1" 2>/dev/null; else kill -TERM "$1" 2>/dev/null; fi
+  for _ in $(seq 10); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
+  end_session "$1"
+  kill -KILL "$1" 2>/dev/null
+  return 0
+}
+
 gpu_grace=${BENCH_GPU_GRACE:-$(( short ? 15 : 30 ))}  # seconds a run has to show GPU memory
 used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -dc '0-9'; }
 
@@ -327,7 +343,8 @@ run_config() {  # model label holders staleness cache_factor
   fi
   local t0 t1 rc pid nogpu=0 waited=0
   t0=$(date +%s.%N)
-  timeout -k 20 "$tmo" scripts/mpirun-local -np "$np" "$bin" "${DECK[$m]}" "${sets[@]}" > "$log" 2>&1 < /dev/null &
+  # In a session of its own (setsid), so that every process of the run can be found and ended.
+  $setsid timeout -k 20 "$tmo" scripts/mpirun-local -np "$np" "$bin" "${DECK[$m]}" "${sets[@]}" > "$log" 2>&1 < /dev/null &
   pid=$!
   # On the GPU: a run that has not touched the GPU's memory after gpu_grace seconds is not
   # using it (a build whose training loop ignores compute.device would train 124M on the CPU
@@ -338,12 +355,13 @@ run_config() {  # model label holders staleness cache_factor
       if (( waited == gpu_grace )) && kill -0 "$pid" 2>/dev/null; then
         local so_far
         so_far=$(awk -v b="$base" '{ v = $1 + 0; if (v > m) m = v } END { printf "%d", m - b }' "$peak_file")
-        if (( so_far < 64 )); then nogpu=1; kill -TERM "$pid" 2>/dev/null; fi
+        if (( so_far < 64 )); then nogpu=1; end_run "$pid"; fi
       fi
     done
   fi
   wait "$pid"
   rc=$?
+  end_session "$pid"  # ranks a killed mpirun left behind
   t1=$(date +%s.%N)
   if [[ -n $smi_pid ]]; then kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; smi_pid=""; fi
   WALL[$id]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%d", b - a + 0.999 }')
