@@ -62,8 +62,9 @@
 # Each pdtrain run has a timeout (150 s for 124m, 240 s for 350m, 90 s --short, at most the
 # budget left + 60 s; BENCH_GPU_RUN_TIMEOUT=S sets it); the steps it finished still count.
 # On the GPU a run that has used no GPU memory (nvidia-smi: < 64 MiB more than before it)
-# after 30 s (15 s --short; BENCH_GPU_GRACE=S) is stopped as a failure, and a pdtrain whose
-# --version names no cuda backend is refused at the start.
+# after 30 s (15 s --short; BENCH_GPU_GRACE=S), or by its end, is a failure and the rest are
+# skipped (the training loop is not on the GPU); a pdtrain whose --version names no cuda
+# backend is refused at the start.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -401,6 +402,12 @@ run_config() {  # model label holders staleness cache_factor
   local peak=n/a
   if (( have_smi )) && [[ -s $peak_file ]]; then
     peak=$(awk -v b="$base" '{ v = $1 + 0; if (v > m) m = v } END { printf "%d", m - b }' "$peak_file")
+  fi
+  if (( have_smi )) && [[ $peak == n/a || $peak -lt 64 ]]; then  # a CUDA context alone is more
+    say "ratio model=$m config=$label: FAIL: pdtrain ran ($steps timed steps, $step ms each) but used no GPU memory (peak ${peak} MiB above the start): compute.device = cuda not in effect?"
+    failures=$((failures + 1))
+    no_gpu_use=1
+    return
   fi
   # Parameters + gradients + optimizer state on the device (see the header).
   local cache_peak pgo
