@@ -19,7 +19,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/pd/holder_server.hpp"
-#include "pdtrain/pd/remote_holders.hpp"
+#include "pdtrain/pd/fetch_client.hpp"
 
 namespace {
 
@@ -59,7 +59,7 @@ std::pair<double, double> time_fetches(const Model& m, const Layout& layout, Wir
     server.run();
     return {0.0, 0.0};
   }
-  RemoteHolders holders(layout, m.table, owner, codec, WireCodec::raw);
+  FetchClient client(layout, m.table, owner, codec, WireCodec::raw);
   std::vector<float> stage(static_cast<std::size_t>(m.layer_bytes / 4));
   std::vector<std::size_t> at(m.table.blocks.size(), 0);
   std::size_t off = 0;
@@ -67,13 +67,13 @@ std::pair<double, double> time_fetches(const Model& m, const Layout& layout, Wir
   auto sink = [&](int b, const float* d) {
     std::memcpy(stage.data() + at[b], d, static_cast<std::size_t>(m.table.blocks[b].numel) * 4);
   };
-  holders.fetch(0, m.layer0, sink);  // warm-up
-  const std::int64_t before = holders.bytes_fetched();
+  client.fetch(0, m.layer0, sink);  // warm-up
+  const std::int64_t before = client.bytes_fetched();
   const double t0 = now_seconds();
-  for (int i = 0; i < reps; ++i) holders.fetch(0, m.layer0, sink);
+  for (int i = 0; i < reps; ++i) client.fetch(0, m.layer0, sink);
   const double t = (now_seconds() - t0) / reps;
-  const double wire = static_cast<double>(holders.bytes_fetched() - before) / reps;
-  holders.finish();
+  const double wire = static_cast<double>(client.bytes_fetched() - before) / reps;
+  client.finish();
   return {t, wire};
 }
 

@@ -1,6 +1,6 @@
 // Single-rank training speed against the SGEMM ceiling of the same machine.
 //
-// Builds each model through the real code path (ParamCatalog -> BlockTable -> LocalReplica,
+// Builds each model through the real code path (ParamCatalog -> BlockTable -> DeviceReplica,
 // StageParams, GptStage with NoTensorParallel) and times whole training steps exactly as the
 // replicated baseline runs them on one rank: fetch (unpack blocks), zero gradients, forward,
 // backward, pack gradients, push (global norm + AdamW over every parameter). It reports
@@ -17,7 +17,7 @@
 // Element-wise work (LayerNorm, GELU, softmax, cross-entropy, AdamW) counts as zero FLOPs.
 //
 // Usage: bench_single_rank [--short] [--model 124M|small|all] [--steps N] [--warmup N]
-//                          [--threads N] [--lanes 4|8] [--profile] [--what-if-fast-optimizer]
+//                          [--threads N] [--lanes 4|8] [--profile]
 //   --short    tiny model, 1 step: checks the FLOP formula against hand-computed numbers and
 //              that the ratio line is printed and consistent (the ctest perf.*_short).
 //   --threads  BLAS threads (default 2, this machine's cores).
@@ -25,9 +25,6 @@
 //              code; default: the widest the CPU supports.
 //   --profile  per-kernel time (Kokkos kernels by label, GEMMs by shape) over the timed steps,
 //              and the optimizer's two parts timed alone.
-//   --what-if-fast-optimizer  replaces LocalReplica's push by a vectorizable copy of the same
-//              AdamW (see WhatIfReplica): what the step would take if optim/ vectorized. Its
-//              result line starts with "whatif" instead of "ratio".
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <chrono>
@@ -49,7 +46,8 @@
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
-#include "pdtrain/pd/local_replica.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
+#include "pdtrain/pd/device_replica.hpp"
 
 namespace {
 
@@ -163,84 +161,6 @@ double sgemm_gflops(int n, int reps) {
   return 2.0 * n * double(n) * n / best * 1e-9;
 }
 
-// ---------------------------------------------------------------------------------------------
-// --what-if-fast-optimizer: LocalReplica with the optimizer step written to vectorize (NOT
-// the code the trainer runs; a measurement for the optim/ owners). Same per-element AdamW
-// arithmetic as pdtrain::adamw_update; the sqrt without errno handling (the only thing that
-// keeps GCC from vectorizing that loop) and the norm's sum of squares in 8 interleaved partial
-// sums (a different rounding of the same sum).
-
-double sum_of_squares_lanes(const float* g, std::int64_t n) {
-  double acc[8] = {};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += double(g[i + j]) * g[i + j];
-  for (int j = 0; i + j < n; ++j) acc[j] += double(g[i + j]) * g[i + j];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-// perf/CMakeLists.txt compiles this file with -fno-math-errno: the flag optim/ would need.
-void adamw_update_vectorizable(
-    const pdtrain::AdamWConfig& c, std::int64_t step, double lr, float scale, const float* g,
-    pdtrain::BlockState& s) {
-  const float b1 = float(c.beta1), b2 = float(c.beta2);
-  const float bc1 = float(1.0 - std::pow(c.beta1, double(step)));
-  const float bc2 = float(1.0 - std::pow(c.beta2, double(step)));
-  const float lr_f = float(lr), eps = float(c.eps);
-  const float wd = s.decay ? float(c.weight_decay) : 0.0f;
-  const std::size_t n = s.param.size();
-  const float* __restrict gr = g;
-  float* __restrict p = s.param.data();
-  float* __restrict m1 = s.m.data();
-  float* __restrict m2 = s.v.data();
-  for (std::size_t i = 0; i < n; ++i) {
-    const float grad = gr[i] * scale;
-    const float m = b1 * m1[i] + (1.0f - b1) * grad;
-    const float v = b2 * m2[i] + (1.0f - b2) * grad * grad;
-    m1[i] = m;
-    m2[i] = v;
-    const float m_hat = m / bc1, v_hat = v / bc2;
-    p[i] -= lr_f * (m_hat / (std::sqrt(v_hat) + eps) + wd * p[i]);
-  }
-}
-
-// Not a ParameterService (an interface that keeps growing): just LocalReplica's fetch and push.
-class WhatIfReplica {
- public:
-  WhatIfReplica(const pdtrain::BlockTable& t, const pdtrain::AdamWConfig& opt)
-      : table_(t), opt_(opt), state_(t.blocks.size()) {
-    for (std::size_t b = 0; b < state_.size(); ++b) {
-      const auto n = static_cast<std::size_t>(t.blocks[b].numel);
-      state_[b].param.resize(n), state_[b].m.assign(n, 0.0f), state_[b].v.assign(n, 0.0f);
-      state_[b].decay = t.blocks[b].decay;
-      t.init(int(b), state_[b].param.data());
-    }
-  }
-  void fetch(std::int64_t, const std::vector<int>& blocks,
-             const pdtrain::ParameterService::BlockSink& sink) {
-    for (int b : blocks) sink(b, state_[b].param.data());
-  }
-  void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) {
-    std::vector<double> sumsq;
-    const float* g = grads;
-    for (int b : blocks) {
-      sumsq.push_back(sum_of_squares_lanes(g, table_.blocks[b].numel));
-      g += table_.blocks[b].numel;
-    }
-    const double norm = pdtrain::global_norm(sumsq);
-    const double lr = pdtrain::learning_rate(opt_, step);
-    const auto scale = float(pdtrain::clip_factor(opt_, norm));
-    g = grads;
-    for (int b : blocks) {
-      adamw_update_vectorizable(opt_, step, lr, scale, g, state_[b]);
-      g += table_.blocks[b].numel;
-    }
-  }
- private:
-  const pdtrain::BlockTable& table_;
-  pdtrain::AdamWConfig opt_;
-  std::vector<pdtrain::BlockState> state_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // One model: set-up through the real code path, warm-up steps, timed steps.
@@ -256,7 +176,7 @@ struct Result {
   Phases phases;
 };
 
-Result run_model(const ModelCase& mc, int warmup, int steps, bool profile, bool what_if) {
+Result run_model(const ModelCase& mc, int warmup, int steps, bool profile) {
   pdtrain::ModelConfig cfg;
   cfg.n_layer = mc.n_layer;
   cfg.n_head = mc.n_head;
@@ -278,18 +198,14 @@ Result run_model(const ModelCase& mc, int warmup, int steps, bool profile, bool 
   opt.weight_decay = 0.1;
   opt.grad_clip = 1.0;
   opt.total_steps = warmup + steps;
-  std::unique_ptr<pdtrain::LocalReplica> replica;
-  std::unique_ptr<WhatIfReplica> what_if_replica;
-  if (what_if) what_if_replica = std::make_unique<WhatIfReplica>(table, opt);
-  else replica = std::make_unique<pdtrain::LocalReplica>(table, opt);
+  pdtrain::DeviceReplica replica(table, opt, pdtrain::cpu_device(),
+                                 pdtrain::kernels::cpu_kernel_ops());
   auto fetch = [&](std::int64_t version, const std::vector<int>& ids,
                    const pdtrain::ParameterService::BlockSink& sink) {
-    if (replica) replica->fetch(version, ids, sink);
-    else what_if_replica->fetch(version, ids, sink);
+    replica.fetch(version, ids, sink);
   };
   auto push = [&](std::int64_t step, const std::vector<int>& ids, const float* grads) {
-    if (replica) replica->push(step, ids, grads);
-    else what_if_replica->push(step, ids, grads);
+    replica.push(step, ids, grads);
   };
 
   pdtrain::NoTensorParallel tp;
@@ -412,7 +328,7 @@ bool near(double a, double b) { return std::abs(a - b) <= 1e-12 * std::abs(b); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool short_mode = false, profile = false, what_if = false;
+  bool short_mode = false, profile = false;
   std::string which = "all";
   int steps = 5, warmup = 2, threads = 2, lanes = 0;
   for (int i = 1; i < argc; ++i) {
@@ -431,12 +347,10 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::max(0, std::atoi(next()));
     else if (a == "--threads") threads = std::max(1, std::atoi(next()));
     else if (a == "--lanes") lanes = std::atoi(next());
-    else if (a == "--what-if-fast-optimizer") what_if = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_single_rank [--short] [--model 124M|small|all] [--steps N] "
-                   "[--warmup N] [--threads N] [--lanes 4|8] [--profile] "
-                   "[--what-if-fast-optimizer]\n");
+                   "[--warmup N] [--threads N] [--lanes 4|8] [--profile]\n");
       return 2;
     }
   }
@@ -474,24 +388,6 @@ int main(int argc, char** argv) {
 #ifdef PDTRAIN_KERNELS_VECTOR_SPANS
   simd_lanes = pdtrain::kernels::detail::set_vector_lanes(lanes);
 #endif
-  {  // the what-if optimizer computes what adamw_update computes, bit for bit
-    pdtrain::AdamWConfig c;
-    c.weight_decay = 0.1;
-    pdtrain::BlockState a, b;
-    std::vector<float> g(1000);
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      g[i] = float(pdtrain::rng_normal(pdtrain::rng_key(73), i));
-      a.param.push_back(float(pdtrain::rng_normal(pdtrain::rng_key(74), i)));
-    }
-    a.m.assign(g.size(), 0.01f), a.v.assign(g.size(), 0.02f), a.decay = true;
-    b = a;
-    for (int step = 1; step <= 3; ++step) {
-      pdtrain::adamw_update(c, step, 1e-3, 0.5f, g.data(), a);
-      adamw_update_vectorizable(c, step, 1e-3, 0.5f, g.data(), b);
-    }
-    check(a.param == b.param && a.m == b.m && a.v == b.v,
-          "what-if AdamW differs from pdtrain::adamw_update");
-  }
 
   const std::string core = pdtrain::kernels::blas_corename();
   std::printf("bench_single_rank: BLAS core '%s', %d BLAS thread(s), Kokkos %s, %d-lane float "
@@ -512,7 +408,7 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   for (const ModelCase& m : cases) {
-    const Result r = run_model(m, warmup, steps, profile, what_if);
+    const Result r = run_model(m, warmup, steps, profile);
     results.push_back(r);
     const double flops = model_flops(m);
     const Phases& p = r.phases;
@@ -550,14 +446,14 @@ int main(int argc, char** argv) {
                 flops / r.fwdbwd_s * 1e-9, flops / r.fwdbwd_s * 1e-9 / ceiling);
     char line[256];
     std::snprintf(line, sizeof(line),
-                  "%s model=%s gflops=%.2f ceiling=%.2f fraction=%.3f tokens_per_s=%.1f",
-                  what_if ? "whatif" : "ratio", m.name, gflops, ceiling, fraction,
+                  "ratio model=%s gflops=%.2f ceiling=%.2f fraction=%.3f tokens_per_s=%.1f",
+                  m.name, gflops, ceiling, fraction,
                   tokens / r.step_s);
     std::printf("%s\n", line);
     // The line must parse back to numbers that agree with each other.
     char name[32];
     double tps = 0, g = 0, c = 0, f = 0;
-    const int got = std::sscanf(line + (what_if ? 6 : 5),
+    const int got = std::sscanf(line + 5,
                                 " model=%31s gflops=%lf ceiling=%lf fraction=%lf tokens_per_s=%lf",
                                 name, &g, &c, &f, &tps);
     check(got == 5 && std::string(name) == m.name, "ratio line does not parse");

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   openmpi-bin libopenmpi-dev
   libopenblas-dev
-  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev
+  libtrilinos-kokkos-dev
   libhdf5-openmpi-dev hdf5-tools
   libzstd-dev liblz4-dev
   libtoml11-dev

@@ -3,20 +3,13 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "pdtrain/app/train.hpp"
+#include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/signals.hpp"
 
 namespace pdtrain {
 
 namespace {
-
-void bcast_string(std::string& s, MPI_Comm comm) {
-  int n = static_cast<int>(s.size());
-  MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, comm));
-  s.resize(static_cast<std::size_t>(n));
-  MPI_CHECK(MPI_Bcast(s.data(), n, MPI_CHAR, 0, comm));
-}
 
 RestartPoint locate(const Deck& deck, const std::string& restart) {
   RestartPoint rp;
@@ -48,16 +41,10 @@ RestartPoint resolve_restart(const Deck& deck, const std::string& restart, MPI_C
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(world, &rank));
   RestartPoint rp;
-  std::unique_ptr<Error> err;
-  if (rank == 0 && !restart.empty()) {
-    try {
-      rp = locate(deck, restart);
-    } catch (const Error& e) {
-      err = std::make_unique<Error>(e);
-    }
-  }
-  rethrow_collectively(world, err.get());
-  bcast_string(rp.path, world);
+  run_collectively(world, ErrorScope::job, [&] {
+    if (rank == 0 && !restart.empty()) rp = locate(deck, restart);
+  });
+  broadcast_string(world, rp.path);
   std::int64_t nums[3] = {rp.step, rp.version, rp.lossy ? 1 : 0};
   MPI_CHECK(MPI_Bcast(nums, 3, MPI_INT64_T, 0, world));
   rp.step = nums[0], rp.version = nums[1], rp.lossy = nums[2] != 0;

@@ -12,6 +12,7 @@
 
 #include "pdtrain/app/tools.hpp"
 #include "pdtrain/app/train.hpp"
+#include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/signals.hpp"
 #include "pdtrain/deck/sweep.hpp"
@@ -199,11 +200,10 @@ pdtrain::Deck load(const CommandLine& cl, std::string* listing) {
 }
 
 int run(int argc, char** argv, int rank) {
-  std::unique_ptr<pdtrain::Error> err;
   CommandLine cl;
   pdtrain::Deck deck;
   std::string listing;
-  try {
+  pdtrain::run_collectively(MPI_COMM_WORLD, pdtrain::ErrorScope::job, [&] {
     cl = parse_command_line(argc, argv);
     if (cl.command == "summarize") {
       if (rank == 0) pdtrain::summarize_runs(cl.summarize_dir);
@@ -214,10 +214,7 @@ int run(int argc, char** argv, int rank) {
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
       deck = load(cl, &listing);
     }
-  } catch (const pdtrain::Error& e) {
-    err = std::make_unique<pdtrain::Error>(e);
-  }
-  pdtrain::rethrow_collectively(MPI_COMM_WORLD, err.get());
+  });
   if (cl.command == "summarize" || cl.command == "inspect" || cl.command == "export") return 0;
   if (cl.list_sweep) {
     if (rank == 0) std::fputs(listing.c_str(), stdout);

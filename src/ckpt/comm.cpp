@@ -1,94 +1,69 @@
 #include "comm.hpp"
 
-#include <climits>
+#include <cstring>
 
+#include "pdtrain/core/counts.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 
 namespace pdtrain::ckpt::detail {
 namespace {
-int size_of(MPI_Comm comm) {
-  int n = 1;
-  MPI_CHECK(MPI_Comm_size(comm, &n));
-  return n;
+// Gathers every rank's bytes on root (concatenated in rank order); others get {}.
+std::vector<char> gather_bytes(MPI_Comm comm, const std::vector<char>& mine, int root) {
+  const int n = comm_size(comm);
+  if (n == 1) return mine;
+  const int rank = comm_rank(comm);
+  int count = static_cast<int>(mine.size());
+  std::vector<int> counts(rank == root ? n : 0);
+  MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
+  const std::vector<int> displs = displacements(counts);
+  std::vector<char> all(rank == root ? static_cast<std::size_t>(displs.back() + counts.back()) : 0);
+  MPI_CHECK(MPI_Gatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(), displs.data(),
+                        MPI_CHAR, root, comm));
+  return all;
 }
 }  // namespace
 
-void agree_on_error(MPI_Comm comm, const Error* local) {
-  if (size_of(comm) == 1) {
-    if (local) throw *local;
-    return;
-  }
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int mine = local ? rank : INT_MAX, first = INT_MAX;
-  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return;
-  int code = local ? static_cast<int>(local->code()) : 0;
-  std::string msg = local ? local->what() : "";
-  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, first, comm));
-  bcast_string(comm, msg, first);
-  throw Error(static_cast<ExitCode>(code), msg);
-}
-
 void allreduce_bor(MPI_Comm comm, std::vector<std::uint32_t>& v) {
-  if (size_of(comm) == 1) return;
+  if (comm_size(comm) == 1) return;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT32_T,
                           MPI_BOR, comm));
 }
 
 void allreduce_max(MPI_Comm comm, std::vector<std::uint32_t>& v) {
-  if (size_of(comm) == 1) return;
+  if (comm_size(comm) == 1) return;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT32_T,
                           MPI_MAX, comm));
 }
 
 std::int64_t allreduce_sum(MPI_Comm comm, std::int64_t x) {
-  if (size_of(comm) == 1) return x;
+  if (comm_size(comm) == 1) return x;
   std::int64_t s = 0;
   MPI_CHECK(MPI_Allreduce(&x, &s, 1, MPI_INT64_T, MPI_SUM, comm));
   return s;
 }
 
 bool allreduce_and(MPI_Comm comm, bool x) {
-  if (size_of(comm) == 1) return x;
+  if (comm_size(comm) == 1) return x;
   int mine = x ? 1 : 0, all = 0;
   MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm));
   return all == 1;
 }
 
-void bcast_string(MPI_Comm comm, std::string& s, int root) {
-  if (size_of(comm) == 1) return;
-  std::int64_t n = static_cast<std::int64_t>(s.size());
-  MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm));
-  s.resize(static_cast<std::size_t>(n));
-  MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm));
-}
-
 void bcast_u32(MPI_Comm comm, std::uint32_t& x, int root) {
-  if (size_of(comm) == 1) return;
+  if (comm_size(comm) == 1) return;
   MPI_CHECK(MPI_Bcast(&x, 1, MPI_UINT32_T, root, comm));
 }
 
-std::vector<char> gather_bytes(MPI_Comm comm, const std::vector<char>& mine, int root) {
-  const int n = size_of(comm);
-  if (n == 1) return mine;
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  int count = static_cast<int>(mine.size());
-  std::vector<int> counts(rank == root ? n : 0), displs(rank == root ? n : 0);
-  MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm));
-  std::vector<char> all;
-  if (rank == root) {
-    int total = 0;
-    for (int r = 0; r < n; ++r) {
-      displs[r] = total;
-      total += counts[r];
-    }
-    all.resize(static_cast<std::size_t>(total));
-  }
-  MPI_CHECK(MPI_Gatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(), displs.data(),
-                        MPI_CHAR, root, comm));
-  return all;
+std::optional<std::uint32_t> combine_crc_pieces_on_root(MPI_Comm comm,
+                                                        const std::vector<CrcPiece>& mine,
+                                                        std::int64_t total_numel) {
+  std::vector<char> bytes(mine.size() * sizeof(CrcPiece));
+  if (!bytes.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
+  const std::vector<char> all = gather_bytes(comm, bytes, 0);
+  if (comm_rank(comm) != 0) return std::nullopt;
+  std::vector<CrcPiece> every(all.size() / sizeof(CrcPiece));
+  if (!all.empty()) std::memcpy(every.data(), all.data(), all.size());
+  return combine_crc_pieces(std::move(every), total_numel);
 }
 
 }  // namespace pdtrain::ckpt::detail

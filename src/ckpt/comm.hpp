@@ -1,19 +1,18 @@
 #pragma once
 // The few collectives of the checkpoint library (private). With one holder they make no MPI
-// call at all, so a single holder's write also works in a forked child (the crash test).
+// call at all, so a single holder's write also works in a forked child (the crash test); so do
+// core/agreement's, which the library uses to agree on errors and strings.
 #include <mpi.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "pdtrain/core/error.hpp"
+#include "pdtrain/ckpt/canonical_crc.hpp"
 
 namespace pdtrain::ckpt::detail {
 
-// Every rank throws the error of the lowest rank that has one (nullptr: none here); returns
-// normally when no rank has one.
-void agree_on_error(MPI_Comm comm, const Error* local);
 // Element-wise bitwise OR over the ranks, in place (blocks have one owner, so OR merges the
 // per-block arrays that each rank filled for its own blocks).
 void allreduce_bor(MPI_Comm comm, std::vector<std::uint32_t>& v);
@@ -21,9 +20,12 @@ void allreduce_bor(MPI_Comm comm, std::vector<std::uint32_t>& v);
 void allreduce_max(MPI_Comm comm, std::vector<std::uint32_t>& v);
 std::int64_t allreduce_sum(MPI_Comm comm, std::int64_t x);
 bool allreduce_and(MPI_Comm comm, bool x);
-void bcast_string(MPI_Comm comm, std::string& s, int root = 0);
 void bcast_u32(MPI_Comm comm, std::uint32_t& x, int root = 0);
-// Gathers every rank's bytes on root (concatenated in rank order); others get {}.
-std::vector<char> gather_bytes(MPI_Comm comm, const std::vector<char>& mine, int root = 0);
+// Every rank's pieces of the canonical parameter array combined on rank 0 into the canonical
+// CRC (combine_crc_pieces: nullopt unless they tile [0, total_numel) exactly); nullopt on the
+// other ranks.
+std::optional<std::uint32_t> combine_crc_pieces_on_root(MPI_Comm comm,
+                                                        const std::vector<CrcPiece>& mine,
+                                                        std::int64_t total_numel);
 
 }  // namespace pdtrain::ckpt::detail

@@ -13,6 +13,7 @@
 #include "h5_util.hpp"
 #include "pdtrain/ckpt/canonical_crc.hpp"
 #include "pdtrain/ckpt/checkpoint.hpp"
+#include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "reader_impl.hpp"
@@ -350,29 +351,21 @@ Checkpoint read_checkpoint(const std::string& path, const ParamCatalog& catalog,
   } catch (const Error& e) {
     err = std::make_unique<Error>(e);
   }
-  detail::agree_on_error(holders_comm, err.get());
+  rethrow_collectively(holders_comm, err.get(), ErrorScope::group);
 
   // When the holders together hold the whole model, its canonical CRC must be the file's.
   const std::int64_t total =
       detail::allreduce_sum(holders_comm, static_cast<std::int64_t>(block_ids.size()));
   if (total == static_cast<std::int64_t>(catalog.blocks().size())) {
-    std::vector<char> mine(pieces.size() * sizeof(CrcPiece));
-    if (!mine.empty()) std::memcpy(mine.data(), pieces.data(), mine.size());
-    const std::vector<char> all = detail::gather_bytes(holders_comm, mine);
-    int rank = 0;
-    MPI_CHECK(MPI_Comm_rank(holders_comm, &rank));
+    const std::optional<std::uint32_t> crc =
+        detail::combine_crc_pieces_on_root(holders_comm, pieces, catalog.total_numel());
     err.reset();
-    if (rank == 0) {
-      std::vector<CrcPiece> every(all.size() / sizeof(CrcPiece));
-      if (!all.empty()) std::memcpy(every.data(), all.data(), all.size());
-      const auto crc = combine_crc_pieces(std::move(every), catalog.total_numel());
-      if (crc && *crc != ck.meta.params_crc32c)
-        err = std::make_unique<Error>(
-            ExitCode::data, "checkpoint " + path + ": the parameters' canonical CRC32C " +
-                                detail::hex32(*crc) + " differs from params_crc32c " +
-                                detail::hex32(ck.meta.params_crc32c));
-    }
-    detail::agree_on_error(holders_comm, err.get());
+    if (crc && *crc != ck.meta.params_crc32c)  // holder 0 only
+      err = std::make_unique<Error>(
+          ExitCode::data, "checkpoint " + path + ": the parameters' canonical CRC32C " +
+                              detail::hex32(*crc) + " differs from params_crc32c " +
+                              detail::hex32(ck.meta.params_crc32c));
+    rethrow_collectively(holders_comm, err.get(), ErrorScope::group);
   }
   return ck;
 }

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 
 #include "comm.hpp"
@@ -22,8 +21,10 @@
 #include "pdtrain/ckpt/canonical_crc.hpp"
 #include "pdtrain/ckpt/checkpoint.hpp"
 #include "pdtrain/ckpt/zstd_filter.hpp"
+#include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "precompress.hpp"
 
@@ -39,18 +40,6 @@ struct CheckpointWriter::Anchor {
 };
 
 namespace {
-
-std::mutex g_hook_mutex;
-std::function<void(std::string_view)> g_hook;
-
-void run_hook(std::string_view point) {
-  std::function<void(std::string_view)> h;
-  {
-    std::lock_guard<std::mutex> lock(g_hook_mutex);
-    h = g_hook;
-  }
-  if (h) h(point);
-}
 
 std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
   std::vector<std::uint32_t> out(v.size());
@@ -73,13 +62,6 @@ struct EncodedBlock {
 
 }  // namespace
 
-namespace testing {
-void set_write_hook(std::function<void(std::string_view point)> hook) {
-  std::lock_guard<std::mutex> lock(g_hook_mutex);
-  g_hook = std::move(hook);
-}
-}  // namespace testing
-
 struct CheckpointWriter::Job {
   // What to write.
   std::int64_t step = 0, version = 0, tokens = 0;
@@ -101,9 +83,19 @@ struct CheckpointWriter::Job {
   std::atomic<bool> done{false};
 };
 
+// What every holder must know alike before the collective write.
+struct CheckpointWriter::Agreed {
+  std::vector<TensorGeom> geom;                   // of the model's tensors
+  std::vector<std::uint32_t> crc[3], scale_bits;  // per block, every holder's merged
+  std::int64_t raw_bytes = 0;                     // all holders' state, unencoded
+  std::uint32_t params_crc = 0;                   // canonical CRC of the decoded parameters
+  std::vector<std::uint32_t> calls;               // H5Dwrite calls per tensor (FileWriter)
+};
+
 namespace {
 
 using Job = CheckpointWriter::Job;
+using Agreed = CheckpointWriter::Agreed;
 
 // ---------------------------------------------------------------- encoding (no MPI, no HDF5)
 
@@ -380,6 +372,93 @@ void write_attributes(hid_t file, const Job& j, const ParamCatalog& catalog,
   write_attr_i64(file, "n_blocks", static_cast<std::int64_t>(catalog.blocks().size()));
 }
 
+// ---------------------------------------------------------------- the commit's steps
+
+// Per-block arrays each holder fills for its own blocks; the file gets them whole.
+void merge_block_tables(MPI_Comm comm, const Job& j, std::size_t n_blocks, Agreed& a) {
+  for (auto& c : a.crc) c.assign(n_blocks, 0);
+  a.scale_bits.assign(n_blocks, 0);
+  for (const EncodedBlock& e : j.blocks) {
+    for (int k = 0; k < 3; ++k) a.crc[k][e.info->id] = e.crc[k];
+    std::memcpy(&a.scale_bits[e.info->id], &e.scale, 4);
+    a.raw_bytes += 3 * e.info->bytes();
+  }
+  for (auto& c : a.crc) detail::allreduce_bor(comm, c);
+  detail::allreduce_bor(comm, a.scale_bits);
+  a.raw_bytes = detail::allreduce_sum(comm, a.raw_bytes);
+}
+
+// The canonical params CRC, combined on holder 0 from every holder's pieces.
+std::uint32_t agree_on_params_crc(MPI_Comm comm, const Job& j, const ParamCatalog& catalog) {
+  const std::optional<std::uint32_t> crc =
+      detail::combine_crc_pieces_on_root(comm, j.pieces, catalog.total_numel());
+  std::uint32_t params_crc = crc.value_or(0), covered = crc ? 1 : 0;
+  detail::bcast_u32(comm, params_crc);
+  detail::bcast_u32(comm, covered);
+  if (!covered)
+    throw Error(ExitCode::runtime, "checkpoint " + j.path +
+                                       ": the holders' blocks do not cover every parameter "
+                                       "exactly once");
+  return params_crc;
+}
+
+// How many boxes the busiest holder has per tensor: the number of collective writes.
+std::vector<std::uint32_t> count_collective_writes(MPI_Comm comm, const Job& j,
+                                                   const std::vector<TensorGeom>& geom) {
+  std::vector<std::uint32_t> calls(2 * geom.size(), 0);
+  std::map<int, std::vector<const BlockInfo*>> mine;
+  for (const EncodedBlock& e : j.blocks) mine[static_cast<int>(e.info->tensor)].push_back(e.info);
+  for (const auto& [t, infos] : mine) {
+    calls[static_cast<std::size_t>(t)] =
+        static_cast<std::uint32_t>(detail::boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
+    calls[geom.size() + static_cast<std::size_t>(t)] = static_cast<std::uint32_t>(
+        detail::sign_boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
+  }
+  detail::allreduce_max(comm, calls);
+  return calls;
+}
+
+Agreed agree_before_writing(MPI_Comm comm, Job& j, const ParamCatalog& catalog) {
+  Agreed a;
+  a.geom = detail::tensor_geometry(catalog);
+  merge_block_tables(comm, j, catalog.blocks().size(), a);
+  a.params_crc = agree_on_params_crc(comm, j, catalog);
+  // HDF5 metadata writes are collective: every holder must write identical attributes.
+  broadcast_string(comm, j.deck);
+  broadcast_string(comm, j.layout);
+  a.calls = count_collective_writes(comm, j, a.geom);
+  return a;
+}
+
+// The datasets and attributes, in the order the test hooks name; `complete` last.
+void write_contents(FileWriter& w, const Job& j, const ParamCatalog& catalog, const Agreed& a) {
+  test_hooks::checkpoint_write_point("file_created");
+  write_attributes(w.file(), j, catalog, a.params_crc, j.base ? j.base->file : "",
+                   j.base ? j.base->params_crc : 0);
+  if (j.file_codec == Codec::bitdelta) {
+    w.write_signs();
+    H5Id scales(H5_CHECK(
+        H5Gcreate2(w.file(), detail::kScale, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+    for (const TensorGeom& g : a.geom)
+      w.write_small(scales, g.name(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                    a.scale_bits.data() + g.first_block, static_cast<std::size_t>(g.n_blocks));
+  } else {
+    w.write_state(0);
+  }
+  test_hooks::checkpoint_write_point("params_written");
+  w.write_state(1);
+  w.write_state(2);
+  test_hooks::checkpoint_write_point("moments_written");
+  H5Id crcs(H5_CHECK(H5Gcreate2(w.file(), detail::kCrc, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+  for (int k = 0; k < 3; ++k)
+    w.write_small(crcs, detail::kStateGroups[k], H5T_STD_U32LE, H5T_NATIVE_UINT32,
+                  a.crc[k].data(), catalog.blocks().size());
+  crcs.reset();
+  test_hooks::checkpoint_write_point("before_complete");
+  detail::write_attr_i64(w.file(), "complete", 1);
+  w.close();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- CheckpointWriter
@@ -401,7 +480,7 @@ CheckpointWriter::CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& ca
       err = std::make_unique<Error>(ExitCode::runtime, "cannot create checkpoint directory " +
                                                            dir_ + ": " + ec.message());
   }
-  detail::agree_on_error(comm_, err.get());
+  rethrow_collectively(comm_, err.get(), ErrorScope::group);
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -479,89 +558,32 @@ void CheckpointWriter::commit() {
   std::unique_ptr<Job> job = std::move(job_);  // gone whatever happens below
   Job& j = *job;
   if (j.worker.joinable()) j.worker.join();
-  detail::agree_on_error(comm_, j.error.get());
+  rethrow_collectively(comm_, j.error.get(), ErrorScope::group);
   const double t0 = now_seconds();
-  const std::vector<TensorGeom> geom = detail::tensor_geometry(catalog_);
-  const std::size_t nb = catalog_.blocks().size();
-
-  // Per-block arrays each holder fills for its own blocks; the file gets them whole.
-  std::vector<std::uint32_t> crc[3], scale_bits(nb, 0);
-  for (auto& c : crc) c.assign(nb, 0);
-  std::int64_t raw_bytes = 0;
-  for (const EncodedBlock& e : j.blocks) {
-    for (int k = 0; k < 3; ++k) crc[k][e.info->id] = e.crc[k];
-    std::memcpy(&scale_bits[e.info->id], &e.scale, 4);
-    raw_bytes += 3 * e.info->bytes();
+  const Agreed agreed = agree_before_writing(comm_, j, catalog_);
+  write_file(j, agreed);
+  publish(j);
+  if (j.anchor && is_delta(codec_)) {
+    j.new_anchor->file = detail::base_of(j.path);
+    j.new_anchor->params_crc = agreed.params_crc;
+    anchor_ = j.new_anchor;
   }
-  for (auto& c : crc) detail::allreduce_bor(comm_, c);
-  detail::allreduce_bor(comm_, scale_bits);
-  raw_bytes = detail::allreduce_sum(comm_, raw_bytes);
+  ++written_;
+  stats_.path = j.path;
+  stats_.codec = j.file_codec;
+  stats_.anchor = j.anchor;
+  stats_.raw_bytes = agreed.raw_bytes;
+  stats_.encode_seconds = j.encode_seconds;
+  stats_.commit_seconds = now_seconds() - t0;
+}
 
-  // The canonical params CRC, combined on holder 0 from every holder's pieces.
-  std::vector<char> mine(j.pieces.size() * sizeof(CrcPiece));
-  if (!mine.empty()) std::memcpy(mine.data(), j.pieces.data(), mine.size());
-  const std::vector<char> all = detail::gather_bytes(comm_, mine);
-  std::uint32_t params_crc = 0, covered = 1;
-  if (rank_ == 0) {
-    std::vector<CrcPiece> pieces(all.size() / sizeof(CrcPiece));
-    if (!all.empty()) std::memcpy(pieces.data(), all.data(), all.size());
-    const auto c = combine_crc_pieces(std::move(pieces), catalog_.total_numel());
-    covered = c ? 1 : 0;
-    params_crc = c.value_or(0);
-  }
-  detail::bcast_u32(comm_, params_crc);
-  detail::bcast_u32(comm_, covered);
-  if (!covered)
-    throw Error(ExitCode::runtime, "checkpoint " + j.path +
-                                       ": the holders' blocks do not cover every parameter "
-                                       "exactly once");
-  // HDF5 metadata writes are collective: every holder must write identical attributes.
-  detail::bcast_string(comm_, j.deck);
-  detail::bcast_string(comm_, j.layout);
-
-  // How many boxes the busiest holder has per tensor: the number of collective writes.
-  std::vector<std::uint32_t> calls(2 * geom.size(), 0);
-  {
-    std::map<int, std::vector<const BlockInfo*>> mine;
-    for (const EncodedBlock& e : j.blocks) mine[static_cast<int>(e.info->tensor)].push_back(e.info);
-    for (const auto& [t, infos] : mine) {
-      calls[static_cast<std::size_t>(t)] =
-          static_cast<std::uint32_t>(detail::boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
-      calls[geom.size() + static_cast<std::size_t>(t)] = static_cast<std::uint32_t>(
-          detail::sign_boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
-    }
-    detail::allreduce_max(comm_, calls);
-  }
-
+// The collective HDF5 write into j.tmp; starts this commit's stats.
+void CheckpointWriter::write_file(const Job& j, const Agreed& agreed) {
   detail::PrecompressedChunks::reset_counters();
   detail::PrecompressedChunks::activate(&j.chunks);
   try {
-    FileWriter w(j, geom, calls, level_, comm_, rank_, size_);
-    run_hook("file_created");
-    write_attributes(w.file(), j, catalog_, params_crc, j.base ? j.base->file : "",
-                     j.base ? j.base->params_crc : 0);
-    if (j.file_codec == Codec::bitdelta) {
-      w.write_signs();
-      H5Id scales(H5_CHECK(
-          H5Gcreate2(w.file(), detail::kScale, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-      for (const TensorGeom& g : geom)
-        w.write_small(scales, g.name(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
-                      scale_bits.data() + g.first_block, static_cast<std::size_t>(g.n_blocks));
-    } else {
-      w.write_state(0);
-    }
-    run_hook("params_written");
-    w.write_state(1);
-    w.write_state(2);
-    run_hook("moments_written");
-    H5Id crcs(H5_CHECK(H5Gcreate2(w.file(), detail::kCrc, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-    for (int k = 0; k < 3; ++k)
-      w.write_small(crcs, detail::kStateGroups[k], H5T_STD_U32LE, H5T_NATIVE_UINT32,
-                    crc[k].data(), nb);
-    crcs.reset();
-    run_hook("before_complete");
-    detail::write_attr_i64(w.file(), "complete", 1);
-    w.close();
+    FileWriter w(j, agreed.geom, agreed.calls, level_, comm_, rank_, size_);
+    write_contents(w, j, catalog_, agreed);
   } catch (const Error& e) {
     detail::PrecompressedChunks::activate(nullptr);
     // A failed write is a runtime fault (disk full, ...), not a bad input file. Another holder
@@ -573,14 +595,17 @@ void CheckpointWriter::commit() {
   stats_ = WriteStats{};
   stats_.precompressed_chunks = detail::PrecompressedChunks::hits();
   stats_.commit_compressed_chunks = detail::PrecompressedChunks::misses();
+}
 
-  // Publish: holder 0 alone touches names in the directory.
+// The written file becomes the checkpoint: renamed into place, named in `latest`, and older
+// checkpoints past `keep` deleted. Holder 0 alone touches names in the directory.
+void CheckpointWriter::publish(const Job& j) {
   std::unique_ptr<Error> err;
   if (rank_ == 0) {
     try {
-      run_hook("before_rename");
+      test_hooks::checkpoint_write_point("before_rename");
       detail::publish(j.tmp, j.path);
-      run_hook("before_latest");
+      test_hooks::checkpoint_write_point("before_latest");
       detail::write_latest(dir_, detail::base_of(j.path));
       stats_.deleted = detail::apply_retention(dir_, j.step, keep_);
       stats_.file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(j.path));
@@ -590,20 +615,8 @@ void CheckpointWriter::commit() {
       err = std::make_unique<Error>(ExitCode::runtime, "checkpoint " + j.path + ": " + e.what());
     }
   }
-  detail::agree_on_error(comm_, err.get());
+  rethrow_collectively(comm_, err.get(), ErrorScope::group);
   stats_.file_bytes = detail::allreduce_sum(comm_, rank_ == 0 ? stats_.file_bytes : 0);
-  if (j.anchor && is_delta(codec_)) {
-    j.new_anchor->file = detail::base_of(j.path);
-    j.new_anchor->params_crc = params_crc;
-    anchor_ = j.new_anchor;
-  }
-  ++written_;
-  stats_.path = j.path;
-  stats_.codec = j.file_codec;
-  stats_.anchor = j.anchor;
-  stats_.raw_bytes = raw_bytes;
-  stats_.encode_seconds = j.encode_seconds;
-  stats_.commit_seconds = now_seconds() - t0;
 }
 
 }  // namespace pdtrain::ckpt

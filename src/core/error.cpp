@@ -25,6 +25,18 @@ int world_rank() {
   return r;
 }
 
+int comm_size(MPI_Comm comm) {
+  int n = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &n));
+  return n;
+}
+
+int comm_rank(MPI_Comm comm) {
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &r));
+  return r;
+}
+
 std::string where(const char* file, int line) {
   return std::string(file) + ":" + std::to_string(line);
 }

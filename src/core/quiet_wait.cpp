@@ -39,15 +39,4 @@ void wait_all_quietly(int n, MPI_Request* reqs) {
   }
 }
 
-MPI_Status probe_quietly(int source, int tag, MPI_Comm comm) {
-  Backoff backoff;
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    MPI_CHECK(MPI_Iprobe(source, tag, comm, &flag, &st));
-    if (flag) return st;
-    backoff.pause();
-  }
-}
-
 }  // namespace pdtrain

@@ -67,6 +67,15 @@ std::unique_ptr<TokenSource> make_token_source(const SourceSpec& spec) {
   bad_spec("unknown source kind " + std::to_string(static_cast<int>(spec.kind)));
 }
 
+void split_inputs_targets(const std::int32_t* sequences, std::int64_t count, std::int64_t seq_len,
+                          std::int32_t* inputs, std::int32_t* targets) {
+  for (std::int64_t i = 0; i < count; ++i)
+    for (std::int64_t t = 0; t < seq_len; ++t) {
+      inputs[i * seq_len + t] = sequences[i * (seq_len + 1) + t];
+      targets[i * seq_len + t] = sequences[i * (seq_len + 1) + t + 1];
+    }
+}
+
 double synthetic_entropy_floor(std::int64_t vocab_size, std::int64_t seq_len,
                                std::int64_t copy_lag, double copy_prob) {
   const double V = static_cast<double>(vocab_size);

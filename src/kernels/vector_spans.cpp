@@ -2,7 +2,9 @@
 // explicit SIMD: 4 lanes with the baseline ISA and, on x86-64, 8 lanes compiled for AVX2 and
 // chosen at run time when the CPU has it. The build uses no -march flags, so without this the
 // exp-heavy loops would run scalar. Both widths and the scalar functions agree bit for bit:
-// the same IEEE operations per element (AVX2 without FMA, and ISO C++ does not contract).
+// the same IEEE operations per element. GCC contracts a*b+c into an FMA whenever FMA
+// instructions are enabled (-march=native on a cluster); the build passes -ffp-contract=off
+// (tests/core/test_fp_contract.cpp fails a build without it), so every width rounds the same.
 #include "pdtrain/kernels/gpt_kernels.hpp"
 
 #ifdef PDTRAIN_KERNELS_VECTOR_SPANS

@@ -1,11 +1,12 @@
 #include "pdtrain/layout/layout.hpp"
 
 #include <algorithm>
-#include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 
 namespace pdtrain {
 
@@ -123,60 +124,13 @@ std::string Layout::describe_rank(int r) const {
   return s.str();
 }
 
-std::vector<int> place_blocks(const std::vector<std::int64_t>& block_bytes, int holders) {
-  std::vector<int> owner(block_bytes.size(), 0);
-  if (holders <= 1) return owner;
-  std::int64_t total = 0;
-  for (auto b : block_bytes) total += b;
-  // Block i goes to the holder whose byte range contains the middle of the block: contiguous,
-  // balanced to within one block, and deterministic.
-  std::int64_t before = 0;
-  for (std::size_t i = 0; i < block_bytes.size(); ++i) {
-    const std::int64_t mid2 = 2 * before + block_bytes[i];  // 2 x midpoint, avoids halves
-    owner[i] = static_cast<int>(std::min<std::int64_t>(holders - 1, mid2 * holders / (2 * total)));
-    before += block_bytes[i];
-  }
-  return owner;
-}
-
-std::vector<int> place_blocks_near(const std::vector<std::int64_t>& served,
-                                   const std::vector<int>& block_node,
-                                   const std::vector<int>& holder_node) {
-  const int H = static_cast<int>(holder_node.size());
-  const bool one_node = std::all_of(holder_node.begin(), holder_node.end(),
-                                    [&](int n) { return n == holder_node[0]; }) &&
-                        std::all_of(block_node.begin(), block_node.end(),
-                                    [&](int n) { return n == holder_node[0]; });
-  if (one_node) return place_blocks(served, H);
-  // Balance first (every holder serves about total / H), locality second: blocks fill their
-  // node's holders one after the other up to that share (contiguous runs, so a layer's blocks
-  // come from few holders); what a node's holders cannot take, or a node without holders
-  // needs, goes to the least-loaded holder.
-  std::int64_t total = 0;
-  for (auto b : served) total += b;
-  const double share = static_cast<double>(total) / H;
-  std::vector<double> load(static_cast<std::size_t>(H), 0.0);
-  std::vector<int> owner(served.size(), 0);
-  for (std::size_t b = 0; b < served.size(); ++b) {
-    const double half = 0.5 * static_cast<double>(served[b]);
-    int pick = -1;
-    for (int h = 0; h < H && pick < 0; ++h)
-      if (holder_node[h] == block_node[b] && load[h] + half <= share) pick = h;
-    if (pick < 0) pick = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[b] = pick;
-    load[pick] += static_cast<double>(served[b]);
-  }
-  return owner;
-}
-
 std::vector<int> node_of_ranks(MPI_Comm comm) {
   int rank = 0, size = 0;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_CHECK(MPI_Comm_size(comm, &size));
   int leader = rank;  // the lowest rank of comm on my node
-  if (const char* k = std::getenv("PDTRAIN_TEST_RANKS_PER_NODE")) {
-    const int per = std::max(1, std::atoi(k));
-    leader = rank / per * per;
+  if (const std::optional<int> per = test_hooks::ranks_per_node()) {
+    leader = rank / *per * *per;
   } else {
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));

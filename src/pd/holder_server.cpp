@@ -5,6 +5,7 @@
 #include <cstring>
 #include <span>
 
+#include "pdtrain/core/counts.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
@@ -257,9 +258,9 @@ void HolderServer::finish_step() {
   }
   // Gather every holder's per-block sums into block order.
   const int H = layout_.shape().holders;
-  std::vector<int> counts(H, 0), displs(H, 0);
+  std::vector<int> counts(H, 0);
   for (int owner : owner_) ++counts[owner];
-  for (int h = 1; h < H; ++h) displs[h] = displs[h - 1] + counts[h - 1];
+  const std::vector<int> displs = displacements(counts);
   std::vector<double> all(owner_.size());
   MPI_Request r;
   MPI_CHECK(MPI_Iallgatherv(my_sumsq.data(), static_cast<int>(my_sumsq.size()), MPI_DOUBLE,
@@ -329,10 +330,10 @@ void HolderServer::send_final_crc() {
   std::vector<float> mine;
   for (auto& [id, o] : owned_) mine.insert(mine.end(), o.state.param.begin(), o.state.param.end());
   const int H = layout_.shape().holders;
-  std::vector<int> counts(H, 0), displs(H, 0);
+  std::vector<int> counts(H, 0);
   for (std::size_t b = 0; b < owner_.size(); ++b)
     counts[owner_[b]] += static_cast<int>(table_.blocks[b].numel);
-  for (int h = 1; h < H; ++h) displs[h] = displs[h - 1] + counts[h - 1];
+  const std::vector<int> displs = displacements(counts);
   const bool root = layout_.holder_index() == 0;
   std::vector<float> all(root ? static_cast<std::size_t>(displs[H - 1] + counts[H - 1]) : 0);
   MPI_Request r;

@@ -1,5 +1,6 @@
+#include "pdtrain/pd/parameter_service.hpp"
+
 #include "pdtrain/core/error.hpp"
-#include "pdtrain/pd/blocks.hpp"
 
 namespace pdtrain {
 

@@ -13,6 +13,7 @@
 #include "ckpt_test_util.hpp"
 #include "pdtrain/ckpt/zstd_filter.hpp"
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/optim/adamw.hpp"
 
 namespace fs = std::filesystem;
@@ -77,7 +78,7 @@ int kill_writer_at(CheckpointWriter& w, const State& s, const std::string& point
   if (pid == 0) {
     // The child: one holder writes through the POSIX driver and makes no MPI call that
     // communicates, so it can run here.
-    testing::set_write_hook([point](std::string_view p) {
+    test_hooks::set_checkpoint_write_hook([point](std::string_view p) {
       if (p == point) ::_exit(42);
     });
     try {

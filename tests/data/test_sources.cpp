@@ -591,6 +591,15 @@ TEST(Tokens, SmallVocabRejectsLargeTokenInValidationShard) {
   expect_data_error([&] { make_token_source(spec); }, {vpath, "token index 42", "64"});
 }
 
+TEST(SplitInputsTargets, TargetsAreTheInputsShiftedByOneToken) {
+  // Two sequences of seq_len + 1 = 4 tokens.
+  const Tokens seq = {10, 11, 12, 13, 20, 21, 22, 23};
+  Tokens inputs(6), targets(6);
+  split_inputs_targets(seq.data(), 2, 3, inputs.data(), targets.data());
+  EXPECT_EQ(inputs, (Tokens{10, 11, 12, 20, 21, 22}));
+  EXPECT_EQ(targets, (Tokens{11, 12, 13, 21, 22, 23}));
+}
+
 TEST(MappedFile, MapsAndMoves) {
   const std::string path = temp_path("m.bin");
   write_bytes(path, {1, 2, 3});

@@ -9,6 +9,7 @@
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/pd/param_cache.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 
 namespace pdtrain {
 namespace {

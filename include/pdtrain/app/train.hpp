@@ -32,7 +32,4 @@ struct TrainResult {
 // Throws pdtrain::Error (the same on every rank of `world`) for bad layouts or data.
 TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opts);
 
-// If any rank of `comm` caught an error, every rank throws the lowest such rank's Error.
-void rethrow_collectively(MPI_Comm comm, const Error* local);
-
 }  // namespace pdtrain

@@ -13,11 +13,9 @@
 #include <mpi.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "pdtrain/ckpt/codec.hpp"
@@ -102,14 +100,19 @@ class CheckpointWriter {
   const WriteStats& last_stats() const { return stats_; }
   Codec codec() const { return codec_; }
 
-  // Opaque, defined in writer.cpp: a checkpoint in flight, and this holder's anchor blocks.
+  // Opaque, defined in writer.cpp: a checkpoint in flight, this holder's anchor blocks, and
+  // what the holders agree on before writing a file together.
   struct Job;
   struct Anchor;
+  struct Agreed;
 
  private:
   std::string start(bool async, std::int64_t step, std::int64_t version, std::int64_t tokens,
                     const std::string& deck, const std::string& layout, const BlockRefs& blocks);
+  // Writes and publishes the pending checkpoint: agree_before_writing() (writer.cpp), then:
   void commit();
+  void write_file(const Job& j, const Agreed& agreed);
+  void publish(const Job& j);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
@@ -149,12 +152,5 @@ std::string inspect(const std::string& path);
 
 // The file name of the checkpoint of `step`: "ckpt-00000100.h5".
 std::string checkpoint_file_name(std::int64_t step);
-
-namespace testing {
-// Called by the writer at named points of a commit ("file_created", "params_written",
-// "moments_written", "before_complete", "before_rename", "before_latest") on every holder;
-// tests use it to kill a writer mid-write. Pass an empty function to remove it.
-void set_write_hook(std::function<void(std::string_view point)> hook);
-}  // namespace testing
 
 }  // namespace pdtrain::ckpt

@@ -13,6 +13,8 @@ namespace pdtrain {
 // else works with less). Returns the level provided.
 int init_mpi(int* argc, char*** argv);
 int world_rank();  // rank in MPI_COMM_WORLD, or -1 before MPI_Init / after MPI_Finalize
+int comm_size(MPI_Comm comm);  // checked MPI_Comm_size
+int comm_rank(MPI_Comm comm);  // checked MPI_Comm_rank
 }  // namespace pdtrain
 
 #define MPI_CHECK(call)                                                   \

@@ -10,8 +10,6 @@ namespace pdtrain {
 void wait_quietly(MPI_Request* req, MPI_Status* status = MPI_STATUS_IGNORE);
 // Waits for all requests.
 void wait_all_quietly(int n, MPI_Request* reqs);
-// Waits until a message matching (source, tag) on comm is available; returns its status.
-MPI_Status probe_quietly(int source, int tag, MPI_Comm comm);
 
 // The backoff used by the loops above, for callers with their own polling loop.
 class Backoff {

@@ -45,6 +45,12 @@ class TokenSource {
   virtual std::optional<double> entropy_floor() const { return std::nullopt; }
 };
 
+// The model's inputs and next-token targets of `count` sequences of seq_len+1 tokens each, as
+// train_sequences() and val_sequences() write them: a sequence's first seq_len tokens are its
+// inputs, its last seq_len its targets. inputs and targets are [count * seq_len].
+void split_inputs_targets(const std::int32_t* sequences, std::int64_t count, std::int64_t seq_len,
+                          std::int32_t* inputs, std::int32_t* targets);
+
 // Validates the spec and opens the source. Throws pdtrain::Error(ExitCode::data, message) on
 // any problem; the message names the file and the offending field or value.
 std::unique_ptr<TokenSource> make_token_source(const SourceSpec& spec);

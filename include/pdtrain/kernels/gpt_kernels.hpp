@@ -240,10 +240,6 @@ void fill_value(const Exec& exec, Real* ptr, Index n, NotDeduced<Real> value) {
       });
 }
 
-template <class Exec, class Real>
-void fill_zero(const Exec& exec, Real* ptr, Index n) {
-  fill_value(exec, ptr, n, Real(0));
-}
 
 // ---------------------------------------------------------------------------------------------
 // Encoder: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
@@ -601,7 +597,7 @@ void gelu_backward(const Exec& exec, Real* dinp, const Real* inp, const Real* do
 }
 
 // ---------------------------------------------------------------------------------------------
-// Residual: out = a + b. Its backward is add_inplace(da, dout) and add_inplace(db, dout).
+// Residual: out = a + b. Its backward adds dout into both branches' gradients unchanged.
 
 template <class Exec, class Real>
 void residual_forward(const Exec& exec, Real* out, const Real* a, const Real* b, Index n) {
@@ -611,14 +607,6 @@ void residual_forward(const Exec& exec, Real* out, const Real* a, const Real* b,
       });
 }
 
-// dst += src
-template <class Exec, class Real>
-void add_inplace(const Exec& exec, Real* dst, const Real* src, Index n) {
-  detail::for_each_chunk(
-      "pdtrain::add_inplace", exec, n, KOKKOS_LAMBDA(const Index begin, const Index end) {
-        for (Index i = begin; i < end; ++i) dst[i] += src[i];
-      });
-}
 
 // ---------------------------------------------------------------------------------------------
 // Softmax + cross-entropy, vocabulary-parallel. A rank holds the logits of V vocabulary
@@ -669,16 +657,6 @@ void crossentropy_finish(const Exec& exec, Real* losses, Real* probs, const Real
       });
 }
 
-// All three phases on one shard holding every column: losses[N], probs[N,V], targets in [0, V).
-template <class Exec, class Real>
-void softmax_crossentropy_forward(const Exec& exec, Real* losses, Real* probs, const Real* logits,
-                                  const std::int32_t* targets, int N, int V) {
-  std::vector<Real> rowmax(static_cast<std::size_t>(N)), stats(2 * static_cast<std::size_t>(N));
-  crossentropy_rowmax(exec, rowmax.data(), logits, N, V);
-  crossentropy_partials(exec, stats.data(), probs, logits, rowmax.data(), targets, 0, N, V);
-  crossentropy_finish(exec, losses, probs, stats.data(), N, V);
-  exec.fence();  // the temporaries die here
-}
 
 // dlogits[N,V] += (probs - onehot(target)) * dlosses[n], with the target's column counted only
 // on the shard that holds it. Parallel over rows.

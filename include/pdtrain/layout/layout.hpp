@@ -16,6 +16,12 @@ struct LayoutShape {
   int holders = 0, dp = 1, tp = 1, pp = 1;
   int compute() const { return dp * tp * pp; }
   int world() const { return holders + compute(); }
+  // The rank of data-parallel replica d's compute rank at pipeline stage p, tensor rank t:
+  // compute ranks follow the holders, tp fastest.
+  int compute_rank(int d, int p, int t) const { return holders + (d * pp + p) * tp + t; }
+  // The rank that fetches the blocks of pipeline stage p, tensor rank t from the holders:
+  // data-parallel replica 0 (it relays them to the other replicas).
+  int fetcher_rank(int p, int t) const { return compute_rank(0, p, t); }
 };
 
 // Resolves dp = 0 (auto) and checks that the layout fits `world_size` and the model.
@@ -47,9 +53,7 @@ class Layout {
   MPI_Comm tp_comm() const { return tp_comm_; }
 
   int holder_world_rank(int h) const { return h; }
-  int compute_world_rank(int dp, int pp, int tp) const {
-    return shape_.holders + (dp * shape_.pp + pp) * shape_.tp + tp;
-  }
+  int compute_world_rank(int dp, int pp, int tp) const { return shape_.compute_rank(dp, pp, tp); }
   // The compute rank that reports (prints, writes metrics): dp 0, tp 0, last pipeline stage.
   int reporter_world_rank() const { return compute_world_rank(0, shape_.pp - 1, 0); }
   bool is_reporter() const { return world_rank_ == reporter_world_rank(); }
@@ -67,21 +71,8 @@ class Layout {
   MPI_Comm dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL;
 };
 
-// Which holder owns each block: contiguous runs of blocks balanced by bytes, so every holder
-// serves about the same bytes per step. Returns owner[block].
-std::vector<int> place_blocks(const std::vector<std::int64_t>& block_bytes, int holders);
-
-// Placement near the fetchers: `served[b]` is the bytes holders send per step for block b,
-// `block_node[b]` the node most of its fetching ranks run on, `holder_node[h]` holder h's node.
-// Every holder serves about the same bytes; within that, a block goes to a holder on its
-// node when one has room. One node: place_blocks(served, H).
-std::vector<int> place_blocks_near(const std::vector<std::int64_t>& served,
-                                   const std::vector<int>& block_node,
-                                   const std::vector<int>& holder_node);
-
 // The node (0, 1, ... in order of first rank) of every rank of `comm`, from
-// MPI_Comm_split_type(shared). Test hook: PDTRAIN_TEST_RANKS_PER_NODE=k pretends that ranks
-// k*i .. k*i+k-1 share node i.
+// MPI_Comm_split_type(shared), or as test_hooks::ranks_per_node() pretends.
 std::vector<int> node_of_ranks(MPI_Comm comm);
 
 }  // namespace pdtrain

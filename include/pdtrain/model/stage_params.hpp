@@ -121,6 +121,7 @@ class StageParams {
   std::vector<kernels::KernelOps::Tile> tiles(const std::vector<int>& blocks) const;
   // Storage::resident, device memory: every parameter, and its bf16 copy (null in fp32).
   float* params_device() { return params_.device(); }
+  float* grads_device() { return grads_.device(); }
   pdtrain::bf16* params_bf16_device() { return bf16() ? params_bf16_.device() : nullptr; }
   void zero_grads();
 

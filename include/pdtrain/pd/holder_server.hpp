@@ -20,6 +20,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {

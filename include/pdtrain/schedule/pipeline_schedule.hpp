@@ -20,7 +20,8 @@
 // stage s and send_grad(i) on stage s+1 can wait on each other. simulate_pipeline() checks the
 // lists under exactly that model (non-blocking sends, blocking receives).
 //
-// Pure: no MPI, no model. The executor in app/ turns the actions into messages and kernels.
+// Pure: no MPI, no model. PipelineExecutor (pipeline_executor.hpp) turns the actions into MPI
+// messages and calls on the stage (PipelineStageOps, which the app's StageRunner implements).
 #include <iosfwd>
 #include <optional>
 #include <string>

@@ -18,17 +18,18 @@
 
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
 
-class RemoteHolders final : public ParameterService {
+class FetchClient final : public ParameterService {
  public:
-  RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-                WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread = true);
-  ~RemoteHolders() override;
-  RemoteHolders(const RemoteHolders&) = delete;
-  RemoteHolders& operator=(const RemoteHolders&) = delete;
+  FetchClient(const Layout& layout, const BlockTable& table, std::vector<int> owner,
+              WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread = true);
+  ~FetchClient() override;
+  FetchClient(const FetchClient&) = delete;
+  FetchClient& operator=(const FetchClient&) = delete;
 
   UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                    const BlockSink& sink) override;
@@ -112,7 +113,7 @@ class RemoteHolders final : public ParameterService {
   std::atomic<bool> stop_{false};
   std::atomic<std::int64_t> fetched_{0}, from_holders_{0};
   std::int64_t pushed_ = 0;
-  std::int64_t flip_at_version_ = -1;  // test hook, see the constructor
+  std::int64_t flip_at_version_ = -1;  // test_hooks::flip_fetch_bit_at_version()
 };
 
 }  // namespace pdtrain

@@ -1,22 +1,20 @@
-#include "pdtrain/pd/remote_holders.hpp"
+#include "pdtrain/pd/fetch_client.hpp"
 
-#include <cstdlib>
 #include <cstring>
 
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/pd/wire.hpp"
 
 namespace pdtrain {
 
-RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-                             WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread)
+FetchClient::FetchClient(const Layout& layout, const BlockTable& table, std::vector<int> owner,
+                         WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread)
     : layout_(layout), table_(table), owner_(std::move(owner)), fetch_codec_(fetch_codec),
       push_codec_(push_codec) {
-  // Test hook: PDTRAIN_TEST_FLIP_FETCH_BIT=<version> flips one bit of the first block this
-  // rank receives at that version, so tests can check that corruption is caught and named.
-  if (const char* v = std::getenv("PDTRAIN_TEST_FLIP_FETCH_BIT")) flip_at_version_ = std::atoll(v);
+  flip_at_version_ = test_hooks::flip_fetch_bit_at_version().value_or(-1);
   if (relays()) {
     MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
     const int r = layout_.dp_rank(), dp = layout_.shape().dp;
@@ -28,7 +26,7 @@ RemoteHolders::RemoteHolders(const Layout& layout, const BlockTable& table, std:
   if (fetch_thread && level == MPI_THREAD_MULTIPLE) worker_ = std::thread([this] { worker_loop(); });
 }
 
-RemoteHolders::~RemoteHolders() {
+FetchClient::~FetchClient() {
   if (worker_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -40,22 +38,22 @@ RemoteHolders::~RemoteHolders() {
   if (relay_comm_ != MPI_COMM_NULL) MPI_Comm_free(&relay_comm_);
 }
 
-std::vector<std::vector<int>> RemoteHolders::by_holder(const std::vector<int>& blocks) const {
+std::vector<std::vector<int>> FetchClient::by_holder(const std::vector<int>& blocks) const {
   std::vector<std::vector<int>> out(static_cast<std::size_t>(layout_.shape().holders));
   for (int b : blocks) out[owner_[b]].push_back(b);
   return out;
 }
 
-UpdateInfo RemoteHolders::fetch(std::int64_t version, const std::vector<int>& blocks,
-                                const BlockSink& sink) {
+UpdateInfo FetchClient::fetch(std::int64_t version, const std::vector<int>& blocks,
+                              const BlockSink& sink) {
   return finish_fetch(start_fetch(version, blocks, sink));
 }
 
 // Fan-out: the data-parallel replicas of a (pp, tp) position need the same blocks, so only
 // replica 0 asks the holders and relays the replies to the others. A holder sends each block
 // once per step whatever dp is.
-ParameterService::Ticket RemoteHolders::start_fetch(std::int64_t version, std::vector<int> blocks,
-                                                    BlockSink sink) {
+ParameterService::Ticket FetchClient::start_fetch(std::int64_t version, std::vector<int> blocks,
+                                                  BlockSink sink) {
   auto f = std::make_shared<InFlight>();
   f->ticket = next_ticket_++;
   f->version = version;
@@ -73,11 +71,11 @@ ParameterService::Ticket RemoteHolders::start_fetch(std::int64_t version, std::v
   return f->ticket;
 }
 
-void RemoteHolders::progress() {
+void FetchClient::progress() {
   if (!background()) advance_all();
 }
 
-UpdateInfo RemoteHolders::finish_fetch(Ticket ticket) {
+UpdateInfo FetchClient::finish_fetch(Ticket ticket) {
   Job front;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -102,7 +100,7 @@ UpdateInfo RemoteHolders::finish_fetch(Ticket ticket) {
   return front->info;
 }
 
-bool RemoteHolders::undelivered() const {
+bool FetchClient::undelivered() const {
   for (const Job& j : in_flight_)
     if (!j->delivered) return true;
   return false;
@@ -110,7 +108,7 @@ bool RemoteHolders::undelivered() const {
 
 // The background thread: works while fetches are undelivered, sleeps on the condition
 // variable otherwise (an idle compute rank does not poll).
-void RemoteHolders::worker_loop() {
+void FetchClient::worker_loop() {
   Backoff backoff;
   for (;;) {
     {
@@ -125,7 +123,7 @@ void RemoteHolders::worker_loop() {
   }
 }
 
-bool RemoteHolders::advance_all() {
+bool FetchClient::advance_all() {
   std::vector<Job> jobs;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -164,7 +162,7 @@ bool RemoteHolders::advance_all() {
   return moved;
 }
 
-void RemoteHolders::send_requests(InFlight& f) {
+void FetchClient::send_requests(InFlight& f) {
   const int H = static_cast<int>(f.groups.size());
   f.requests.resize(H);
   for (int h = 0; h < H; ++h) {
@@ -187,7 +185,7 @@ void RemoteHolders::send_requests(InFlight& f) {
 
 // Takes every reply that has arrived, whatever fetch it answers (its header names the ticket).
 // Replies are as long as their encoding: each is sized from its probe.
-bool RemoteHolders::receive_replies(const std::vector<Job>& jobs) {
+bool FetchClient::receive_replies(const std::vector<Job>& jobs) {
   bool got = false;
   for (;;) {
     int flag = 0;
@@ -216,7 +214,7 @@ bool RemoteHolders::receive_replies(const std::vector<Job>& jobs) {
   }
 }
 
-bool RemoteHolders::advance(InFlight& f) {
+bool FetchClient::advance(InFlight& f) {
   using S = InFlight::Stage;
   const S before = f.stage;
   bool received = false;
@@ -269,7 +267,7 @@ bool RemoteHolders::advance(InFlight& f) {
   return received || f.stage != before;
 }
 
-UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f) {
+UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
   const std::int64_t version = f.version;
   bool stop = false;
   std::vector<UpdateInfo> learnt;
@@ -329,7 +327,7 @@ UpdateInfo RemoteHolders::verify_and_deliver(InFlight& f) {
 }
 
 // The smallest spare buffer that fits (or a new one); at most a few are kept.
-RemoteHolders::Buffer RemoteHolders::take_buffer(std::size_t bytes) {
+FetchClient::Buffer FetchClient::take_buffer(std::size_t bytes) {
   std::size_t best = spare_.size();
   for (std::size_t i = 0; i < spare_.size(); ++i)
     if (spare_[i].capacity >= bytes &&
@@ -345,14 +343,14 @@ RemoteHolders::Buffer RemoteHolders::take_buffer(std::size_t bytes) {
   return b;
 }
 
-std::optional<UpdateInfo> RemoteHolders::update_info(std::int64_t version) const {
+std::optional<UpdateInfo> FetchClient::update_info(std::int64_t version) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = known_.find(version);
   if (it == known_.end()) return std::nullopt;
   return it->second;
 }
 
-void RemoteHolders::push(std::int64_t step, const std::vector<int>& blocks, const float* grads) {
+void FetchClient::push(std::int64_t step, const std::vector<int>& blocks, const float* grads) {
   const auto groups = by_holder(blocks);
   // Offsets of each block's gradient inside `grads` (packed in the order of `blocks`).
   std::vector<const float*> where(table_.blocks.size(), nullptr);
@@ -415,7 +413,7 @@ void RemoteHolders::push(std::int64_t step, const std::vector<int>& blocks, cons
     if (m.type != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&m.type));
 }
 
-std::uint32_t RemoteHolders::finish() {
+std::uint32_t FetchClient::finish() {
   std::int64_t none = 0;
   for (int h = 0; h < layout_.shape().holders; ++h)
     MPI_CHECK(MPI_Send(&none, 1, MPI_INT64_T, layout_.holder_world_rank(h), wire::kDone,

@@ -1,0 +1,67 @@
+#pragma once
+// The compute side's view of the parameters, whoever holds them: FetchClient (PD, the holders
+// own them) or LocalReplica (the replicated baseline, this rank owns a copy). Same calls, same
+// numerics. Blocks are named by id only (pd/blocks.hpp).
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <vector>
+
+namespace pdtrain {
+
+// What the compute side learns with each fetched version: the update that produced it.
+struct UpdateInfo {
+  std::int64_t version = 0;  // number of optimizer steps applied
+  double grad_norm = 0.0;    // global gradient norm of that step (before clipping)
+  double lr = 0.0;           // learning rate of that step
+};
+
+class ParameterService {
+ public:
+  virtual ~ParameterService() = default;
+  using BlockSink = std::function<void(int id, const float* data)>;
+  // Gets `blocks` at exactly `version` (waiting until it exists) and hands each to `sink`.
+  // Returns the update that produced `version`.
+  virtual UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
+                           const BlockSink& sink) = 0;
+  // The same fetch split in two, so several can be in flight while this rank computes:
+  // start_fetch() sends the request and returns at once; `sink` gets each block when it has
+  // arrived and been checked (possibly on another thread, before finish_fetch returns, so it
+  // must only write where nothing else looks until then); progress() moves the fetches in
+  // flight forward where no background thread does; finish_fetch() waits for the oldest fetch
+  // in flight (fetches finish in the order they were started) to be delivered. This default
+  // runs the whole fetch in finish_fetch(), which suits a service with the parameters at hand.
+  using Ticket = std::int64_t;
+  virtual Ticket start_fetch(std::int64_t version, std::vector<int> blocks, BlockSink sink) {
+    queued_.push_back({next_ticket_, version, std::move(blocks), std::move(sink)});
+    return next_ticket_++;
+  }
+  virtual void progress() {}
+  virtual UpdateInfo finish_fetch(Ticket ticket);
+  // The update that produced `version`, if this rank has learnt it (fetch replies carry the
+  // holders' recent updates, so later steps' figures arrive before their versions are fetched).
+  virtual std::optional<UpdateInfo> update_info(std::int64_t version) const = 0;
+  // Gives the gradients of 1-based step `step` (summed over data-parallel replicas) for
+  // `blocks`, packed back to back in block order.
+  virtual void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) = 0;
+  // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.
+  virtual std::uint32_t finish() = 0;
+  // True once a holder has said it was asked to stop (a signal reached it).
+  virtual bool holders_asked_to_stop() const { return false; }
+  // Bytes this rank moved through the service so far (fetched, pushed).
+  virtual std::int64_t bytes_fetched() const = 0;
+  virtual std::int64_t bytes_pushed() const = 0;
+
+ private:
+  struct Queued {
+    Ticket ticket;
+    std::int64_t version;
+    std::vector<int> blocks;
+    BlockSink sink;
+  };
+  std::deque<Queued> queued_;  // the default start_fetch()'s requests
+  Ticket next_ticket_ = 0;
+};
+
+}  // namespace pdtrain

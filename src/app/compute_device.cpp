@@ -1,0 +1,44 @@
+#include "pdtrain/app/compute_device.hpp"
+
+#include "pdtrain/core/error.hpp"
+
+namespace pdtrain {
+
+int node_local_compute_index(const Setup& setup, int rank) {
+  int index = 0;
+  for (int r = setup.shape.holders; r < rank; ++r)
+    if (setup.node[static_cast<std::size_t>(r)] == setup.node[static_cast<std::size_t>(rank)])
+      ++index;
+  return index;
+}
+
+kernels::ComputeBackend make_compute_backend(const Deck& deck, const Setup& setup,
+                                             const Layout& layout) {
+  if (deck.compute.device == "cpu") return kernels::make_cpu_backend();
+  if (!kernels::cuda_backend_built())
+    throw Error(ExitCode::deck, deck.where("compute.device") +
+                                    ": cuda, but this pdtrain was built without the CUDA backend "
+                                    "(configure with -DPDTRAIN_CUDA=ON; pdtrain --version lists "
+                                    "the backends built)");
+  const int rank = layout.world_rank();
+  const int gpus = kernels::cuda_device_count();
+  if (gpus == 0)
+    throw Error(ExitCode::runtime, "rank " + std::to_string(rank) + ": " +
+                                       deck.where("compute.device") +
+                                       ": cuda, but no GPU is visible to this rank (no driver or "
+                                       "no device; check CUDA_VISIBLE_DEVICES and the job's GPU "
+                                       "request)");
+  try {
+    return kernels::make_cuda_backend(node_local_compute_index(setup, rank) % gpus);
+  } catch (const Error& e) {
+    throw Error(e.code(), "rank " + std::to_string(rank) + ": " + e.what());
+  }
+}
+
+std::string describe_compute_device(const Deck& deck, const Setup& setup, int rank) {
+  if (deck.compute.device == "cpu") return "cpu";
+  return "cuda (node-local compute rank " + std::to_string(node_local_compute_index(setup, rank)) +
+         ": that GPU, modulo the node's GPUs)";
+}
+
+}  // namespace pdtrain

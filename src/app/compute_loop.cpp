@@ -1,0 +1,344 @@
+// The compute ranks' step loop. It reads like the algorithm:
+//   fetch parameters of version s-1 -> forward/backward on this replica's slice of batch s
+//   -> reduce gradients over replicas in a fixed order -> push -> (report step s-1's record)
+#include "pdtrain/app/compute_loop.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+
+#include "pdtrain/app/report.hpp"
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/core/signals.hpp"
+
+namespace pdtrain {
+
+// Step k computes on parameter version max(0, k-1-staleness): with staleness 0 that is the
+// version its previous step produced (exact synchronous training); with s > 0 compute runs up
+// to s steps ahead of the holders' updates.
+TrainResult ComputeLoop::run() {
+  TrainResult result;
+  result.reporter = layout_.is_reporter();
+  if (result.reporter) open_outputs();
+  const std::int64_t steps = deck_.run.steps, staleness = deck_.pd.staleness;
+  // --stop-after ends the run early with a checkpoint; the schedule still targets run.steps.
+  const std::int64_t last = opts_.stop_after > 0 ? std::min(steps, opts_.stop_after) : steps;
+  const double tokens_per_step = static_cast<double>(deck_.train.batch_size * T_);
+  const double t_start = now_seconds();
+  double t_prev = t_start;
+  std::int64_t k = start_step_;
+  while (k < last) {
+    ++k;
+    StepRecord rec;
+    rec.step = k;
+    rec.fetch_ms = 1e3 * ensure_version(std::max(start_step_, k - 1 - staleness));
+    forward_backward(k, rec);
+    reduce_and_push(k, rec);
+    rec.loss = reducer_.sum(runner_.loss_sum()) / tokens_per_step;
+    if (eval_due(k)) {  // on exactly the parameters after step k
+      rec.fetch_ms += 1e3 * ensure_version(k);
+      rec.val_loss = evaluate(deck_.train.eval_batches);
+    }
+    const double t = now_seconds();
+    rec.step_ms = 1e3 * (t - t_prev);
+    rec.tokens_per_s = tokens_per_step / (t - t_prev);
+    t_prev = t;
+    result.losses.push_back(rec.loss);
+    result.val_losses.push_back(rec.val_loss);
+    pending_.push_back(rec);
+    const double done = static_cast<double>(k - start_step_);
+    if (result.reporter) report_known((t - t_start) / done * static_cast<double>(last - k));
+    if (k < last && stop_requested()) {
+      result.stopped = true;
+      break;
+    }
+  }
+  result.final_step = k;
+  learn_updates(k);  // every update is known now
+  if (result.reporter) report_known(0.0);
+  result.params_crc32c = service_->finish();
+  result.wall_seconds = now_seconds() - t_start;
+  if (cache_) write_heat_map();
+  if (result.reporter && opts_.verbose)
+    print_run_summary(deck_, result, start_step_, timers_, *service_, cache_.get(),
+                      *backend_.device);
+  return result;
+}
+
+// Makes `version` the parameters in use, fetching only if it is not already; returns the
+// seconds spent. With the PD cache the fetches happen during the passes that use them.
+double ComputeLoop::ensure_version(std::int64_t version) {
+  if (cache_) {
+    pass_version_ = version;
+    return 0.0;
+  }
+  if (version == have_version_) return 0.0;
+  const double t0 = now_seconds();
+  if (replica_)
+    publish(version);
+  else
+    fetch(version);
+  have_version_ = version;
+  return now_seconds() - t0;
+}
+
+void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
+  ScopedPhase t(timers_, "compute");
+  const double t0 = now_seconds();
+  stage_params_.zero_grads();
+  // The loss is the mean over every token of the global batch, so each micro-batch's and
+  // each replica's gradient is a partial sum and they simply add.
+  runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
+  double waited = 0.0;
+  const double fetch_wait = cache_pass(step_plan_, [&] { waited = pipeline_.run_step(runner_); });
+  backend_.device->synchronize();  // a GPU's queued work belongs to this phase
+  rec.fetch_ms += 1e3 * fetch_wait;
+  const double elapsed = now_seconds() - t0;
+  rec.compute_ms = 1e3 * (elapsed - fetch_wait);  // the wait is fetch_ms
+  rec.bubble = mean_over_stages(elapsed > 0 ? waited / elapsed : 0.0);
+}
+
+void ComputeLoop::reduce_and_push(std::int64_t step, StepRecord& rec) {
+  if (replica_ && layout_.shape().dp == 1) {  // nothing to reduce: the step stays on the device
+    update_replica(step, rec);
+    return;
+  }
+  const double t0 = now_seconds();
+  const ParamCatalog& cat = *setup_.catalog;
+  stage_params_.download_grads();
+  float* p = packed_.data();
+  for (int b : reducer_.blocks()) {
+    stage_params_.pack_grad(cat.block(b), p);
+    p += cat.block(b).numel();
+  }
+  const float* mine = reducer_.reduce_scatter(packed_.data());
+  if (layout_.replicated()) reducer_.allgather(mine, packed_.data());
+  const double t1 = now_seconds();
+  rec.reduce_ms = 1e3 * (t1 - t0);
+  timers_.add("reduce", t1 - t0);
+  trace_event("reduce", "dp", t0, t1);
+  if (layout_.replicated())
+    service_->push(step, reducer_.blocks(), packed_.data());
+  else
+    service_->push(step, reducer_.my_blocks(), mine);
+  const double t2 = now_seconds();
+  rec.push_ms = 1e3 * (t2 - t1);
+  timers_.add("push", t2 - t1);
+  trace_event("push", "pd", t1, t2);
+}
+
+bool ComputeLoop::eval_due(std::int64_t s) const {
+  const std::int64_t every = deck_.train.eval_every;
+  return s == deck_.run.steps || (every > 0 && s % every == 0);
+}
+
+// Mean loss over the first eval_batches validation batches, each split over the replicas and
+// into micro-batches, run forward through the pipeline.
+double ComputeLoop::evaluate(std::int64_t batches) {
+  ScopedPhase t(timers_, "eval");
+  TraceSpan span(trace_, "eval", "compute");
+  runner_.eval(micro_batches_, deck_.train.batch_size);
+  const int forwards = static_cast<int>(batches) * micro_batches_;
+  cache_pass(cache_ ? StageCache::eval_plan(stage_params_, forwards)
+                    : std::vector<std::vector<int>>{},
+             [&] { pipeline_.run_forward(runner_, forwards); });
+  const double tokens = static_cast<double>(batches * deck_.train.batch_size * T_);
+  return reducer_.sum(runner_.loss_sum()) / tokens;
+}
+
+// Reports, in step order, the records whose update (gradient norm, lr) is known.
+void ComputeLoop::report_known(double eta) {
+  while (!pending_.empty()) {
+    const auto info = service_->update_info(pending_.front().step);
+    if (!info) break;
+    pending_.front().grad_norm = info->grad_norm;
+    pending_.front().lr = info->lr;
+    report_step(*metrics_, pending_.front(), deck_, opts_.verbose, eta);
+    pending_.pop_front();
+  }
+}
+
+// Whether any rank (compute or, through its replies, holder) got SIGTERM/SIGUSR1: all compute
+// ranks agree, so they all end after the same step.
+bool ComputeLoop::stop_requested() {
+  int stop = stop_signal_received() || service_->holders_asked_to_stop() ? 1 : 0;
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, layout_.compute_comm(), &r));
+  wait_quietly(&r);
+  return stop != 0;
+}
+
+// The holders' figures (gradient norm, lr) of every update up to `version` arrive with any
+// fetch of it: the baseline has them, a PD rank asks for one small block.
+void ComputeLoop::learn_updates(std::int64_t version) {
+  if (!cache_) {
+    ensure_version(version);
+    return;
+  }
+  const std::vector<int>& blocks = stage_params_.needed_blocks();
+  int smallest = blocks.front();
+  for (int b : blocks)
+    if (setup_.catalog->block(b).numel() < setup_.catalog->block(smallest).numel()) smallest = b;
+  service_->fetch(version, {smallest}, [](int, const float*) {});
+}
+
+TrainResult ComputeLoop::run_eval(std::int64_t batches) {
+  TrainResult result;
+  result.reporter = layout_.is_reporter();
+  ensure_version(start_step_);
+  const double loss = evaluate(batches);
+  result.val_losses.push_back(loss);
+  result.params_crc32c = service_->finish();
+  if (result.reporter && opts_.verbose)
+    print_eval_result(deck_, batches, loss, result.params_crc32c);
+  return result;
+}
+
+// ---------------------------------------------------------------- set-up and helpers
+
+ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout,
+                         const RunOptions& opts, kernels::ComputeBackend& backend,
+                         std::unique_ptr<ParameterService> service, DeviceReplica* replica,
+                         std::int64_t start_step, TraceRecorder* trace)
+    : deck_(deck), setup_(setup), layout_(layout), opts_(opts), trace_(trace),
+      start_step_(start_step),
+      backend_(backend),
+      tp_(layout.tp_comm()),
+      staged_tp_(tp_, *backend.device),
+      stage_params_(*setup.catalog, stage_spec(deck, layout),
+                    layout.replicated() ? StageParams::Storage::resident
+                                        : StageParams::Storage::streamed,
+                    precision(deck), *backend.device),
+      micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
+      kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
+      micro_batch_(micro_batch_size(deck, layout.shape())),
+      T_(deck.model.seq_len),
+      slots_(pipeline_in_flight(kind_, layout.shape().pp, layout.pp_rank(), micro_batches_)),
+      stage_(stage_params_, micro_batch_, T_, staged_tp_, slots_, recompute_mode(deck),
+             *backend.ops),
+      runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
+              micro_batch_, T_, slots_, *backend.device),
+      pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
+                trace),
+      reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
+      service_(std::move(service)), replica_(replica) {
+  packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  if (replica_) {
+    // The baseline's stage is the whole model (dp only): its blocks are every block, in order,
+    // as the replica packs them.
+    PDT_CHECK(static_cast<std::int64_t>(stage_params_.needed_blocks().size()) ==
+                  static_cast<std::int64_t>(setup.catalog->blocks().size()),
+              "the replicated baseline's stage must hold every block");
+    tiles_ = stage_params_.tiles(stage_params_.needed_blocks());
+  }
+  // PD: parameters stream through a bounded cache with prefetch; the baseline keeps its
+  // whole stage resident.
+  if (!layout.replicated()) {
+    cache_ = std::make_unique<StageCache>(
+        stage_params_, *service_, static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0),
+        static_cast<int>(deck.pd.prefetch_depth), trace);
+    step_plan_ = StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
+                                       layout.pp_rank(), micro_batches_);
+  }
+}
+
+// Blocks whose reduced gradient this rank's data-parallel group pushes: its stage's blocks,
+// less those replicated over the tensor-parallel group on tp ranks other than 0.
+std::vector<int> ComputeLoop::pushed_blocks() const {
+  std::vector<int> out;
+  for (int b : stage_params_.needed_blocks())
+    if (stage_params_.pushes(setup_.catalog->block(b))) out.push_back(b);
+  return out;
+}
+
+std::vector<std::int64_t> ComputeLoop::block_sizes(const std::vector<int>& blocks) const {
+  std::vector<std::int64_t> n;
+  for (int b : blocks) n.push_back(setup_.catalog->block(b).numel());
+  return n;
+}
+
+// Runs `body` as one pass of the PD cache over `plan` (the baseline just runs it); returns
+// the seconds the pass waited for parameters.
+template <class Body>
+double ComputeLoop::cache_pass(const std::vector<std::vector<int>>& plan, Body&& body) {
+  if (!cache_) {
+    body();
+    return 0.0;
+  }
+  const double wait0 = cache_->stats().wait_seconds;
+  cache_->begin(pass_version_, plan);
+  body();
+  cache_->end();
+  const double waited = cache_->stats().wait_seconds - wait0;
+  timers_.add("fetch", waited);
+  return waited;
+}
+
+UpdateInfo ComputeLoop::fetch(std::int64_t version) {
+  ScopedPhase t(timers_, "fetch");
+  TraceSpan span(trace_, "fetch v" + std::to_string(version), "pd");
+  const ParamCatalog& cat = *setup_.catalog;
+  const UpdateInfo info =
+      service_->fetch(version, stage_params_.needed_blocks(), [&](int id, const float* d) {
+        stage_params_.unpack_param(cat.block(id), d);
+      });
+  stage_params_.upload_params();
+  return info;
+}
+
+// The baseline: the replica's parameters of `version` into the stage, on the device (in bf16
+// precision rounded, with their bf16 copies, as unpack_param does).
+void ComputeLoop::publish(std::int64_t version) {
+  ScopedPhase t(timers_, "fetch");
+  PDT_CHECK(version == replica_->version(),
+            "replica at version " + std::to_string(replica_->version()) + ", asked for " +
+                std::to_string(version));
+  backend_.ops->scatter_tiles(stage_params_.params_device(), stage_params_.params_bf16_device(),
+                              replica_->params(), tiles_);
+}
+
+// The baseline with one replica: the stage's gradients packed on the device, and the replica's
+// optimizer step there.
+void ComputeLoop::update_replica(std::int64_t step, StepRecord& rec) {
+  const double t0 = now_seconds();
+  backend_.ops->gather_tiles(replica_->grads(), stage_params_.grads_device(), tiles_);
+  const double t1 = now_seconds();
+  rec.reduce_ms = 1e3 * (t1 - t0);
+  timers_.add("reduce", t1 - t0);
+  replica_->update(step, replica_->grads());
+  const double t2 = now_seconds();
+  rec.push_ms = 1e3 * (t2 - t1);
+  timers_.add("push", t2 - t1);
+  trace_event("update", "pd", t1, t2);
+}
+
+// The measured bubble: the share of the pipeline phase each stage spent waiting for its
+// neighbours, averaged over the stages.
+double ComputeLoop::mean_over_stages(double x) {
+  if (layout_.shape().pp == 1) return 0.0;
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, layout_.pp_comm(), &r));
+  wait_quietly(&r);
+  return x / layout_.shape().pp;
+}
+
+void ComputeLoop::open_outputs() {
+  metrics_ = std::make_unique<MetricsWriter>(deck_.run.out_dir + "/metrics.csv", start_step_);
+  if (opts_.verbose) print_run_header(deck_, setup_, layout_, backend_.ops->describe());
+}
+
+void ComputeLoop::write_heat_map() {
+  const std::string dir = deck_.run.out_dir + "/pd_heat";
+  std::filesystem::create_directories(dir);
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(layout_.world(), &rank));
+  cache_->write_heat_map(dir + "/rank-" + std::to_string(rank) + ".csv");
+}
+
+void ComputeLoop::trace_event(const char* name, const char* cat, double t0, double t1) {
+  if (trace_) trace_->event(name, cat, t0, t1);
+}
+
+}  // namespace pdtrain
