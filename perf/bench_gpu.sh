@@ -25,9 +25,12 @@
 #   ceiling at the model's shapes measured in this run (perf/bench_gemm_cuda, its step-weighted
 #   `ceiling: bf16_tflops`); peak device memory (nvidia-smi memory.used sampled every 100 ms,
 #   less the figure before the run: the whole process, CUDA context and workspaces included);
-#   parameters + gradients + optimizer state on the device: for (a) pdtrain's allocation plan
-#   (--dry-run: params 4N + grads 4N + AdamW 8N bytes), for PD the parameter cache's measured
-#   peak (its `cache:` line) + the stage's fp32 gradients (4N).
+#   pdtrain's own device allocator peak (its summary's `device: ... | peak X allocated`, all
+#   device buffers: parameters, gradients, optimizer, activations, workspaces); parameters +
+#   gradients + optimizer state on the device (pgo): for (a) pdtrain's allocation plan for the
+#   compute rank (its --dry-run line, printed as `plan`: the stage's params (x1.5 in bf16: a
+#   bf16 copy beside fp32) + grads + the replica's params, AdamW m and v and reduced grads),
+#   for PD the parameter cache's measured peak (its `cache:` line) + the plan's grads.
 # FLOPs per token: 6 N + 6 L T C (N every parameter, embeddings at the padded vocabulary, the
 # tied head counted once; L layers, T sequence, C d_model): llm.c's gpt2_estimate_mfu
 # convention; its attention term is half of the 12 L T C that counts a full T x T score matrix
@@ -37,7 +40,8 @@
 # Prints, per configuration, a `config` line (step breakdown and pdtrain's summary), the PD
 # cache and holder lines, and one greppable line:
 #   ratio model=124m config=a holders=0 staleness=0 steps=4 step_ms=.. tokens_per_s=..
-#     mfu_989=.. mfu_ceiling=.. peak_mem_mib=.. pgo_mib=.. (target mfu_989 >= 0.40: met|not met)
+#     mfu_989=.. mfu_ceiling=.. peak_mem_mib=.. device_alloc_mib=.. pgo_mib=..
+#     (target mfu_989 >= 0.40: met|not met)
 #   ratio model=124m config=b4s0 ... time_per_token_vs_a=.. (target <= 1.10: met|not met)
 #     pgo_vs_a=.. (target <= 0.25: met|not met)
 # then a `targets:` summary and `bench_gpu: ok`. A configuration that fails prints FAIL (the
@@ -214,7 +218,9 @@ model_sets() { local s=${SETS[$1]}; [[ -n $s ]] && echo "$s"; return 0; }
 
 # The model's shape, from a dry run and the deck: SHAPE[model] = "N L C T batch micro_batch"
 # (parameters, layers, d_model, sequence, sequences per step and per micro-batch).
-declare -A SHAPE
+declare -A SHAPE PLAN
+# An awk function: human-readable bytes as pdtrain prints them ("474.8 MiB") to MiB.
+MIB_AWK='function mib(x, u) { return sprintf("%.1f", x * (u == "B" ? 1 / 1048576 : u == "KiB" ? 1 / 1024 : u == "MiB" ? 1 : u == "GiB" ? 1024 : 1048576)) }'
 ensure_shape() {
   local m=$1 txt n mb t k L C
   [[ -n ${SHAPE[$m]:-} ]] && return 0
@@ -228,6 +234,17 @@ ensure_shape() {
   [[ -n $n && -n $mb && -n $t && -n $k && -n $L && -n $C ]] ||
     { echo "bench_gpu: FAIL: cannot read the shape of $m from its dry run"; return 1; }
   SHAPE[$m]="$n $L $C $t $((mb * k)) $mb"
+  # pdtrain's allocation plan for the baseline's compute rank (its dry-run line "memory: params
+  # P, grads G, activations A (...) + replica (params, AdamW, grads) R"; older builds: "+ AdamW R"):
+  # PLAN[model] = "P G A R" in MiB.
+  local rank_line b='([0-9.]+) ([KMGT]?i?B)' p g a r
+  rank_line=$(grep -m1 'compute 0 ' <<< "$txt")
+  read -r p g a <<< "$(sed -nE "s/.*memory: params $b, grads $b, activations $b.*/\1 \2 \3 \4 \5 \6/p" <<< "$rank_line" |
+                       awk '{ print mib($1, $2), mib($3, $4), mib($5, $6) } '"$MIB_AWK")"
+  r=$(sed -nE "s/.*\+ (replica \(params, AdamW, grads\)|AdamW) $b.*/\2 \3/p" <<< "$rank_line" |
+      awk '{ print mib($1, $2) } '"$MIB_AWK")
+  PLAN[$m]="${p:-n/a} ${g:-n/a} ${a:-n/a} ${r:-n/a}"
+  echo "plan $m (pdtrain --dry-run, baseline compute rank): params ${p:-?} MiB, grads ${g:-?} MiB, activations ${a:-?} MiB, replica/AdamW ${r:-?} MiB"
 }
 # A deck key's value as used: the last --set of it (the model's, then the caller's), else the deck.
 resolved() {  # model key
@@ -410,15 +427,20 @@ run_config() {  # model label holders staleness cache_factor
     return
   fi
   # Parameters + gradients + optimizer state on the device (see the header).
-  local cache_peak pgo
+  local cache_peak pgo plan_p plan_g plan_r dev_alloc
+  read -r plan_p plan_g _ plan_r <<< "${PLAN[$m]}"
   cache_peak=$(grep -m1 '^cache:' "$log" | sed -nE 's/.*peak ([0-9.]+) MiB.*/\1/p')
+  pgo=n/a
   if (( h == 0 )); then
-    pgo=$(awk -v n="$n" 'BEGIN { printf "%.1f", 16 * n / 1048576 }')
-  elif [[ -n $cache_peak ]]; then
-    pgo=$(awk -v n="$n" -v c="$cache_peak" 'BEGIN { printf "%.1f", c + 4 * n / 1048576 }')
-  else
-    pgo=n/a
+    [[ $plan_p != n/a && $plan_g != n/a && $plan_r != n/a ]] &&
+      pgo=$(awk -v p="$plan_p" -v g="$plan_g" -v r="$plan_r" 'BEGIN { printf "%.1f", p + g + r }')
+  elif [[ -n $cache_peak && $plan_g != n/a ]]; then
+    pgo=$(awk -v c="$cache_peak" -v g="$plan_g" 'BEGIN { printf "%.1f", c + g }')
   fi
+  # pdtrain's own device allocator peak (its summary's "device: ... | peak X allocated").
+  dev_alloc=$(grep -m1 '^device:' "$log" | sed -nE 's/.*\| peak ([0-9.]+) ([KMGT]?i?B) allocated.*/\1 \2/p' |
+              awk '{ print mib($1, $2) } '"$MIB_AWK")
+  dev_alloc=${dev_alloc:-n/a}
   TPS[$id]=$(awk -v b="$batch" -v t="$T" -v ms="$step" 'BEGIN { printf "%.1f", b * t / (ms / 1e3) }')
   STEPMS[$id]=$step PGO[$id]=$pgo
 
@@ -429,12 +451,12 @@ run_config() {  # model label holders staleness cache_factor
   local line
   line=$(awk -v m="$m" -v l="$label" -v h="$h" -v s="$s" -v k="$steps" -v ms="$step" -v tps="${TPS[$id]}" \
              -v n="$n" -v L="$L" -v C="$C" -v T="$T" -v peak_flops="$PEAK_FLOPS" -v ceil="${CEIL[$m]:-n/a}" \
-             -v mem="$peak" -v pgo="$pgo" -v st="$status" -v a_ms="${STEPMS[$m-a]:-}" -v a_pgo="${PGO[$m-a]:-}" 'BEGIN {
+             -v mem="$peak" -v dev_alloc="$dev_alloc" -v pgo="$pgo" -v st="$status" -v a_ms="${STEPMS[$m-a]:-}" -v a_pgo="${PGO[$m-a]:-}" 'BEGIN {
     fpt = 6 * n + 6 * L * T * C
     fl = tps * fpt
     printf "ratio model=%s config=%s holders=%d staleness=%d steps=%d step_ms=%.1f tokens_per_s=%.0f mfu_989=%.4f", m, l, h, s, k, ms, tps, fl / peak_flops
     if (ceil == "n/a" || ceil == "") printf " mfu_ceiling=n/a"; else printf " mfu_ceiling=%.4f", fl / (ceil * 1e12)
-    printf " peak_mem_mib=%s pgo_mib=%s", mem, pgo
+    printf " peak_mem_mib=%s device_alloc_mib=%s pgo_mib=%s", mem, dev_alloc, pgo
     if (h == 0) printf " (target mfu_989 >= 0.40: %s)", (fl / peak_flops >= 0.40 ? "met" : "not met")
     else {
       if (a_ms != "") { r = ms / a_ms; printf " time_per_token_vs_a=%.3f (target <= 1.10: %s)", r, (r <= 1.10 ? "met" : "not met") }
