@@ -158,7 +158,7 @@ std::vector<StagePosition> stage_positions(const Deck& deck, const LayoutShape& 
   for (int p = 0; p < shape.pp; ++p)
     for (int t = 0; t < shape.tp; ++t)
       out.push_back({p, t, StageParams(catalog, stage_spec(deck, shape, p, t),
-                                       StageParams::Storage::shapes_only)});
+                                       StageParams::Storage::shapes_only, precision(deck))});
   return out;
 }
 
