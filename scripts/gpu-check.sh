@@ -48,10 +48,16 @@
 # With the device tool of a session (the GPU machine has no MPI and no network):
 #   here:   bash scripts/gpu-check.sh bundle        # ~18 MiB today; the carry limit is 64 MiB
 #           sudo scripts/gpu-check-chroot.sh          # the same run on a bare Debian, no GPU
-#   device: run with command "GPU_CHECK_REQUIRE_GPU=1 bash scripts/gpu-check.sh run",
-#           carry ["gpu-bundle"], timeout_s 300 (the CPU steps take ~1 minute on 2 cores);
-#           $OUT/gpu-check.log and $OUT/gpu-check-summary.txt come back, the summary is also
-#           the end of output_tail. Only the latest run's files come back: one run per call.
+#   device: a session has 15 minutes of device time in all, so two calls, each a fresh plan:
+#     1. the GPU tests: command
+#          GPU_CHECK_REQUIRE_GPU=1 GPU_CHECK_ONLY='^(gpu-info|bundle-libs|backend-cuda|gpu-training|sanitizer)' bash scripts/gpu-check.sh run
+#        carry ["gpu-bundle"], timeout_s 600 (worst case ~8 minutes; typical far less);
+#     2. the benchmarks, if time is left: GPU_CHECK_ONLY='^perf-(gemm-cuda|gpu|pytorch)'
+#        (budgets cap it near 6 minutes); then give the machine back.
+#   The CPU steps (cpu-smoke, unit-tests, mpi-tests, the CPU perf checks) prove the bundle on
+#   a bare machine and need no GPU: run them in the chroot here, not on device time.
+#   $OUT/gpu-check.log and $OUT/gpu-check-summary.txt come back, the summary is also the end of
+#   output_tail. Only the latest run's files come back: one run per call.
 # A person with a GPU node: copy the checkout (or just this script, its gpu-check* siblings
 # and the archive) there and run `bash scripts/gpu-check.sh run path/to/pdtrain-gpu.tar.xz`.
 set -euo pipefail
