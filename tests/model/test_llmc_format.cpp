@@ -229,30 +229,25 @@ TEST(LlmcFormat, ShapeMismatchNamesTheField) {
   const std::string path = temp_path("model.bin");
   write_bytes(path, small_file());
   const LlmcHeader h = read_llmc_header(path);
-  ModelShape s = tiny_shape();
-  s.n_layer = 6;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.n_layer = 6 in the deck but num_layers = 2 in " + path});
-  s = tiny_shape();
-  s.n_head = 2;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.n_head = 2 in the deck but num_heads = 4 in " + path});
-  s = tiny_shape();
-  s.d_model = 32;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.d_model = 32 in the deck but channels = 16 in " + path});
-  s = tiny_shape();
-  s.vocab_size = 64;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.vocab_size = 64 in the deck but vocab_size = 50 in " + path});
-  s = tiny_shape();
-  s.padded_vocab = 256;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.padded_vocab_size = 256 in the deck but padded_vocab_size = 128 in " + path});
-  s = tiny_shape();
-  s.max_seq_len = 8;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.max_seq_len = 8 in the deck but max_seq_len = 10 in " + path});
+  struct Mismatch {
+    std::int64_t ModelShape::*field;
+    std::int64_t value;
+    std::string message;
+  };
+  for (const Mismatch& m : {
+           Mismatch{&ModelShape::n_layer, 6, "model.n_layer = 6 in the deck but num_layers = 2"},
+           Mismatch{&ModelShape::n_head, 2, "model.n_head = 2 in the deck but num_heads = 4"},
+           Mismatch{&ModelShape::d_model, 32, "model.d_model = 32 in the deck but channels = 16"},
+           Mismatch{&ModelShape::vocab_size, 64,
+                    "model.vocab_size = 64 in the deck but vocab_size = 50"},
+           Mismatch{&ModelShape::padded_vocab, 256,
+                    "model.padded_vocab_size = 256 in the deck but padded_vocab_size = 128"},
+           Mismatch{&ModelShape::max_seq_len, 8,
+                    "model.max_seq_len = 8 in the deck but max_seq_len = 10"}}) {
+    ModelShape s = tiny_shape();
+    s.*m.field = m.value;
+    expect_data_error([&] { check_llmc_shape(h, s, path); }, {m.message + " in " + path});
+  }
 
   // read_llmc_params checks the catalogue's shape before reading anything.
   ModelShape wrong = tiny_shape();
