@@ -44,6 +44,13 @@ std::string read_error(const std::string& path, const ParamCatalog& cat) {
   return "";
 }
 
+// One checkpoint in `dir` (`codec`): random_state(cat, seed) as step `step`; returns its path.
+std::string write_one(const ParamCatalog& cat, const std::string& dir, Codec codec,
+                      std::uint64_t seed = 1, std::int64_t step = 1, std::int64_t tokens_seen = 0) {
+  CheckpointWriter w(MPI_COMM_WORLD, cat, codec, 1, dir, 0);
+  return w.write(step, step, tokens_seen, kDeck, "", refs(random_state(cat, seed)));
+}
+
 // Steps 1 and 2 of a run checkpointed in `dir` (`codec`, an anchor every `anchor_every` steps):
 // random_state(cat, seed), then trained_like it (seed + 1).
 struct TwoSteps {
@@ -95,9 +102,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, LosslessRoundTrip,
 TEST(Checkpoint, FileHasTheDocumentedLayout) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, dir.path(), 0);
-  const State s = random_state(cat, 1);
-  const std::string path = w.write(7, 7, 70, kDeck, "", refs(s));
+  const std::string path = write_one(cat, dir.path(), Codec::zstd, 1, 7, 70);
   EXPECT_EQ(path, dir / "ckpt-00000007.h5");
   const CheckpointMeta m = read_meta(path);
   EXPECT_TRUE(m.complete);
@@ -175,9 +180,7 @@ TEST(Checkpoint, AnyAssignmentOfBlocksReadsTheSameBits) {
 TEST(Checkpoint, AnotherModelShapeIsRejectedNamingBoth) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
-  const State s = random_state(cat, 1);
-  const std::string path = w.write(1, 1, 0, kDeck, "", refs(s));
+  const std::string path = write_one(cat, dir.path(), Codec::raw);
   const std::string msg = read_error(path, ParamCatalog(uneven_shape()));
   EXPECT_NE(msg.find("n_head=4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("n_head=3"), std::string::npos) << msg;
@@ -255,11 +258,7 @@ TEST(Checkpoint, DeltaNamesAMissingOrForeignAnchor) {
   const std::string delta = write_two_steps(cat, dir.path(), Codec::xor_delta, 5).p2;
   // Another run's step-1 anchor in its place: same name, other parameters.
   ScratchDir other;
-  {
-    CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, other.path(), 0);
-    const State x = random_state(cat, 99);
-    w.write(1, 1, 0, kDeck, "", refs(x));
-  }
+  write_one(cat, other.path(), Codec::zstd, 99);
   fs::copy_file(other / "ckpt-00000001.h5", dir / "ckpt-00000001.h5",
                 fs::copy_options::overwrite_existing);
   std::string msg = read_error(delta, cat);
@@ -321,9 +320,7 @@ TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
 TEST(Checkpoint, WithoutTheCompleteFlagAFileIsRejected) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
-  const State s = random_state(cat, 1);
-  const std::string path = w.write(1, 1, 0, kDeck, "", refs(s));
+  const std::string path = write_one(cat, dir.path(), Codec::raw);
   const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(H5Adelete(f, "complete"), 0);
   H5Fclose(f);
