@@ -175,12 +175,7 @@ void expect_source_properties(const TokenSource& s, std::int64_t T) {
 
 SourceSpec synthetic_spec(std::int64_t V = 64, std::int64_t T = 64, std::int64_t lag = 8,
                           double p = 0.75) {
-  SourceSpec s;
-  s.vocab_size = V;
-  s.seq_len = T;
-  s.copy_lag = lag;
-  s.copy_prob = p;
-  return s;
+  return {.vocab_size = V, .seq_len = T, .copy_lag = lag, .copy_prob = p};
 }
 
 // --- synthetic -----------------------------------------------------------------------------
@@ -349,12 +344,7 @@ TEST(Spec, CallerBugsAreInvalidArgument) {
 // --- text ---------------------------------------------------------------------------------
 
 SourceSpec text_spec(std::int64_t T = 64) {
-  SourceSpec s;
-  s.kind = SourceKind::text;
-  s.path = kShakespeare;
-  s.vocab_size = 256;
-  s.seq_len = T;
-  return s;
+  return {.kind = SourceKind::text, .path = kShakespeare, .vocab_size = 256, .seq_len = T};
 }
 
 TEST(Text, ShakespeareTrainWindowsAreItsBytes) {
@@ -494,12 +484,7 @@ TEST(Text, SplitsTooSmall) {
 // --- tokens (llm.c shards) ----------------------------------------------------------------
 
 SourceSpec tokens_spec(const std::string& path, std::int64_t T = 16) {
-  SourceSpec s;
-  s.kind = SourceKind::tokens;
-  s.path = path;
-  s.vocab_size = 50257;
-  s.seq_len = T;
-  return s;
+  return {.kind = SourceKind::tokens, .path = path, .vocab_size = 50257, .seq_len = T};
 }
 
 TEST(Tokens, GoodShardReadsItsTokens) {
