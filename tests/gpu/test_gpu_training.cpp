@@ -10,7 +10,6 @@
 #include <mpi.h>
 
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <vector>
 

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "run_helpers.hpp"
 
@@ -59,22 +59,16 @@ TEST(Equivalence, OneHolderOneCompute) {
   EXPECT_EQ(r.crc, reference().crc);
 }
 
-TEST(Equivalence, TwoHoldersTwoCompute) {
+// Two holders and two compute ranks, one holder and three, the replicated baseline on four.
+TEST(Equivalence, FourRankLayoutsFollowTheReference) {
   ASSERT_GE(world_size(), 4);
-  RunOutcome r = run_groups(4, {"parallel.holders=2"}, "h2dp2");
-  if (!r.losses.empty()) expect_same_losses(r, 1e-5);
-}
-
-TEST(Equivalence, OneHolderThreeCompute) {
-  ASSERT_GE(world_size(), 4);
-  RunOutcome r = run_groups(4, {"parallel.holders=1"}, "h1dp3");
-  if (!r.losses.empty()) expect_same_losses(r, 1e-5);
-}
-
-TEST(Equivalence, ReplicatedBaselineFourRanks) {
-  ASSERT_GE(world_size(), 4);
-  RunOutcome r = run_groups(4, {"parallel.holders=0"}, "h0dp4");
-  if (!r.losses.empty()) expect_same_losses(r, 1e-5);
+  for (const auto& [holders, tag] : {std::pair{"parallel.holders=2", "h2dp2"},
+                                     {"parallel.holders=1", "h1dp3"},
+                                     {"parallel.holders=0", "h0dp4"}}) {
+    SCOPED_TRACE(tag);
+    RunOutcome r = run_groups(4, {holders}, tag);
+    if (!r.losses.empty()) expect_same_losses(r, 1e-5);
+  }
 }
 
 TEST(Equivalence, DecoupledEqualsReplicatedBitwiseAtSameDp) {

@@ -6,7 +6,6 @@
 #include <mpi.h>
 
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <tuple>
 
