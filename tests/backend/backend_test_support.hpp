@@ -31,8 +31,9 @@ std::vector<TestBackend> test_backends();
 
 // The fixture of a test run once per backend: a fresh backend (its Device and KernelOps) for
 // each test. exact(): the backend is the CPU's, whose results must equal the CPU reference's
-// bit for bit. Instantiate with
-//   INSTANTIATE_TEST_SUITE_P(Backends, Fixture, ::testing::ValuesIn(test_backends()), backend_name);
+// bit for bit. A test file derives its fixture and instantiates it with
+//   INSTANTIATE_TEST_SUITE_P(Backends, Fixture, ::testing::ValuesIn(test_backends()),
+//                            backend_name);
 class BackendTest : public ::testing::TestWithParam<TestBackend> {
  protected:
   void SetUp() override { backend_ = GetParam().make(); }

@@ -25,8 +25,8 @@ using pdtrain::test::tiny_shape;
 
 // Three heads: the padded vocabulary (128) splits 42/43/43, so wte's blocks are unequal too.
 inline ModelShape uneven_shape() {
-  return resolve_model_shape(
-      {.n_layer = 2, .n_head = 3, .d_model = 12, .vocab_size = 100, .seq_len = 8, .max_seq_len = 11});
+  return resolve_model_shape({.n_layer = 2, .n_head = 3, .d_model = 12, .vocab_size = 100,
+                              .seq_len = 8, .max_seq_len = 11});
 }
 
 using State = std::map<int, BlockState>;

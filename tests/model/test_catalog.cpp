@@ -12,8 +12,8 @@ namespace {
 
 // L=3, NH=4, C=16, V=50 padded to 128, maxT=10.
 ModelShape three_layer_shape() {
-  return resolve_model_shape(
-      {.n_layer = 3, .n_head = 4, .d_model = 16, .vocab_size = 50, .seq_len = 8, .max_seq_len = 10});
+  return resolve_model_shape({.n_layer = 3, .n_head = 4, .d_model = 16, .vocab_size = 50,
+                              .seq_len = 8, .max_seq_len = 10});
 }
 
 TEST(Catalog, SizesFollowLlmc) {

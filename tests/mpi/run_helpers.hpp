@@ -4,6 +4,7 @@
 // expectations hold on any rank.
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <filesystem>
@@ -32,13 +33,16 @@ inline std::string tiny_deck(const std::vector<std::string>& changes = {}) {
     const std::size_t dot = c.find('.'), eq = c.find('=');
     const std::string section = c.substr(0, dot), key = c.substr(dot + 1, eq - dot - 1);
     const std::string line = key + " = " + c.substr(eq + 1);
-    auto s = sections.begin();
-    while (s != sections.end() && s->first != section) ++s;
+    auto s = std::find_if(sections.begin(), sections.end(),
+                          [&](const auto& named) { return named.first == section; });
     if (s == sections.end()) s = sections.insert(s, {section, {}});
-    auto k = s->second.begin();
-    while (k != s->second.end() && k->rfind(key + " = ", 0) != 0) ++k;
-    if (k == s->second.end()) s->second.push_back(line);
-    else *k = line;
+    std::vector<std::string>& lines = s->second;
+    auto k = std::find_if(lines.begin(), lines.end(),
+                          [&](const std::string& l) { return l.rfind(key + " = ", 0) == 0; });
+    if (k == lines.end())
+      lines.push_back(line);
+    else
+      *k = line;
   }
   std::string text;
   for (const auto& [section, lines] : sections) {
