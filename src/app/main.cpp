@@ -69,6 +69,24 @@ struct CommandLine {
   bool print_reference = false;
 };
 
+// The value after option argv[i], moving i onto it; `needs` says what is missing otherwise.
+const char* option_value(int argc, char** argv, int& i, const char* needs) {
+  if (i + 1 >= argc)
+    throw pdtrain::Error(pdtrain::ExitCode::deck, std::string(argv[i]) + " needs " + needs);
+  return argv[++i];
+}
+
+// An integer option value of at least `min`; `must` says what it must be otherwise.
+long long integer_value(const std::string& option, const char* text, long long min,
+                        const char* must) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (*end != '\0' || v < min)
+    throw pdtrain::Error(pdtrain::ExitCode::deck,
+                         option + " must be " + must + ", got '" + text + "'");
+  return v;
+}
+
 CommandLine parse_command_line(int argc, char** argv) {
   CommandLine c;
   int first = 1;
@@ -96,35 +114,17 @@ CommandLine parse_command_line(int argc, char** argv) {
   for (int i = first; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batches" && c.command == "eval") {
-      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--batches needs a count");
-      char* end = nullptr;
-      c.batches = std::strtoll(argv[++i], &end, 10);
-      if (*end != '\0' || c.batches < 1)
-        throw pdtrain::Error(pdtrain::ExitCode::deck,
-                             std::string("--batches must be a positive integer, got '") +
-                                 argv[i] + "'");
+      c.batches = integer_value(a, option_value(argc, argv, i, "a count"), 1, "a positive integer");
     } else if (a == "--sweep-index") {
-      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--sweep-index needs N");
-      char* end = nullptr;
-      c.sweep_index = std::strtoll(argv[++i], &end, 10);
-      if (*end != '\0' || c.sweep_index < 0)
-        throw pdtrain::Error(pdtrain::ExitCode::deck,
-                             std::string("--sweep-index must be a point number, got '") + argv[i] + "'");
+      c.sweep_index = integer_value(a, option_value(argc, argv, i, "N"), 0, "a point number");
     } else if (a == "--restart") {
-      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--restart needs PATH or auto");
-      c.restart = argv[++i];
+      c.restart = option_value(argc, argv, i, "PATH or auto");
     } else if (a == "--stop-after") {
-      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--stop-after needs a step");
-      char* end = nullptr;
-      c.stop_after = std::strtoll(argv[++i], &end, 10);
-      if (*end != '\0' || c.stop_after < 1)
-        throw pdtrain::Error(pdtrain::ExitCode::deck,
-                             std::string("--stop-after must be a positive step, got '") + argv[i] + "'");
+      c.stop_after = integer_value(a, option_value(argc, argv, i, "a step"), 1, "a positive step");
     } else if (a == "--list-sweep") {
       c.list_sweep = true;
     } else if (a == "--set") {
-      if (i + 1 >= argc) throw pdtrain::Error(pdtrain::ExitCode::deck, "--set needs section.key=value");
-      c.sets.push_back(argv[++i]);
+      c.sets.push_back(option_value(argc, argv, i, "section.key=value"));
     } else if (a.rfind("--set=", 0) == 0) {
       c.sets.push_back(a.substr(6));
     } else if (a == "--dry-run") {

@@ -239,6 +239,24 @@ struct CrossRule {
   std::function<std::string(const Deck&)> secondary_says;
 };
 
+// A model size that is 0 (derived from `floor`) or at least `floor`: padded_vocab_size over
+// vocab_size, max_seq_len over seq_len.
+CrossRule zero_or_at_least(const char* key, std::int64_t ModelConfig::*value, const char* floor,
+                           std::int64_t ModelConfig::*floor_value) {
+  return {key, floor,
+          [=](const Deck& d) {
+            return d.model.*value == 0 || d.model.*value >= d.model.*floor_value;
+          },
+          [=](const Deck& d) {
+            return "must be 0 or >= " + std::string(floor) + " (" + val(d, floor) + "), got " +
+                   val(d, key);
+          },
+          [=](const Deck& d) {
+            return "must be <= " + std::string(key) + " (" + val(d, key) +
+                   ") when that is not 0, got " + val(d, floor);
+          }};
+}
+
 const std::vector<CrossRule>& cross_rules() {
   static const std::vector<CrossRule> rules = {
       {"model.d_model", "model.n_head",
@@ -251,30 +269,10 @@ const std::vector<CrossRule>& cross_rules() {
          return "must divide model.d_model (" + val(d, "model.d_model") + "), got " +
                 val(d, "model.n_head");
        }},
-      {"model.padded_vocab_size", "model.vocab_size",
-       [](const Deck& d) {
-         return d.model.padded_vocab_size == 0 || d.model.padded_vocab_size >= d.model.vocab_size;
-       },
-       [](const Deck& d) {
-         return "must be 0 or >= model.vocab_size (" + val(d, "model.vocab_size") + "), got " +
-                val(d, "model.padded_vocab_size");
-       },
-       [](const Deck& d) {
-         return "must be <= model.padded_vocab_size (" + val(d, "model.padded_vocab_size") +
-                ") when that is not 0, got " + val(d, "model.vocab_size");
-       }},
-      {"model.max_seq_len", "model.seq_len",
-       [](const Deck& d) {
-         return d.model.max_seq_len == 0 || d.model.max_seq_len >= d.model.seq_len;
-       },
-       [](const Deck& d) {
-         return "must be 0 or >= model.seq_len (" + val(d, "model.seq_len") + "), got " +
-                val(d, "model.max_seq_len");
-       },
-       [](const Deck& d) {
-         return "must be <= model.max_seq_len (" + val(d, "model.max_seq_len") +
-                ") when that is not 0, got " + val(d, "model.seq_len");
-       }},
+      zero_or_at_least("model.padded_vocab_size", &ModelConfig::padded_vocab_size,
+                       "model.vocab_size", &ModelConfig::vocab_size),
+      zero_or_at_least("model.max_seq_len", &ModelConfig::max_seq_len, "model.seq_len",
+                       &ModelConfig::seq_len),
       // Only the synthetic source copies tokens; a text run need not care about copy_lag.
       {"data.copy_lag", "model.seq_len",
        [](const Deck& d) {

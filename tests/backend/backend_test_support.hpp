@@ -29,6 +29,27 @@ inline std::ostream& operator<<(std::ostream& os, const TestBackend& b) { return
 // The backends this test executable runs the backend tests on.
 std::vector<TestBackend> test_backends();
 
+// The fixture of a test run once per backend: a fresh backend (its Device and KernelOps) for
+// each test. exact(): the backend is the CPU's, whose results must equal the CPU reference's
+// bit for bit. A test file derives its fixture and instantiates it with
+//   INSTANTIATE_TEST_SUITE_P(Backends, Fixture, ::testing::ValuesIn(test_backends()),
+//                            backend_name);
+class BackendTest : public ::testing::TestWithParam<TestBackend> {
+ protected:
+  void SetUp() override { backend_ = GetParam().make(); }
+  Device& device() { return *backend_.device; }
+  KernelOps& ops() { return *backend_.ops; }
+  bool exact() { return device().is_host(); }
+
+ private:
+  ComputeBackend backend_;
+};
+
+// A backend test instance's name: its backend's ("cpu", "cuda").
+inline std::string backend_name(const ::testing::TestParamInfo<TestBackend>& info) {
+  return info.param.name;
+}
+
 inline Kokkos::DefaultHostExecutionSpace host() { return {}; }
 
 // Normal random floats (counter RNG: the same values on every backend and run).

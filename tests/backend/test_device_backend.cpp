@@ -6,13 +6,7 @@
 namespace pdtrain::kernels::testing {
 namespace {
 
-class DeviceTest : public ::testing::TestWithParam<TestBackend> {
- protected:
-  void SetUp() override { backend_ = GetParam().make(); }
-  Device& device() { return *backend_.device; }
-  KernelOps& ops() { return *backend_.ops; }
-  ComputeBackend backend_;
-};
+class DeviceTest : public BackendTest {};
 
 constexpr MemoryKind kKinds[] = {MemoryKind::host, MemoryKind::pinned, MemoryKind::device};
 
@@ -109,7 +103,7 @@ TEST_P(DeviceTest, MirroredMovesOnlyWhatItIsAskedTo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest, ::testing::ValuesIn(test_backends()),
-                         [](const auto& info) { return info.param.name; });
+                         backend_name);
 
 }  // namespace
 }  // namespace pdtrain::kernels::testing

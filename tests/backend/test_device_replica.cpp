@@ -36,15 +36,7 @@ BlockTable table() {
   return t;
 }
 
-class DeviceReplicaTest : public ::testing::TestWithParam<TestBackend> {
- protected:
-  void SetUp() override { backend_ = GetParam().make(); }
-  Device& device() { return *backend_.device; }
-  KernelOps& ops() { return *backend_.ops; }
-
- private:
-  ComputeBackend backend_;
-};
+class DeviceReplicaTest : public BackendTest {};
 
 std::vector<float> gradients(std::int64_t n, int step) {
   std::vector<float> g(static_cast<std::size_t>(n));
@@ -124,7 +116,7 @@ TEST_P(DeviceReplicaTest, RestoreThenFetchGivesTheRestoredBlocks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceReplicaTest, ::testing::ValuesIn(test_backends()),
-                         [](const auto& info) { return info.param.name; });
+                         backend_name);
 
 }  // namespace
 }  // namespace pdtrain::kernels::testing

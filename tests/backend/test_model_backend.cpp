@@ -11,26 +11,17 @@
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/pd/param_cache.hpp"
 
+#include "../support/fake_parameter_service.hpp"
+
 namespace pdtrain::kernels::testing {
 namespace {
 
-class ModelOnBackend : public ::testing::TestWithParam<TestBackend> {
- protected:
-  void SetUp() override { backend_ = GetParam().make(); }
-  Device& device() { return *backend_.device; }
-  KernelOps& ops() { return *backend_.ops; }
-  bool exact() { return device().is_host(); }
-  ComputeBackend backend_;
-};
+class ModelOnBackend : public BackendTest {};
 
+// V=50 is padded to 128: the head skips padding rows.
 ModelShape small_shape() {
-  ModelConfig m;
-  m.n_layer = 2;
-  m.n_head = 4;
-  m.d_model = 32;
-  m.vocab_size = 50;  // padded to 128: the head skips padding rows
-  m.seq_len = 16;
-  return resolve_model_shape(m);
+  return resolve_model_shape(
+      {.n_layer = 2, .n_head = 4, .d_model = 32, .vocab_size = 50, .seq_len = 16});
 }
 
 struct StageRun {
@@ -103,29 +94,9 @@ TEST_P(ModelOnBackend, StageMatchesTheCpuStageAndRepeatsBitForBit) {
     }
 }
 
-// One block per unit; block b of version v holds 1000 v + b + i / 1000.
-class CountingService final : public ParameterService {
- public:
-  explicit CountingService(std::vector<std::int64_t> numel) : numel_(std::move(numel)) {}
-  UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
-                   const BlockSink& sink) override {
-    for (int b : blocks) {
-      std::vector<float> d(static_cast<std::size_t>(numel_[b]));
-      for (std::size_t i = 0; i < d.size(); ++i)
-        d[i] = static_cast<float>(1000 * version + b) + static_cast<float>(i) / 1000.0f;
-      sink(b, d.data());
-    }
-    return {version, 0, 0};
-  }
-  std::optional<UpdateInfo> update_info(std::int64_t) const override { return std::nullopt; }
-  void push(std::int64_t, const std::vector<int>&, const float*) override {}
-  std::uint32_t finish() override { return 0; }
-  std::int64_t bytes_fetched() const override { return 0; }
-  std::int64_t bytes_pushed() const override { return 0; }
-
- private:
-  std::vector<std::int64_t> numel_;
-};
+// One block per unit; block b of version v holds fake_block_value(v, b, i).
+using pdtrain::test::fake_block_value;
+using pdtrain::test::FakeService;
 
 // Unpacks into the host staging the cache binds; the test reads the device storage.
 class StagingStore final : public UnitStore {
@@ -144,7 +115,7 @@ class StagingStore final : public UnitStore {
 TEST_P(ModelOnBackend, CacheUnitsReachDeviceMemoryBeforeTheirUse) {
   const std::int64_t numel = 1 << 18;  // 1 MiB units: uploads take real time on a GPU
   const int units = 6;
-  CountingService service(std::vector<std::int64_t>(units, numel));
+  FakeService service(std::vector<std::int64_t>(units, numel));
   std::vector<CacheUnit> unit_list;
   for (int u = 0; u < units; ++u) unit_list.push_back({"u" + std::to_string(u), numel, {u}});
   StagingStore store;
@@ -164,8 +135,7 @@ TEST_P(ModelOnBackend, CacheUnitsReachDeviceMemoryBeforeTheirUse) {
       ops().residual_forward(sums.data() + use[0], store.device_ptr.at(use[0]) + numel - 1,
                              sums.data() + use[0], 1);
       const auto got = to_host(device(), sums);
-      ASSERT_EQ(got[static_cast<std::size_t>(use[0])],
-                static_cast<float>(1000 * version + use[0]) + static_cast<float>(numel - 1) / 1000.0f)
+      ASSERT_EQ(got[static_cast<std::size_t>(use[0])], fake_block_value(version, use[0], numel - 1))
           << "unit " << use[0] << " version " << version;
     }
     cache.end();
@@ -210,7 +180,7 @@ TEST_P(ModelOnBackend, TilesPackAndUnpackBlocksLikeTheHost) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ModelOnBackend, ::testing::ValuesIn(test_backends()),
-                         [](const auto& info) { return info.param.name; });
+                         backend_name);
 
 }  // namespace
 }  // namespace pdtrain::kernels::testing

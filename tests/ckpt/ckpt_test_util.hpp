@@ -16,31 +16,17 @@
 #include "pdtrain/core/rng.hpp"
 #include "pdtrain/model/catalog.hpp"
 
+#include "../support/model_shapes.hpp"
+
 namespace pdtrain::ckpt::test {
 
-// Two layers, 4 heads; max_seq_len 10 does not divide by 4, so wpe's blocks are unequal and
-// some chunks straddle two blocks.
-inline ModelShape tiny_shape() {
-  ModelConfig m;
-  m.n_layer = 2;
-  m.n_head = 4;
-  m.d_model = 16;
-  m.vocab_size = 50;
-  m.seq_len = 8;
-  m.max_seq_len = 10;
-  return resolve_model_shape(m);
-}
+// tiny_shape(): two layers, 4 heads, maxT 10 (wpe's blocks unequal, chunks straddling blocks).
+using pdtrain::test::tiny_shape;
 
 // Three heads: the padded vocabulary (128) splits 42/43/43, so wte's blocks are unequal too.
 inline ModelShape uneven_shape() {
-  ModelConfig m;
-  m.n_layer = 2;
-  m.n_head = 3;
-  m.d_model = 12;
-  m.vocab_size = 100;
-  m.seq_len = 8;
-  m.max_seq_len = 11;
-  return resolve_model_shape(m);
+  return resolve_model_shape({.n_layer = 2, .n_head = 3, .d_model = 12, .vocab_size = 100,
+                              .seq_len = 8, .max_seq_len = 11});
 }
 
 using State = std::map<int, BlockState>;

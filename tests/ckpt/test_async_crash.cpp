@@ -190,13 +190,8 @@ Ratios ratios(const ParamCatalog& cat, Codec codec, const State& a, const State&
 // Checks directions, and prints the numbers for the record: random fp32 data, and the delta
 // of 10 AdamW steps (lr 3e-4) after 10 warm-up steps.
 TEST(Compression, RatiosOnRandomDataAndOnTrainedLikeDeltas) {
-  ModelConfig mc;
-  mc.n_layer = 2;
-  mc.n_head = 4;
-  mc.d_model = 96;
-  mc.vocab_size = 1024;
-  mc.seq_len = 64;
-  const ParamCatalog cat(resolve_model_shape(mc));
+  const ParamCatalog cat(resolve_model_shape(
+      {.n_layer = 2, .n_head = 4, .d_model = 96, .vocab_size = 1024, .seq_len = 64}));
   State a = random_state(cat, 1);
   for (auto& [id, st] : a) st.m.assign(st.m.size(), 0.0f), st.v.assign(st.v.size(), 0.0f);
   adamw_steps(a, 1, 10);

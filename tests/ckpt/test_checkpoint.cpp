@@ -44,6 +44,30 @@ std::string read_error(const std::string& path, const ParamCatalog& cat) {
   return "";
 }
 
+// One checkpoint in `dir` (`codec`): random_state(cat, seed) as step `step`; returns its path.
+std::string write_one(const ParamCatalog& cat, const std::string& dir, Codec codec,
+                      std::uint64_t seed = 1, std::int64_t step = 1, std::int64_t tokens_seen = 0) {
+  CheckpointWriter w(MPI_COMM_WORLD, cat, codec, 1, dir, 0);
+  return w.write(step, step, tokens_seen, kDeck, "", refs(random_state(cat, seed)));
+}
+
+// Steps 1 and 2 of a run checkpointed in `dir` (`codec`, an anchor every `anchor_every` steps):
+// random_state(cat, seed), then trained_like it (seed + 1).
+struct TwoSteps {
+  State s1, s2;
+  std::string p1, p2;  // their files
+};
+TwoSteps write_two_steps(const ParamCatalog& cat, const std::string& dir, Codec codec,
+                         int anchor_every, std::uint64_t seed = 1) {
+  TwoSteps t;
+  t.s1 = random_state(cat, seed);
+  t.s2 = trained_like(t.s1, seed + 1);
+  CheckpointWriter w(MPI_COMM_WORLD, cat, codec, anchor_every, dir, 0);
+  t.p1 = w.write(1, 1, 0, kDeck, "", refs(t.s1));
+  t.p2 = w.write(2, 2, 0, kDeck, "", refs(t.s2));
+  return t;
+}
+
 class LosslessRoundTrip : public ::testing::TestWithParam<Codec> {};
 
 TEST_P(LosslessRoundTrip, ReadsBackEveryBitOfParamsAndMoments) {
@@ -78,9 +102,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, LosslessRoundTrip,
 TEST(Checkpoint, FileHasTheDocumentedLayout) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, dir.path(), 0);
-  const State s = random_state(cat, 1);
-  const std::string path = w.write(7, 7, 70, kDeck, "", refs(s));
+  const std::string path = write_one(cat, dir.path(), Codec::zstd, 1, 7, 70);
   EXPECT_EQ(path, dir / "ckpt-00000007.h5");
   const CheckpointMeta m = read_meta(path);
   EXPECT_TRUE(m.complete);
@@ -143,27 +165,22 @@ TEST(Checkpoint, BitDeltaParamsDecodeToAnchorPlusScaledSignsMomentsExact) {
 TEST(Checkpoint, AnyAssignmentOfBlocksReadsTheSameBits) {
   const ParamCatalog cat(uneven_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 2, dir.path(), 0);
-  const State s0 = random_state(cat, 4), s1 = trained_like(s0, 5);
-  w.write(1, 1, 0, kDeck, "", refs(s0));
-  const std::string path = w.write(2, 2, 0, kDeck, "", refs(s1));
+  const TwoSteps run = write_two_steps(cat, dir.path(), Codec::xor_delta, 2, 4);
   // Every third block, in a scrambled order: a holder of another layout.
   std::vector<int> some;
   for (int id = static_cast<int>(cat.blocks().size()) - 1; id >= 0; id -= 3) some.push_back(id);
-  const Checkpoint c = read_checkpoint(path, cat, MPI_COMM_WORLD, some);
+  const Checkpoint c = read_checkpoint(run.p2, cat, MPI_COMM_WORLD, some);
   ASSERT_EQ(c.blocks.size(), some.size());
   for (int id : some) {
-    EXPECT_TRUE(same_bits(c.blocks.at(id).param, s1.at(id).param)) << id;
-    EXPECT_TRUE(same_bits(c.blocks.at(id).v, s1.at(id).v)) << id;
+    EXPECT_TRUE(same_bits(c.blocks.at(id).param, run.s2.at(id).param)) << id;
+    EXPECT_TRUE(same_bits(c.blocks.at(id).v, run.s2.at(id).v)) << id;
   }
 }
 
 TEST(Checkpoint, AnotherModelShapeIsRejectedNamingBoth) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
-  const State s = random_state(cat, 1);
-  const std::string path = w.write(1, 1, 0, kDeck, "", refs(s));
+  const std::string path = write_one(cat, dir.path(), Codec::raw);
   const std::string msg = read_error(path, ParamCatalog(uneven_shape()));
   EXPECT_NE(msg.find("n_head=4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("n_head=3"), std::string::npos) << msg;
@@ -194,11 +211,8 @@ TEST_P(DamageDetection, FlippedByteNamesTensorAndBlock) {
   const Damage& dmg = GetParam();
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, dmg.codec, 2, dir.path(), 0);
-  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2);
-  w.write(1, 1, 0, kDeck, "", refs(s0));
-  const std::string path =
-      is_delta(dmg.codec) ? w.write(2, 2, 0, kDeck, "", refs(s1)) : dir / "ckpt-00000001.h5";
+  const TwoSteps run = write_two_steps(cat, dir.path(), dmg.codec, 2);
+  const std::string path = is_delta(dmg.codec) ? run.p2 : run.p1;  // a delta, or an anchor
   ASSERT_EQ(read_error(path, cat), "");
 
   const int id = block_of(cat, dmg.tensor, dmg.index);
@@ -241,20 +255,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Checkpoint, DeltaNamesAMissingOrForeignAnchor) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2);
-  std::string delta;
-  {
-    CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 5, dir.path(), 0);
-    w.write(1, 1, 0, kDeck, "", refs(s0));
-    delta = w.write(2, 2, 0, kDeck, "", refs(s1));
-  }
+  const std::string delta = write_two_steps(cat, dir.path(), Codec::xor_delta, 5).p2;
   // Another run's step-1 anchor in its place: same name, other parameters.
   ScratchDir other;
-  {
-    CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, other.path(), 0);
-    const State x = random_state(cat, 99);
-    w.write(1, 1, 0, kDeck, "", refs(x));
-  }
+  write_one(cat, other.path(), Codec::zstd, 99);
   fs::copy_file(other / "ckpt-00000001.h5", dir / "ckpt-00000001.h5",
                 fs::copy_options::overwrite_existing);
   std::string msg = read_error(delta, cat);
@@ -293,10 +297,7 @@ TEST(Retention, KeepsTheNewestAndTheAnchorsTheyNeed) {
 TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::zstd, 1, dir.path(), 0);
-  const State s1 = random_state(cat, 1), s2 = trained_like(s1, 2);
-  w.write(1, 1, 0, kDeck, "", refs(s1));
-  const std::string p2 = w.write(2, 2, 0, kDeck, "", refs(s2));
+  const std::string p2 = write_two_steps(cat, dir.path(), Codec::zstd, 1).p2;
   EXPECT_EQ(find_latest_valid(dir.path()).path, p2);
   // Damage one block's chunk of the newest.
   const BlockInfo& b = cat.block(block_of(cat, TensorId::qkvw, 0));
@@ -319,9 +320,7 @@ TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
 TEST(Checkpoint, WithoutTheCompleteFlagAFileIsRejected) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
-  const State s = random_state(cat, 1);
-  const std::string path = w.write(1, 1, 0, kDeck, "", refs(s));
+  const std::string path = write_one(cat, dir.path(), Codec::raw);
   const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(H5Adelete(f, "complete"), 0);
   H5Fclose(f);
@@ -332,10 +331,7 @@ TEST(Checkpoint, WithoutTheCompleteFlagAFileIsRejected) {
 TEST(Inspect, DescribesTheFileAndReportsDamagedBlocks) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 2, dir.path(), 0);
-  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2);
-  w.write(1, 1, 0, kDeck, "", refs(s0));
-  const std::string path = w.write(2, 2, 0, kDeck, "", refs(s1));
+  const std::string path = write_two_steps(cat, dir.path(), Codec::xor_delta, 2).p2;
   std::string text = inspect(path);
   const std::string n = std::to_string(cat.blocks().size());
   for (const std::string& want : {std::string("step 2"), std::string("codec xor"),

@@ -166,23 +166,23 @@ void expect_val_independent_of_batch_size(const TokenSource& s, std::int64_t T) 
   EXPECT_EQ(Tokens(by8.begin() + 4 * (T + 1), by8.end()), by4);
 }
 
+// All of the above for sequences of T tokens.
+void expect_source_properties(const TokenSource& s, std::int64_t T) {
+  expect_layout_independent(s, T, 12);
+  expect_deterministic_and_distinct(s, T, 8);
+  expect_val_independent_of_batch_size(s, T);
+}
+
 SourceSpec synthetic_spec(std::int64_t V = 64, std::int64_t T = 64, std::int64_t lag = 8,
                           double p = 0.75) {
-  SourceSpec s;
-  s.vocab_size = V;
-  s.seq_len = T;
-  s.copy_lag = lag;
-  s.copy_prob = p;
-  return s;
+  return {.vocab_size = V, .seq_len = T, .copy_lag = lag, .copy_prob = p};
 }
 
 // --- synthetic -----------------------------------------------------------------------------
 
 TEST(Synthetic, LayoutIndependentDeterministicDistinct) {
   const auto s = make_token_source(synthetic_spec());
-  expect_layout_independent(*s, 64, 12);
-  expect_deterministic_and_distinct(*s, 64, 8);
-  expect_val_independent_of_batch_size(*s, 64);
+  expect_source_properties(*s, 64);
 }
 
 // Train and val are different streams: no validation window equals any training sequence of
@@ -344,12 +344,7 @@ TEST(Spec, CallerBugsAreInvalidArgument) {
 // --- text ---------------------------------------------------------------------------------
 
 SourceSpec text_spec(std::int64_t T = 64) {
-  SourceSpec s;
-  s.kind = SourceKind::text;
-  s.path = kShakespeare;
-  s.vocab_size = 256;
-  s.seq_len = T;
-  return s;
+  return {.kind = SourceKind::text, .path = kShakespeare, .vocab_size = 256, .seq_len = T};
 }
 
 TEST(Text, ShakespeareTrainWindowsAreItsBytes) {
@@ -416,9 +411,7 @@ TEST(Text, ValidationWindowsConsecutiveAndWrap) {
 
 TEST(Text, LayoutIndependentDeterministicDistinct) {
   const auto s = make_token_source(text_spec());
-  expect_layout_independent(*s, 64, 12);
-  expect_deterministic_and_distinct(*s, 64, 8);
-  expect_val_independent_of_batch_size(*s, 64);
+  expect_source_properties(*s, 64);
 }
 
 TEST(Text, DescribeNamesFileAndCounts) {
@@ -491,12 +484,7 @@ TEST(Text, SplitsTooSmall) {
 // --- tokens (llm.c shards) ----------------------------------------------------------------
 
 SourceSpec tokens_spec(const std::string& path, std::int64_t T = 16) {
-  SourceSpec s;
-  s.kind = SourceKind::tokens;
-  s.path = path;
-  s.vocab_size = 50257;
-  s.seq_len = T;
-  return s;
+  return {.kind = SourceKind::tokens, .path = path, .vocab_size = 50257, .seq_len = T};
 }
 
 TEST(Tokens, GoodShardReadsItsTokens) {
@@ -532,9 +520,7 @@ TEST(Tokens, LayoutIndependentDeterministicDistinct) {
   const std::string path = temp_path("layout.bin");
   write_token_shard(path, ramp(5000, 50257));
   const auto s = make_token_source(tokens_spec(path, 32));
-  expect_layout_independent(*s, 32, 12);
-  expect_deterministic_and_distinct(*s, 32, 8);
-  expect_val_independent_of_batch_size(*s, 32);
+  expect_source_properties(*s, 32);
 }
 
 TEST(Tokens, SeparateValidationShard) {

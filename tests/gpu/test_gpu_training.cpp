@@ -10,7 +10,6 @@
 #include <mpi.h>
 
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -19,52 +18,14 @@
 namespace pdtrain::test {
 namespace {
 
-const char* kDeck = R"(
-[run]
-name = "gpu"
-seed = 11
-steps = 20
-[model]
-n_layer = 2
-n_head = 4
-d_model = 64
-vocab_size = 96
-seq_len = 32
-[data]
-copy_lag = 2
-copy_prob = 0.9
-[parallel]
-holders = 0
-dp = 0
-[train]
-batch_size = 8
-eval_every = 0
-eval_batches = 1
-[optimizer]
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 5
-)";
-
-std::string out_dir(const std::string& tag) {
-  return (std::filesystem::temp_directory_path() / ("pdtrain-gpu-" + tag)).string();
-}
+// A wider model (4 heads, d_model 64) on longer sequences, copying at lag 2.
+const std::string kDeck =
+    tiny_deck({"run.seed=11", "model.n_head=4", "model.d_model=64", "model.vocab_size=96",
+               "model.seq_len=32", "data.copy_lag=2", "train.batch_size=8"});
 
 // `sets` on the first `ranks` ranks of the world (the others wait); shared with every rank.
-RunOutcome run_on(int ranks, std::vector<std::string> sets, const std::string& tag) {
-  MPI_Comm g = group_of(MPI_COMM_WORLD, ranks);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  RunOutcome r;
-  if (g != MPI_COMM_NULL) {
-    if (rank < ranks) {
-      sets.push_back("run.out_dir=" + out_dir(tag));
-      r = run_deck(kDeck, sets, g);
-    }
-    MPI_Comm_free(&g);
-  }
-  share(r, 0, MPI_COMM_WORLD);  // rank 0 is in the first group and holds its outcome
-  return r;
+RunOutcome run_on(int ranks, const std::vector<std::string>& sets, const std::string& tag) {
+  return first_group_run(kDeck, ranks, sets, temp_path("gpu-" + tag));
 }
 
 void expect_close(const RunOutcome& got, const RunOutcome& ref, double rel, const char* what) {

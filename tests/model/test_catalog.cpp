@@ -10,19 +10,14 @@
 namespace pdtrain {
 namespace {
 
-ModelShape tiny_shape() {
-  ModelConfig m;
-  m.n_layer = 3;
-  m.n_head = 4;
-  m.d_model = 16;
-  m.vocab_size = 50;
-  m.seq_len = 8;
-  m.max_seq_len = 10;
-  return resolve_model_shape(m);
+// L=3, NH=4, C=16, V=50 padded to 128, maxT=10.
+ModelShape three_layer_shape() {
+  return resolve_model_shape({.n_layer = 3, .n_head = 4, .d_model = 16, .vocab_size = 50,
+                              .seq_len = 8, .max_seq_len = 10});
 }
 
 TEST(Catalog, SizesFollowLlmc) {
-  const ModelShape s = tiny_shape();
+  const ModelShape s = three_layer_shape();
   EXPECT_EQ(s.padded_vocab, 128);
   const ParamCatalog cat(s);
   const std::int64_t C = s.d_model, L = s.n_layer;
@@ -33,7 +28,7 @@ TEST(Catalog, SizesFollowLlmc) {
 }
 
 TEST(Catalog, BlocksTileEveryElementExactlyOnce) {
-  const ParamCatalog cat(tiny_shape());
+  const ParamCatalog cat(three_layer_shape());
   std::vector<int> hits(static_cast<std::size_t>(cat.total_numel()), 0);
   for (const BlockInfo& b : cat.blocks())
     for (std::int64_t r = 0; r < b.rows; ++r)
@@ -42,7 +37,7 @@ TEST(Catalog, BlocksTileEveryElementExactlyOnce) {
 }
 
 TEST(Catalog, GatherScatterRoundTrip) {
-  const ParamCatalog cat(tiny_shape());
+  const ParamCatalog cat(three_layer_shape());
   std::vector<float> canon(static_cast<std::size_t>(cat.total_numel())), back(canon.size(), -1.f);
   for (std::size_t i = 0; i < canon.size(); ++i) canon[i] = static_cast<float>(i);
   for (const BlockInfo& b : cat.blocks()) {
@@ -54,7 +49,7 @@ TEST(Catalog, GatherScatterRoundTrip) {
 }
 
 TEST(Catalog, InitIsAPureFunctionOfTheElement) {
-  const ParamCatalog cat(tiny_shape());
+  const ParamCatalog cat(three_layer_shape());
   std::vector<float> canon(static_cast<std::size_t>(cat.total_numel()));
   for (const BlockInfo& b : cat.blocks()) {
     std::vector<float> packed(static_cast<std::size_t>(b.numel()));
@@ -74,7 +69,7 @@ TEST(Catalog, InitIsAPureFunctionOfTheElement) {
 }
 
 TEST(StageParams, WholeModelLocalLayoutIsTheCanonicalArray) {
-  const ParamCatalog cat(tiny_shape());
+  const ParamCatalog cat(three_layer_shape());
   StageParams p(cat, StageSpec{0, cat.shape().n_layer, true, true, 1, 0});
   ASSERT_EQ(p.numel(), cat.total_numel());
   EXPECT_EQ(p.needed_blocks().size(), cat.blocks().size());
@@ -90,7 +85,7 @@ TEST(StageParams, WholeModelLocalLayoutIsTheCanonicalArray) {
 }
 
 TEST(StageParams, TensorParallelShardsSplitHeadsAndReplicateTheRest) {
-  const ParamCatalog cat(tiny_shape());
+  const ParamCatalog cat(three_layer_shape());
   const std::int64_t tp = 2, C = cat.shape().d_model, HS = C / cat.shape().n_head;
   std::multiset<int> all;
   for (std::int64_t r = 0; r < tp; ++r) {
@@ -125,7 +120,7 @@ TEST(StageParams, TensorParallelShardsSplitHeadsAndReplicateTheRest) {
 }
 
 TEST(StageParams, PipelineStagesTakeTheirLayersAndTheTiedEmbeddingAtBothEnds) {
-  const ParamCatalog cat(tiny_shape());
+  const ParamCatalog cat(three_layer_shape());
   StageParams first(cat, StageSpec{0, 1, true, false, 1, 0});
   StageParams last(cat, StageSpec{1, 3, false, true, 1, 0});
   auto has = [&](const StageParams& p, TensorId t, std::int64_t layer) {

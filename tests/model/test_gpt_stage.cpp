@@ -18,13 +18,8 @@ struct Tiny {
   StageParams params;
   std::vector<std::int32_t> tokens, targets;
   static ModelShape make_shape() {
-    ModelConfig m;
-    m.n_layer = 2;
-    m.n_head = 2;
-    m.d_model = 8;
-    m.vocab_size = 11;
-    m.seq_len = 5;
-    return resolve_model_shape(m);
+    return resolve_model_shape(
+        {.n_layer = 2, .n_head = 2, .d_model = 8, .vocab_size = 11, .seq_len = 5});
   }
   Tiny()
       : shape(make_shape()), cat(shape), params(cat, StageSpec{0, 2, true, true, 1, 0}) {

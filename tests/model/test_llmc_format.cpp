@@ -18,20 +18,13 @@
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/model/llmc_format.hpp"
 
+#include "../support/model_shapes.hpp"
+
 namespace pdtrain {
 namespace {
 
-// L=2, NH=4, C=16, V=50 padded to Vp=128, maxT=10.
-ModelShape small_shape() {
-  ModelConfig m;
-  m.n_layer = 2;
-  m.n_head = 4;
-  m.d_model = 16;
-  m.vocab_size = 50;
-  m.seq_len = 8;
-  m.max_seq_len = 10;
-  return resolve_model_shape(m);
-}
+// L=2, NH=4, C=16, V=50 padded to Vp=128, maxT=10: the numbers the tests below write by hand.
+using test::tiny_shape;
 
 std::string temp_path(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -88,7 +81,7 @@ std::int64_t llmc_count(std::int64_t Vp, std::int64_t maxT, std::int64_t L, std:
   return Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C;
 }
 
-// The header of small_shape(): magic, version, maxT, V, L, NH, C, Vp.
+// The header of tiny_shape(): magic, version, maxT, V, L, NH, C, Vp.
 std::vector<unsigned char> small_file() { return hand_file({20240326, 3, 10, 50, 2, 4, 16, 128}, llmc_count(128, 10, 2, 16)); }
 
 // Runs fn, expecting Error(ExitCode::data) whose message contains every one of `parts`.
@@ -116,7 +109,7 @@ std::vector<float> random_params(const ParamCatalog& cat, std::uint32_t seed) {
 }
 
 TEST(LlmcFormat, ParamCountIsLlmcs) {
-  const ModelShape s = small_shape();
+  const ModelShape s = tiny_shape();
   ASSERT_EQ(s.padded_vocab, 128);
   const ParamCatalog cat(s);
   EXPECT_EQ(cat.total_numel(), llmc_count(128, 10, 2, 16));
@@ -126,17 +119,13 @@ TEST(LlmcFormat, ParamCountIsLlmcs) {
   // GPT-2 124M as llm.c ships it: 124,475,904 parameters.
   const LlmcHeader gpt2{20240326, 3, 1024, 50257, 12, 12, 768, 50304};
   EXPECT_EQ(llmc_param_count(gpt2), 124475904);
-  ModelConfig m;
-  m.n_layer = 12;
-  m.n_head = 12;
-  m.d_model = 768;
-  m.vocab_size = 50257;
-  m.seq_len = 1024;
-  EXPECT_EQ(ParamCatalog(resolve_model_shape(m)).total_numel(), 124475904);
+  const ModelShape gpt2_124m = resolve_model_shape(
+      {.n_layer = 12, .n_head = 12, .d_model = 768, .vocab_size = 50257, .seq_len = 1024});
+  EXPECT_EQ(ParamCatalog(gpt2_124m).total_numel(), 124475904);
 }
 
 TEST(LlmcFormat, RoundTripIsBitIdentical) {
-  const ParamCatalog cat(small_shape());
+  const ParamCatalog cat(tiny_shape());
   const std::vector<float> params = random_params(cat, 1234);
   const std::string path = temp_path("model.bin");
   write_llmc(path, cat, params.data());
@@ -165,7 +154,7 @@ TEST(LlmcFormat, RoundTripIsBitIdentical) {
 }
 
 TEST(LlmcFormat, FileLayoutIsLlmcs) {
-  const ParamCatalog cat(small_shape());
+  const ParamCatalog cat(tiny_shape());
   std::vector<float> params(static_cast<std::size_t>(cat.total_numel()));
   for (std::size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i) + 0.5f;
   const std::string path = temp_path("model.bin");
@@ -202,7 +191,7 @@ TEST(LlmcFormat, ReadsAHandBuiltFileKeepingPaddedRows) {
   // Built without write_llmc; padded wte rows 50..127 hold nonzero values and are kept.
   const std::string path = temp_path("hand.bin");
   write_bytes(path, small_file());
-  const ParamCatalog cat(small_shape());
+  const ParamCatalog cat(tiny_shape());
   std::vector<float> p;
   read_llmc_params(path, cat, p);
   ASSERT_EQ(static_cast<std::int64_t>(p.size()), cat.total_numel());
@@ -221,7 +210,7 @@ TEST(LlmcFormat, ShapeFromHeader) {
   EXPECT_EQ(s.seq_len, 8);
   EXPECT_EQ(s.max_seq_len, 10);
   EXPECT_NO_THROW(check_llmc_shape(h, s, "m.bin"));
-  EXPECT_NO_THROW(check_llmc_shape(h, small_shape(), "m.bin"));
+  EXPECT_NO_THROW(check_llmc_shape(h, tiny_shape(), "m.bin"));
   EXPECT_EQ(ParamCatalog(s).total_numel(), llmc_param_count(h));
 }
 
@@ -230,7 +219,7 @@ TEST(LlmcFormat, SeqLenBeyondMaxSeqLen) {
   expect_data_error([&] { shape_from_llmc(h, 11, "/x/m.bin"); },
                     {"model.seq_len = 11", "max_seq_len = 10", "/x/m.bin"});
   EXPECT_NO_THROW(shape_from_llmc(h, 10, "/x/m.bin"));
-  ModelShape s = small_shape();
+  ModelShape s = tiny_shape();
   s.seq_len = 12;
   expect_data_error([&] { check_llmc_shape(h, s, "/x/m.bin"); },
                     {"model.seq_len = 12", "max_seq_len = 10", "/x/m.bin"});
@@ -240,33 +229,28 @@ TEST(LlmcFormat, ShapeMismatchNamesTheField) {
   const std::string path = temp_path("model.bin");
   write_bytes(path, small_file());
   const LlmcHeader h = read_llmc_header(path);
-  ModelShape s = small_shape();
-  s.n_layer = 6;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.n_layer = 6 in the deck but num_layers = 2 in " + path});
-  s = small_shape();
-  s.n_head = 2;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.n_head = 2 in the deck but num_heads = 4 in " + path});
-  s = small_shape();
-  s.d_model = 32;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.d_model = 32 in the deck but channels = 16 in " + path});
-  s = small_shape();
-  s.vocab_size = 64;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.vocab_size = 64 in the deck but vocab_size = 50 in " + path});
-  s = small_shape();
-  s.padded_vocab = 256;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.padded_vocab_size = 256 in the deck but padded_vocab_size = 128 in " + path});
-  s = small_shape();
-  s.max_seq_len = 8;
-  expect_data_error([&] { check_llmc_shape(h, s, path); },
-                    {"model.max_seq_len = 8 in the deck but max_seq_len = 10 in " + path});
+  struct Mismatch {
+    std::int64_t ModelShape::*field;
+    std::int64_t value;
+    std::string message;
+  };
+  for (const Mismatch& m : {
+           Mismatch{&ModelShape::n_layer, 6, "model.n_layer = 6 in the deck but num_layers = 2"},
+           Mismatch{&ModelShape::n_head, 2, "model.n_head = 2 in the deck but num_heads = 4"},
+           Mismatch{&ModelShape::d_model, 32, "model.d_model = 32 in the deck but channels = 16"},
+           Mismatch{&ModelShape::vocab_size, 64,
+                    "model.vocab_size = 64 in the deck but vocab_size = 50"},
+           Mismatch{&ModelShape::padded_vocab, 256,
+                    "model.padded_vocab_size = 256 in the deck but padded_vocab_size = 128"},
+           Mismatch{&ModelShape::max_seq_len, 8,
+                    "model.max_seq_len = 8 in the deck but max_seq_len = 10"}}) {
+    ModelShape s = tiny_shape();
+    s.*m.field = m.value;
+    expect_data_error([&] { check_llmc_shape(h, s, path); }, {m.message + " in " + path});
+  }
 
   // read_llmc_params checks the catalogue's shape before reading anything.
-  ModelShape wrong = small_shape();
+  ModelShape wrong = tiny_shape();
   wrong.n_layer = 3;
   std::vector<float> p;
   expect_data_error([&] { read_llmc_params(path, ParamCatalog(wrong), p); },
@@ -324,7 +308,7 @@ TEST(LlmcFormat, HeaderErrorsNameTheFieldAndTheFile) {
     }
     // read_llmc_params validates the header the same way.
     std::vector<float> p;
-    expect_data_error([&] { read_llmc_params(path, ParamCatalog(small_shape()), p); }, {path});
+    expect_data_error([&] { read_llmc_params(path, ParamCatalog(tiny_shape()), p); }, {path});
   }
 }
 
@@ -334,7 +318,7 @@ TEST(LlmcFormat, MissingFile) {
 }
 
 TEST(LlmcFormat, UnwritablePathIsARuntimeErrorNamingTheFile) {
-  const ParamCatalog cat(small_shape());
+  const ParamCatalog cat(tiny_shape());
   const std::vector<float> params(static_cast<std::size_t>(cat.total_numel()), 0.0f);
   const std::string path = temp_path("no_such_dir") + "/model.bin";
   try {

@@ -1,15 +1,73 @@
 #pragma once
-// Runs a deck on a communicator and shares the reporter's results with every rank of it, so
-// that expectations hold on any rank.
+// The MPI training tests' deck and runs: the tiny deck they change, scratch paths, and runs on
+// groups of ranks whose reporter's results every rank of the group shares, so that
+// expectations hold on any rank.
 #include <mpi.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pdtrain/app/train.hpp"
 
 namespace pdtrain::test {
+
+// The deck the training tests start from: a tiny model on the synthetic copy task at lag 1,
+// which it learns within 20 steps at lr 1e-2 (5 warm-up steps, then down to 1e-3); one rank,
+// the replicated baseline, validation only at the end. `changes` ("section.key=value", the
+// value a TOML literal) replace its keys or add others, as in a deck file: a test's deck names
+// only what makes it its own.
+inline std::string tiny_deck(const std::vector<std::string>& changes = {}) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> sections = {
+      {"run", {"seed = 7", "steps = 20"}},
+      {"model", {"n_layer = 2", "n_head = 2", "d_model = 16", "vocab_size = 32", "seq_len = 16"}},
+      {"data", {"copy_lag = 1", "copy_prob = 0.9"}},
+      {"parallel", {"holders = 0"}},
+      {"train", {"batch_size = 12", "eval_every = 0", "eval_batches = 1"}},
+      {"optimizer", {"lr = 1e-2", "min_lr = 1e-3", "warmup_steps = 5"}}};
+  for (const std::string& c : changes) {
+    const std::size_t dot = c.find('.'), eq = c.find('=');
+    const std::string section = c.substr(0, dot), key = c.substr(dot + 1, eq - dot - 1);
+    const std::string line = key + " = " + c.substr(eq + 1);
+    auto s = std::find_if(sections.begin(), sections.end(),
+                          [&](const auto& named) { return named.first == section; });
+    if (s == sections.end()) s = sections.insert(s, {section, {}});
+    std::vector<std::string>& lines = s->second;
+    auto k = std::find_if(lines.begin(), lines.end(),
+                          [&](const std::string& l) { return l.rfind(key + " = ", 0) == 0; });
+    if (k == lines.end())
+      lines.push_back(line);
+    else
+      *k = line;
+  }
+  std::string text;
+  for (const auto& [section, lines] : sections) {
+    text += "[" + section + "]\n";
+    for (const std::string& l : lines) text += l + "\n";
+  }
+  return text;
+}
+
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+inline int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// "pdtrain-<name>" in the temporary directory: a test's output directory or file.
+inline std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("pdtrain-" + name)).string();
+}
 
 struct RunOutcome {
   std::vector<double> losses;
@@ -39,30 +97,42 @@ inline RunOutcome run_deck(const std::string& deck_text, const std::vector<std::
   return out;
 }
 
-// A communicator of `size` consecutive ranks of `comm` containing this rank (the last group
-// may be smaller); ranks beyond the last full group get MPI_COMM_NULL.
-inline MPI_Comm group_of(MPI_Comm comm, int size) {
+// A communicator of `size` consecutive ranks of `comm` containing this rank: group g holds
+// ranks g*size .. g*size+size-1. Ranks beyond the last full group, or beyond the first `groups`
+// groups, get MPI_COMM_NULL. Collective over `comm`.
+inline MPI_Comm group_of(MPI_Comm comm, int size, int groups = INT_MAX) {
   int rank = 0, world = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
-  const int color = rank / size < world / size ? rank / size : MPI_UNDEFINED;
+  const int group = rank / size;
+  const int color = group < world / size && group < groups ? group : MPI_UNDEFINED;
   MPI_Comm out;
   MPI_Comm_split(comm, color, rank, &out);
   return out;
 }
 
-// The deck run by world rank 0 alone (the single-rank reference), shared with every rank.
-inline RunOutcome single_rank_run(const std::string& deck_text,
-                                  const std::vector<std::string>& sets) {
-  MPI_Comm one = group_of(MPI_COMM_WORLD, 1);
+// The deck with `sets` run by each group of `size` world ranks (every full group, or the first
+// `groups`), group g with run.out_dir "<out_dir>-<g>". Returns the outcome of this rank's
+// group; empty on ranks in no group.
+inline RunOutcome run_on_groups(const std::string& deck_text, int size,
+                                std::vector<std::string> sets, const std::string& out_dir,
+                                int groups = INT_MAX) {
+  MPI_Comm g = group_of(MPI_COMM_WORLD, size, groups);
   RunOutcome r;
-  if (one != MPI_COMM_NULL) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) r = run_deck(deck_text, sets, one);
-    MPI_Comm_free(&one);
+  if (g != MPI_COMM_NULL) {
+    sets.push_back("run.out_dir=" + out_dir + "-" + std::to_string(world_rank() / size));
+    r = run_deck(deck_text, sets, g);
+    MPI_Comm_free(&g);
   }
-  share(r, 0, MPI_COMM_WORLD);
+  return r;
+}
+
+// The deck with `sets` run by world ranks 0 .. size-1 alone (run.out_dir "<out_dir>-0") while
+// the others wait, its outcome shared with every rank: size 1 is the single-rank reference.
+inline RunOutcome first_group_run(const std::string& deck_text, int size,
+                                  std::vector<std::string> sets, const std::string& out_dir) {
+  RunOutcome r = run_on_groups(deck_text, size, std::move(sets), out_dir, 1);
+  share(r, 0, MPI_COMM_WORLD);  // rank 0 is in the group and holds its outcome
   return r;
 }
 

@@ -7,56 +7,23 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "run_helpers.hpp"
 
 namespace pdtrain::test {
 namespace {
 
-const char* kTinyDeck = R"(
-[run]
-name = "equivalence"
-seed = 7
-steps = 20
-[model]
-n_layer = 2
-n_head = 2
-d_model = 16
-vocab_size = 32
-seq_len = 16
-[data]
-copy_lag = 1      # a structure a tiny model learns within 20 steps
-copy_prob = 0.9
-[parallel]
-holders = 0
-dp = 0
-[train]
-batch_size = 12
-eval_every = 0
-eval_batches = 1
-[optimizer]
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 5
-)";
+const std::string kDeck = tiny_deck();
 
-std::string out_dir(const std::string& tag) {
-  return (std::filesystem::temp_directory_path() / ("pdtrain-eq-" + tag)).string();
-}
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+std::string out_dir(const std::string& tag) { return temp_path("eq-" + tag); }
 
 // The single-rank replicated run, computed on rank 0 and shared with all ranks.
 const RunOutcome& reference() {
-  static const RunOutcome ref = single_rank_run(kTinyDeck, {"run.out_dir=" + out_dir("ref")});
+  static const RunOutcome ref = first_group_run(kDeck, 1, {}, out_dir("ref"));
   return ref;
 }
 
@@ -71,17 +38,8 @@ void expect_same_losses(const RunOutcome& got, double rel_tol) {
 
 // Runs `sets` on groups of `size` ranks; returns the outcome of the group containing this rank
 // (empty for ranks left out).
-RunOutcome run_on_groups(int size, std::vector<std::string> sets, const std::string& tag) {
-  MPI_Comm g = group_of(MPI_COMM_WORLD, size);
-  RunOutcome r;
-  if (g != MPI_COMM_NULL) {
-    int color = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &color);
-    sets.push_back("run.out_dir=" + out_dir(tag + "-" + std::to_string(color / size)));
-    r = run_deck(kTinyDeck, sets, g);
-    MPI_Comm_free(&g);
-  }
-  return r;
+RunOutcome run_groups(int size, std::vector<std::string> sets, const std::string& tag) {
+  return run_on_groups(kDeck, size, std::move(sets), out_dir(tag));
 }
 
 // Equal losses would prove little if the runs did not train: the reference must learn.
@@ -92,7 +50,7 @@ TEST(Equivalence, ReferenceLearns) {
 }
 
 TEST(Equivalence, OneHolderOneCompute) {
-  RunOutcome r = run_on_groups(2, {"parallel.holders=1"}, "h1dp1");
+  RunOutcome r = run_groups(2, {"parallel.holders=1"}, "h1dp1");
   if (r.losses.empty()) return;
   expect_same_losses(r, 1e-5);
   // With one replica the holder applies the same gradients with the same arithmetic as the
@@ -101,28 +59,22 @@ TEST(Equivalence, OneHolderOneCompute) {
   EXPECT_EQ(r.crc, reference().crc);
 }
 
-TEST(Equivalence, TwoHoldersTwoCompute) {
+// Two holders and two compute ranks, one holder and three, the replicated baseline on four.
+TEST(Equivalence, FourRankLayoutsFollowTheReference) {
   ASSERT_GE(world_size(), 4);
-  RunOutcome r = run_on_groups(4, {"parallel.holders=2"}, "h2dp2");
-  if (!r.losses.empty()) expect_same_losses(r, 1e-5);
-}
-
-TEST(Equivalence, OneHolderThreeCompute) {
-  ASSERT_GE(world_size(), 4);
-  RunOutcome r = run_on_groups(4, {"parallel.holders=1"}, "h1dp3");
-  if (!r.losses.empty()) expect_same_losses(r, 1e-5);
-}
-
-TEST(Equivalence, ReplicatedBaselineFourRanks) {
-  ASSERT_GE(world_size(), 4);
-  RunOutcome r = run_on_groups(4, {"parallel.holders=0"}, "h0dp4");
-  if (!r.losses.empty()) expect_same_losses(r, 1e-5);
+  for (const auto& [holders, tag] : {std::pair{"parallel.holders=2", "h2dp2"},
+                                     {"parallel.holders=1", "h1dp3"},
+                                     {"parallel.holders=0", "h0dp4"}}) {
+    SCOPED_TRACE(tag);
+    RunOutcome r = run_groups(4, {holders}, tag);
+    if (!r.losses.empty()) expect_same_losses(r, 1e-5);
+  }
 }
 
 TEST(Equivalence, DecoupledEqualsReplicatedBitwiseAtSameDp) {
   ASSERT_GE(world_size(), 4);
-  RunOutcome pd = run_on_groups(4, {"parallel.holders=1"}, "bw-pd");
-  RunOutcome rep = run_on_groups(3, {"parallel.holders=0"}, "bw-rep");  // dp 3 on 3 ranks
+  RunOutcome pd = run_groups(4, {"parallel.holders=1"}, "bw-pd");
+  RunOutcome rep = run_groups(3, {"parallel.holders=0"}, "bw-rep");  // dp 3 on 3 ranks
   // Ranks 0-2 ran both; compare where both outcomes exist.
   if (pd.losses.empty() || rep.losses.empty()) return;
   EXPECT_EQ(pd.losses, rep.losses);
@@ -131,8 +83,8 @@ TEST(Equivalence, DecoupledEqualsReplicatedBitwiseAtSameDp) {
 
 TEST(Equivalence, LosslessWireCodecsAreBitIdenticalToRaw) {
   ASSERT_GE(world_size(), 4);
-  RunOutcome raw = run_on_groups(4, {"parallel.holders=1"}, "codec-raw");
-  RunOutcome packed = run_on_groups(
+  RunOutcome raw = run_groups(4, {"parallel.holders=1"}, "codec-raw");
+  RunOutcome packed = run_groups(
       4, {"parallel.holders=1", "pd.fetch_codec=lz4", "pd.push_codec=zstd"}, "codec-lz4");
   if (raw.losses.empty()) return;
   EXPECT_EQ(raw.losses, packed.losses);
@@ -153,7 +105,7 @@ std::int64_t layer0_fetches(const std::string& dir, int rank) {
 // are bit-identical to the single rank (dp 1) and to the default settings (dp 3, relayed).
 TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
   ASSERT_GE(world_size(), 4);
-  RunOutcome dp3 = run_on_groups(4, {"parallel.holders=1"}, "cache-default");
+  RunOutcome dp3 = run_groups(4, {"parallel.holders=1"}, "cache-default");
   // 0.02 MiB holds one layer of this model (0.0125 MiB) but not two: layers are re-fetched.
   const std::vector<std::vector<std::string>> settings = {
       {"pd.prefetch_depth=0"},
@@ -166,19 +118,18 @@ TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
     std::vector<std::string> sets = settings[i];
     sets.push_back("parallel.holders=1");
     const std::string tag = "cache" + std::to_string(i);
-    RunOutcome one = run_on_groups(2, sets, tag + "-dp1");
+    RunOutcome one = run_groups(2, sets, tag + "-dp1");
     if (!one.losses.empty()) {
       EXPECT_EQ(one.losses, reference().losses) << i;
       EXPECT_EQ(one.crc, reference().crc) << i;
     }
-    RunOutcome three = run_on_groups(4, sets, tag + "-dp3");
+    RunOutcome three = run_groups(4, sets, tag + "-dp3");
     if (!three.losses.empty()) {
       EXPECT_EQ(three.losses, dp3.losses) << i;
       EXPECT_EQ(three.crc, dp3.crc) << i;
     }
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 1) {  // the dp-1 run's compute rank: layer0 used twice per step, 20 steps
+    // The dp-1 run's compute rank: layer0 used twice per step, 20 steps.
+    if (world_rank() == 1) {
       const std::int64_t fetches = layer0_fetches(out_dir(tag + "-dp1-0"), 1);
       const bool bounded = std::find(settings[i].begin(), settings[i].end(),
                                      std::string("pd.cache_mb=0.02")) != settings[i].end();
@@ -196,11 +147,11 @@ TEST(Equivalence, HoldersSpreadOverNodesChangeNothing) {
   ASSERT_GE(world_size(), 4);
   const std::vector<std::string> sets = {"parallel.holders=2", "parallel.pp=2",
                                          "parallel.micro_batches=2"};
-  RunOutcome one_node = run_on_groups(4, sets, "nodes-1");
+  RunOutcome one_node = run_groups(4, sets, "nodes-1");
   setenv("PDTRAIN_TEST_RANKS_PER_NODE", "2", 1);
-  RunOutcome two_nodes = run_on_groups(4, sets, "nodes-2");
+  RunOutcome two_nodes = run_groups(4, sets, "nodes-2");
   setenv("PDTRAIN_TEST_RANKS_PER_NODE", "1", 1);  // every rank its own node
-  RunOutcome four_nodes = run_on_groups(4, sets, "nodes-4");
+  RunOutcome four_nodes = run_groups(4, sets, "nodes-4");
   unsetenv("PDTRAIN_TEST_RANKS_PER_NODE");
   if (one_node.losses.empty()) return;
   EXPECT_EQ(two_nodes.losses, one_node.losses);
@@ -214,8 +165,8 @@ TEST(Reproducibility, BoundedStalenessIsReproducible) {
   // run is as reproducible as a synchronous one, and still learns.
   ASSERT_GE(world_size(), 4);
   for (const char* s : {"pd.staleness=1", "pd.staleness=3"}) {
-    RunOutcome a = run_on_groups(4, {"parallel.holders=2", s}, std::string("ssp-a") + s[12]);
-    RunOutcome b = run_on_groups(4, {"parallel.holders=2", s}, std::string("ssp-b") + s[12]);
+    RunOutcome a = run_groups(4, {"parallel.holders=2", s}, std::string("ssp-a") + s[12]);
+    RunOutcome b = run_groups(4, {"parallel.holders=2", s}, std::string("ssp-b") + s[12]);
     if (a.losses.empty()) continue;
     EXPECT_EQ(a.crc, b.crc) << s;
     EXPECT_EQ(a.losses, b.losses) << s;
@@ -229,8 +180,8 @@ TEST(Reproducibility, LossyBf16WireIsCloseAndReproducible) {
   ASSERT_GE(world_size(), 4);
   const std::vector<std::string> bf16 = {"parallel.holders=2", "pd.fetch_codec=bf16",
                                          "pd.push_codec=bf16"};
-  RunOutcome a = run_on_groups(4, bf16, "bf16-a");
-  RunOutcome b = run_on_groups(4, bf16, "bf16-b");
+  RunOutcome a = run_groups(4, bf16, "bf16-a");
+  RunOutcome b = run_groups(4, bf16, "bf16-b");
   if (a.losses.empty()) return;
   EXPECT_EQ(a.crc, b.crc);
   EXPECT_EQ(a.losses, b.losses);
@@ -241,8 +192,8 @@ TEST(Reproducibility, LossyBf16WireIsCloseAndReproducible) {
 
 TEST(Reproducibility, SamePdRunTwiceGivesIdenticalCrc) {
   ASSERT_GE(world_size(), 4);
-  RunOutcome a = run_on_groups(4, {"parallel.holders=1"}, "rep-a");
-  RunOutcome b = run_on_groups(4, {"parallel.holders=1"}, "rep-b");
+  RunOutcome a = run_groups(4, {"parallel.holders=1"}, "rep-a");
+  RunOutcome b = run_groups(4, {"parallel.holders=1"}, "rep-b");
   if (a.losses.empty()) return;
   EXPECT_EQ(a.crc, b.crc);
   EXPECT_EQ(a.losses, b.losses);

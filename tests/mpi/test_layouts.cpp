@@ -6,7 +6,6 @@
 #include <mpi.h>
 
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <tuple>
 
@@ -15,39 +14,15 @@
 namespace pdtrain::test {
 namespace {
 
-const char* kDeck = R"(
-[run]
-name = "layouts"
-seed = 11
-steps = 20
-[model]
-n_layer = 4
-n_head = 2
-d_model = 16
-vocab_size = 48
-seq_len = 16
-[data]
-copy_lag = 1
-copy_prob = 0.9
-[parallel]
-holders = 0
-micro_batches = 2
-[train]
-batch_size = 12
-eval_every = 10
-eval_batches = 1
-[optimizer]
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 5
-)";
+// Four layers (up to 4 pipeline stages), two micro-batches, and a validation at step 10.
+const std::string kDeck =
+    tiny_deck({"run.seed=11", "model.n_layer=4", "model.vocab_size=48",
+               "parallel.micro_batches=2", "train.eval_every=10"});
 
-std::string out_dir(const std::string& tag) {
-  return (std::filesystem::temp_directory_path() / ("pdtrain-layouts-" + tag)).string();
-}
+std::string out_dir(const std::string& tag) { return temp_path("layouts-" + tag); }
 
 const RunOutcome& reference() {
-  static const RunOutcome ref = single_rank_run(kDeck, {"run.out_dir=" + out_dir("ref")});
+  static const RunOutcome ref = first_group_run(kDeck, 1, {}, out_dir("ref"));
   return ref;
 }
 
@@ -58,23 +33,13 @@ RunOutcome run_layout(const Layout3D& l, const std::string& tag,
                       std::vector<std::string> extra = {}) {
   const auto [dp, tp, pp, holders, schedule] = l;
   const int size = holders + dp * tp * pp;
-  int world = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  EXPECT_LE(size, world);
-  MPI_Comm g = group_of(MPI_COMM_WORLD, size);
-  RunOutcome r;
-  if (g != MPI_COMM_NULL) {
-    std::vector<std::string> sets = {
-        "parallel.holders=" + std::to_string(holders), "parallel.dp=" + std::to_string(dp),
-        "parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
-        std::string("parallel.schedule=") + schedule,
-        "run.out_dir=" + out_dir(tag + "-" + std::to_string(rank / size))};
-    sets.insert(sets.end(), extra.begin(), extra.end());
-    r = run_deck(kDeck, sets, g);
-    MPI_Comm_free(&g);
-  }
-  return r;
+  EXPECT_LE(size, world_size());
+  std::vector<std::string> sets = {
+      "parallel.holders=" + std::to_string(holders), "parallel.dp=" + std::to_string(dp),
+      "parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
+      std::string("parallel.schedule=") + schedule};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return run_on_groups(kDeck, size, sets, out_dir(tag));
 }
 
 class Layouts : public ::testing::TestWithParam<Layout3D> {};
@@ -157,7 +122,7 @@ TEST(LayoutsSchedules, OneFOneBAndGPipeGiveIdenticalLosses) {
 // - a layout run twice is bit-identical.
 const RunOutcome& bf16_reference() {
   static const RunOutcome ref =
-      single_rank_run(kDeck, {"run.out_dir=" + out_dir("ref-bf16"), "train.precision=bf16"});
+      first_group_run(kDeck, 1, {"train.precision=bf16"}, out_dir("ref-bf16"));
   return ref;
 }
 

@@ -37,17 +37,13 @@ holders = 0
 batch_size = 4
 )";
 
-std::string temp(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("pdtrain-llmc-" + name)).string();
-}
+std::string temp(const std::string& name) { return temp_path("llmc-" + name); }
 
 // Writes pdtrain's initialization of the deck's model (seed 5) as an llm.c file, on rank 0.
 std::string fixture() {
   static const std::string path = [] {
     const std::string p = temp("init.bin");
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) {
+    if (world_rank() == 0) {
       const Deck d = parse_deck(kDeck, "t.toml", {});
       const ParamCatalog cat(resolve_model_shape(d.model));
       std::vector<float> canonical(static_cast<std::size_t>(cat.total_numel()));
@@ -80,9 +76,7 @@ TEST(LlmcInit, FileOfOwnInitEvaluatesLikeRandomInit) {
   const std::string file = fixture();
   MPI_Comm one = group_of(MPI_COMM_WORLD, 1);
   double random_loss = 0, file_loss = 0;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
+  if (world_rank() == 0) {
     random_loss = eval_loss({}, one);
     file_loss = eval_loss({"model.init=llmc:" + file}, one);
   }
@@ -107,9 +101,7 @@ TEST(LlmcInit, FileOfOwnInitEvaluatesLikeRandomInit) {
 // llm.c -> pdtrain checkpoint -> `pdtrain export --format llmc` gives back the same bytes.
 TEST(LlmcInit, ExportRoundTripIsBitIdentical) {
   const std::string file = fixture();
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) return;
+  if (world_rank() != 0) return;
   const Deck d = parse_deck(kDeck, "t.toml", {"model.init=llmc:" + file});
   const ParamCatalog cat(resolve_model_shape(d.model));
   std::vector<float> canonical;

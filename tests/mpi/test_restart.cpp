@@ -13,37 +13,16 @@
 namespace pdtrain::test {
 namespace {
 
-const char* kDeck = R"(
-[run]
-seed = 3
-steps = 12
-[model]
-n_layer = 2
-n_head = 2
-d_model = 16
-vocab_size = 32
-seq_len = 16
-[data]
-copy_lag = 1
-copy_prob = 0.9
-[parallel]
-holders = 1
-[train]
-batch_size = 6
-eval_every = 0
-[optimizer]
-lr = 1e-2
-warmup_steps = 3
-min_lr = 1e-3
-)";
+// Twelve steps of batches of 6 on one holder; validation (4 batches) at the end.
+const std::string kDeck =
+    tiny_deck({"run.seed=3", "run.steps=12", "parallel.holders=1", "train.batch_size=6",
+               "train.eval_batches=4", "optimizer.warmup_steps=3"});
 
 namespace fs = std::filesystem;
 
 std::string fresh_dir(const std::string& tag) {
-  const std::string d = (fs::temp_directory_path() / ("pdtrain-restart-" + tag)).string();
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) fs::remove_all(d);
+  const std::string d = temp_path("restart-" + tag);
+  if (world_rank() == 0) fs::remove_all(d);
   MPI_Barrier(MPI_COMM_WORLD);
   return d;
 }
@@ -112,10 +91,8 @@ TEST(Restart, AutoSkipsADamagedNewestCheckpoint) {
   const std::string dir = fresh_dir("damaged");
   const std::vector<std::string> sets = {"checkpoint.every=3", "checkpoint.codec=raw"};
   run(sets, dir, "", 6);  // checkpoints at 3 and 6
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::string newest = dir + "/checkpoints/ckpt-00000006.h5";
-  if (rank == 0) {  // a write cut short by a crash of the file system: half the file
+  if (world_rank() == 0) {  // a write cut short by a crash of the file system: half the file
     ASSERT_TRUE(fs::exists(newest));
     fs::resize_file(newest, fs::file_size(newest) / 2);
   }

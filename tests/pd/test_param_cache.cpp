@@ -11,49 +11,15 @@
 #include "pdtrain/pd/param_cache.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
 
+#include "../support/fake_parameter_service.hpp"
+
 namespace pdtrain {
 namespace {
 
-// Block b of version v holds the values 1000 * v + b + i / 1000. One block per unit here, so
-// block id == unit id.
-float value(std::int64_t v, int b, std::int64_t i) {
-  return static_cast<float>(1000 * v + b) + static_cast<float>(i) / 1000.0f;
-}
-
-class FakeService final : public ParameterService {
- public:
-  explicit FakeService(std::vector<std::int64_t> numel) : numel_(std::move(numel)) {}
-  UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
-                   const BlockSink& sink) override {
-    for (int b : blocks) {
-      std::vector<float> d(static_cast<std::size_t>(numel_[b]));
-      for (std::size_t i = 0; i < d.size(); ++i) d[i] = value(version, b, static_cast<std::int64_t>(i));
-      sink(b, d.data());
-    }
-    return {version, 0, 0};
-  }
-  Ticket start_fetch(std::int64_t version, std::vector<int> blocks, BlockSink sink) override {
-    started.push_back(blocks.front());
-    ++in_flight;
-    max_in_flight = std::max(max_in_flight, in_flight);
-    return ParameterService::start_fetch(version, std::move(blocks), std::move(sink));
-  }
-  UpdateInfo finish_fetch(Ticket t) override {
-    --in_flight;
-    return ParameterService::finish_fetch(t);
-  }
-  std::optional<UpdateInfo> update_info(std::int64_t) const override { return std::nullopt; }
-  void push(std::int64_t, const std::vector<int>&, const float*) override {}
-  std::uint32_t finish() override { return 0; }
-  std::int64_t bytes_fetched() const override { return 0; }
-  std::int64_t bytes_pushed() const override { return 0; }
-
-  std::vector<int> started;  // unit of each fetch, in order
-  int in_flight = 0, max_in_flight = 0;
-
- private:
-  std::vector<std::int64_t> numel_;
-};
+// Block b of version v holds fake_block_value(v, b, i). One block per unit here, so block id ==
+// unit id.
+using test::fake_block_value;
+using test::FakeService;
 
 // The model side: storage bound per unit, checked on every use.
 class FakeStore final : public UnitStore {
@@ -86,8 +52,8 @@ struct Fixture {
       cache.acquire(use);
       for (int u : use) {
         ASSERT_NE(store.bound[u], nullptr);
-        EXPECT_EQ(store.bound[u][0], value(version, u, 0)) << "unit " << u;
-        EXPECT_EQ(store.bound[u][5], value(version, u, 5)) << "unit " << u;
+        EXPECT_EQ(store.bound[u][0], fake_block_value(version, u, 0)) << "unit " << u;
+        EXPECT_EQ(store.bound[u][5], fake_block_value(version, u, 5)) << "unit " << u;
       }
     }
     cache.end();

@@ -17,7 +17,7 @@ const char* to_string(SourceKind kind);
 
 struct SourceSpec {            // filled by the app from the deck
   SourceKind kind = SourceKind::synthetic;
-  std::string path, val_path;  // text/tokens; val_path optional
+  std::string path{}, val_path{};  // text/tokens; val_path optional
   double val_fraction = 0.1;   // held-out tail of `path` when val_path is empty
   std::int64_t vocab_size = 64, seq_len = 64, seed = 1337;
   std::int64_t copy_lag = 8;   // synthetic

@@ -29,7 +29,7 @@ struct ModelConfig {
   std::int64_t seq_len = 64;
   std::int64_t max_seq_len = 0;  // rows of the position table; 0: seq_len
   double init_std = 0.02;
-  std::string init;  // "" : random (init_std); "llmc:PATH": an llm.c GPT-2 checkpoint
+  std::string init{};  // "" : random (init_std); "llmc:PATH": an llm.c GPT-2 checkpoint
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };

@@ -1,5 +1,6 @@
-// Stage 2 of the deterministic column sums (stage 1 is each op's own: matmul.cu's bias
-// gradient, layernorm.cu's weight and bias gradients). See launch.hpp.
+// Stage 2 of the deterministic column sums, and the slabs both stages use (stage 1:
+// column_sums.cuh, for matmul.cu's bias gradient and layernorm.cu's weight and bias
+// gradients). See launch.hpp.
 #include "common.cuh"
 #include "launch.hpp"
 

@@ -25,8 +25,9 @@ using I32 = std::int32_t;
 // ---------------------------------------------------------------------------------------------
 // Column sums (bias, LayerNorm weight and bias gradients) in two deterministic stages: the rows
 // are cut into slabs whose height depends on the row count only; stage 1 sums each slab's rows
-// in order (one thread per column and slab), stage 2 adds the slabs in order (one thread per
-// column) and adds the total to the gradient. Scratch: count * cols floats per summed array.
+// in order (one thread per column and slab: column_sums.cuh, with each op's terms), stage 2
+// adds the slabs in order (one thread per column) and adds the total to the gradient.
+// Scratch: count * cols floats per summed array.
 struct Slabs {
   Index count = 0;  // number of slabs, at most kMaxSlabs
   Index rows = 0;   // rows per slab (the last may have fewer)

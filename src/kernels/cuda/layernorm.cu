@@ -1,6 +1,7 @@
 // LayerNorm (eps 1e-5) over rows of C, forward (fp32 or bf16 output) and backward. One warp
 // per row for the row-wise work (lane j takes columns j, j+32, ...; warp sums in a fixed
 // butterfly); the weight and bias gradients are column sums in two deterministic stages.
+#include "column_sums.cuh"
 #include "common.cuh"
 #include "launch.hpp"
 
@@ -71,26 +72,19 @@ __global__ void layernorm_backward_inp_kernel(float* __restrict__ dinp,
   }
 }
 
-// Stage 1 of dweight (sum of norm * dy) and dbias (sum of dy): thread (column c, slab) sums
-// the slab's rows in order.
-__global__ void layernorm_backward_params_kernel(
-    float* __restrict__ partial_w, float* __restrict__ partial_b, const float* __restrict__ dout,
-    const float* __restrict__ inp, const float* __restrict__ mean, const float* __restrict__ rstd,
-    Index N, int C, Index slab_rows) {
-  const Index c = Index(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const Index slab = blockIdx.y;
-  const Index begin = slab * slab_rows;
-  const Index end = begin + slab_rows < N ? begin + slab_rows : N;
-  float dw = 0.0f, db = 0.0f;
-  for (Index n = begin; n < end; ++n) {
+// The terms of dweight (norm * dy) and dbias (dy) of row n, column c, for column_sums.
+struct LayernormParamTerms {
+  const float* __restrict__ dout;
+  const float* __restrict__ inp;
+  const float* __restrict__ mean;
+  const float* __restrict__ rstd;
+  int C;
+  __device__ __forceinline__ void operator()(Index n, Index c, float (&acc)[2]) const {
     const float dy = dout[n * C + c];
-    dw += (inp[n * C + c] - mean[n]) * rstd[n] * dy;
-    db += dy;
+    acc[0] += (inp[n * C + c] - mean[n]) * rstd[n] * dy;
+    acc[1] += dy;
   }
-  partial_w[slab * C + c] = dw;
-  partial_b[slab * C + c] = db;
-}
+};
 
 template <class Out>
 void layernorm_forward_impl(cudaStream_t stream, Out* out, float* mean, float* rstd,
@@ -113,7 +107,7 @@ void layernorm_forward(cudaStream_t stream, bf16* out, float* mean, float* rstd,
   layernorm_forward_impl(stream, out, mean, rstd, inp, weight, bias, N, C);
 }
 
-Index layernorm_backward_scratch(int N, int C) { return 2 * column_slabs(N).count * C; }
+Index layernorm_backward_scratch(int N, int C) { return column_sums_scratch(2, N, C); }
 
 void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float* dweight,
                         float* dbias, const float* dout, const float* inp, const float* weight,
@@ -122,15 +116,8 @@ void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float*
   layernorm_backward_inp_kernel<<<static_cast<unsigned>(ceil_div(N, kRowsPerBlock)), kBlock, 0,
                                   stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
-  const Slabs slabs = column_slabs(N);
-  float* partial_w = scratch;
-  float* partial_b = scratch + slabs.count * C;
-  const dim3 grid(static_cast<unsigned>(ceil_div(C, kBlock)), static_cast<unsigned>(slabs.count));
-  layernorm_backward_params_kernel<<<grid, kBlock, 0, stream>>>(partial_w, partial_b, dout, inp,
-                                                                mean, rstd, N, C, slabs.rows);
-  CUDA_CHECK_LAUNCH();
-  column_sums_finish(stream, dweight, partial_w, slabs.count, C);
-  column_sums_finish(stream, dbias, partial_b, slabs.count, C);
+  column_sums<2>(stream, scratch, {dweight, dbias}, N, C,
+                 LayernormParamTerms{dout, inp, mean, rstd, C});
 }
 
 }  // namespace pdtrain::kernels::cuda

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "column_sums.cuh"
 #include "common.cuh"
 #include "launch.hpp"
 
@@ -180,18 +181,14 @@ __global__ void bias_kernel(float* __restrict__ out, const float* __restrict__ b
   }
 }
 
-// Stage 1 of dbias: thread (column o, slab) sums the slab's rows of dout in order.
-__global__ void bias_partials_kernel(float* __restrict__ partial, const float* __restrict__ dout,
-                                     Index N, int OC, Index slab_rows) {
-  const Index o = Index(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (o >= OC) return;
-  const Index slab = blockIdx.y;
-  const Index begin = slab * slab_rows;
-  const Index end = begin + slab_rows < N ? begin + slab_rows : N;
-  float acc = 0.0f;
-  for (Index n = begin; n < end; ++n) acc += dout[n * OC + o];
-  partial[slab * OC + o] = acc;
-}
+// The term of dbias of row n, column o (dout itself), for column_sums.
+struct BiasGradTerm {
+  const float* __restrict__ dout;
+  int OC;
+  __device__ __forceinline__ void operator()(Index n, Index o, float (&acc)[1]) const {
+    acc[0] += dout[n * OC + o];
+  }
+};
 
 template <bool kAdd>
 void launch_bias(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
@@ -211,16 +208,12 @@ void bias_add(cudaStream_t stream, float* out, const float* bias, int N, int OC)
   launch_bias<true>(stream, out, bias, N, OC);
 }
 
-Index bias_backward_scratch(int N, int OC) { return column_slabs(N).count * OC; }
+Index bias_backward_scratch(int N, int OC) { return column_sums_scratch(1, N, OC); }
 
 void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const float* dout, int N,
                    int OC) {
   if (N <= 0 || OC <= 0) return;
-  const Slabs slabs = column_slabs(N);
-  const dim3 grid(static_cast<unsigned>(ceil_div(OC, kBlock)), static_cast<unsigned>(slabs.count));
-  bias_partials_kernel<<<grid, kBlock, 0, stream>>>(scratch, dout, N, OC, slabs.rows);
-  CUDA_CHECK_LAUNCH();
-  column_sums_finish(stream, dbias, scratch, slabs.count, OC);
+  column_sums<1>(stream, scratch, {dbias}, N, OC, BiasGradTerm{dout, OC});
 }
 
 }  // namespace pdtrain::kernels::cuda
