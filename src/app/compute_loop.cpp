@@ -67,8 +67,8 @@ TrainResult ComputeLoop::run() {
   return result;
 }
 
-// Makes `version` the parameters in use, fetching only if it is not already; returns the
-// seconds spent. With the PD cache the fetches happen during the passes that use them.
+// Makes `version` the parameters in use; returns the seconds spent. PD: the cache fetches
+// during the passes that use them. Baseline: the replica publishes them to the stage.
 double ComputeLoop::ensure_version(std::int64_t version) {
   if (cache_) {
     pass_version_ = version;
@@ -76,10 +76,7 @@ double ComputeLoop::ensure_version(std::int64_t version) {
   }
   if (version == have_version_) return 0.0;
   const double t0 = now_seconds();
-  if (replica_)
-    publish(version);
-  else
-    fetch(version);
+  publish(version);
   have_version_ = version;
   return now_seconds() - t0;
 }
@@ -225,6 +222,8 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
       reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
       service_(std::move(service)), replica_(replica) {
   packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  PDT_CHECK(layout.replicated() == (replica_ != nullptr),
+            "the replicated baseline computes on its DeviceReplica, PD on holders");
   if (replica_) {
     // The baseline's stage is the whole model (dp only): its blocks are every block, in order,
     // as the replica packs them.
@@ -274,18 +273,6 @@ double ComputeLoop::cache_pass(const std::vector<std::vector<int>>& plan, Body&&
   const double waited = cache_->stats().wait_seconds - wait0;
   timers_.add("fetch", waited);
   return waited;
-}
-
-UpdateInfo ComputeLoop::fetch(std::int64_t version) {
-  ScopedPhase t(timers_, "fetch");
-  TraceSpan span(trace_, "fetch v" + std::to_string(version), "pd");
-  const ParamCatalog& cat = *setup_.catalog;
-  const UpdateInfo info =
-      service_->fetch(version, stage_params_.needed_blocks(), [&](int id, const float* d) {
-        stage_params_.unpack_param(cat.block(id), d);
-      });
-  stage_params_.upload_params();
-  return info;
 }
 
 // The baseline: the replica's parameters of `version` into the stage, on the device (in bf16

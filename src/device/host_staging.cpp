@@ -25,11 +25,8 @@ void HostStaging::upload(float* data, const float* host, std::int64_t n) {
 template <class Collective>
 void StagedTensorParallel::staged(float* data, std::int64_t n, Collective&& collective) {
   if (group_.size() == 1 || n == 0) return;
-  if (staging_.device().is_host()) {
-    collective(data, n);
-    return;
-  }
-  float* host = const_cast<float*>(staging_.download(data, n));  // our own pinned buffer
+  // On the CPU, download passes `data` itself through and upload is then a no-op.
+  float* host = const_cast<float*>(staging_.download(data, n));
   collective(host, n);
   staging_.upload(data, host, n);
 }

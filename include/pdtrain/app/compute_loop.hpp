@@ -53,10 +53,9 @@ class ComputeLoop {
   bool stop_requested();
   void learn_updates(std::int64_t version);
 
-  // Parameters: a pass of the PD cache, or a fetch of the whole stage (baseline).
+  // Parameters: a pass of the PD cache, or the baseline replica's (publish).
   template <class Body>
   double cache_pass(const std::vector<std::vector<int>>& plan, Body&& body);
-  UpdateInfo fetch(std::int64_t version);
   void publish(std::int64_t version);
   void update_replica(std::int64_t step, StepRecord& rec);
   double mean_over_stages(double x);
@@ -93,7 +92,7 @@ class ComputeLoop {
   std::vector<float> packed_;
   std::unique_ptr<MetricsWriter> metrics_;
   PhaseTimers timers_;
-  std::int64_t have_version_ = -1;  // parameter version unpacked in stage_params_
+  std::int64_t have_version_ = -1;  // baseline: parameter version published to stage_params_
   std::deque<StepRecord> pending_;  // records waiting for their update's figures
 };
 
