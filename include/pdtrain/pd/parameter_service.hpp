@@ -1,7 +1,7 @@
 #pragma once
 // The compute side's view of the parameters, whoever holds them: FetchClient (PD, the holders
-// own them) or DeviceReplica (the replicated baseline, this rank owns a copy on its device). Same calls, same
-// numerics. Blocks are named by id only (pd/blocks.hpp).
+// own them) or DeviceReplica (the replicated baseline, this rank owns a copy on its device).
+// Same calls, same numerics. Blocks are named by id only (pd/blocks.hpp).
 #include <cstdint>
 #include <deque>
 #include <functional>
