@@ -51,12 +51,17 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
   const std::int64_t acts =
       GptStage::memory_bytes(cat.shape(), spec, micro_batch_size(deck, ls), deck.model.seq_len,
                              slots, recompute_mode(deck), precision(deck));
-  // PD ranks hold at most pd.cache_mb of parameters (plus the whole stage's gradients); the
-  // baseline holds its stage's parameters and gradients, and its replica's parameters, AdamW
-  // moments and reduced gradients. bf16 precision keeps a bf16 copy beside the parameters.
+  // PD ranks hold at most pd.cache_mb of parameters and the gradients GradStreamer streams
+  // out during backward (its bound); the baseline holds its stage's parameters and gradients,
+  // and its replica's parameters, AdamW moments and reduced gradients. bf16 precision keeps a
+  // bf16 copy beside the parameters.
   const double cap = deck.pd.cache_mb * 1048576.0, b = static_cast<double>(bytes);
   const double copies = deck.train.precision == "bf16" ? 1.5 : 1.0;
   const double params = ls.holders > 0 && cap > 0 ? std::min(cap, copies * b) : copies * b;
+  const double grads =
+      ls.holders > 0 ? static_cast<double>(GradStreamer::bound_bytes(
+                           pos.shapes, static_cast<int>(deck.parallel.micro_batches)))
+                     : b;
   std::string where;
   if (ls.holders > 0 && fetcher == r)
     where = ", " + std::to_string(static_cast<int>(100.0 * static_cast<double>(local) / b)) +
@@ -69,7 +74,7 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
               static_cast<long long>(spec.layer_end - 1),
               spec.has_embedding ? " + embedding" : "", spec.has_head ? " + head" : "",
               pos.shapes.needed_blocks().size(), human_bytes(b).c_str(), where.c_str(),
-              human_bytes(params).c_str(), human_bytes(b).c_str(),
+              human_bytes(params).c_str(), human_bytes(grads).c_str(),
               human_bytes(static_cast<double>(acts)).c_str(), slots,
               ls.holders == 0 ? (" + replica (params, AdamW, grads) " + human_bytes(4.0 * b)).c_str()
                               : "",
@@ -152,7 +157,8 @@ void report_step(MetricsWriter& metrics, const StepRecord& rec, const Deck& deck
 
 void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t start_step,
                        const PhaseTimers& timers, const ParameterService& service,
-                       const StageCache* cache, const Device& device) {
+                       const StageCache* cache, const GradStreamer* grads,
+                       const Device& device) {
   const double tokens = static_cast<double>((r.final_step - start_step) * deck.train.batch_size *
                                             deck.model.seq_len);
   std::printf("summary: wall %.2f s | %.0f tok/s | fetch %.2f s | compute %.2f s | "
@@ -165,6 +171,12 @@ void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t star
   if (cache)
     std::printf("%s (this rank; per-block table in %s/pd_heat/)\n",
                 cache->summary(timers.get("compute")).c_str(), deck.run.out_dir.c_str());
+  if (grads)
+    std::printf("grads: streamed per unit during backward | peak %s held (bound %s) | "
+                "reduce + push inside backward %.2f s\n",
+                human_bytes(static_cast<double>(grads->peak_bytes())).c_str(),
+                human_bytes(static_cast<double>(grads->bound())).c_str(),
+                grads->stream_seconds());
   if (!device.is_host())
     std::printf("device: %s | peak %s allocated by this rank\n", device.describe().c_str(),
                 human_bytes(static_cast<double>(device.peak_bytes())).c_str());

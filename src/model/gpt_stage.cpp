@@ -175,6 +175,19 @@ std::vector<std::vector<int>> GptStage::backward_uses(const StageParams& p) {
   return uses;  // the embedding's backward needs no parameters
 }
 
+// The sections of backward() that add into units' gradients, in order (announced with
+// grads_begin/grads_end): a unit's gradient of a step is final after its last section of the
+// step's last backward. The tied embedding gets the head's part and, on a stage that also
+// embeds, the lookup's part at the very end.
+std::vector<std::vector<int>> GptStage::backward_grad_uses(const StageParams& p) {
+  std::vector<std::vector<int>> uses;
+  const std::int64_t layers = p.spec().layer_end - p.spec().layer_begin;
+  if (p.spec().has_head) uses.push_back({p.lnf_unit(), p.wte_unit()});
+  for (std::int64_t i = layers - 1; i >= 0; --i) uses.push_back({static_cast<int>(i)});
+  if (p.spec().has_embedding) uses.push_back({p.wte_unit(), p.wpe_unit()});
+  return uses;
+}
+
 void GptStage::forward(int slot, const std::int32_t* tokens, const float* input,
                        const std::int32_t* targets) {
   SlotActs& a = acts_.slots[slot];
@@ -282,7 +295,9 @@ void GptStage::backward(int slot, float dloss, const float* doutput) {
   const float* last = output(slot);
   if (dims_.head) {
     p_.need({p_.lnf_unit(), p_.wte_unit()});
+    p_.grads_begin({p_.lnf_unit(), p_.wte_unit()});
     head_backward(a, last, dloss);  // leaves d(last residual) in g.dresidual
+    p_.grads_end({p_.lnf_unit(), p_.wte_unit()});
   } else {
     copy_in(g.dresidual.data(), doutput, g.dresidual.bytes());
   }
@@ -290,18 +305,23 @@ void GptStage::backward(int slot, float dloss, const float* doutput) {
     const float* residual = i > 0 ? a.layers[i - 1].residual3.data() : a.input.data();
     const std::int64_t l = p_.spec().layer_begin + i;
     p_.need({static_cast<int>(i)});
+    p_.grads_begin({static_cast<int>(i)});
     if (dims_.recompute == Recompute::full) {
       layer_forward(l, residual, acts_.recompute_layer);  // the same inputs, the same bits
       layer_backward(l, residual, acts_.recompute_layer);
     } else {
       layer_backward(l, residual, a.layers[i]);
     }
+    p_.grads_end({static_cast<int>(i)});
   }
-  if (dims_.embedding)
+  if (dims_.embedding) {
+    p_.grads_begin({p_.wte_unit(), p_.wpe_unit()});
     k_.encoder_backward(p_.grad(Tid::wte), p_.grad(Tid::wpe), g.dresidual.data(),
                         a.tokens.data(), static_cast<int>(dims_.B), static_cast<int>(dims_.T),
                         static_cast<int>(dims_.C), static_cast<int>(dims_.v0),
                         static_cast<int>(dims_.v1));
+    p_.grads_end({p_.wte_unit(), p_.wpe_unit()});
+  }
 }
 
 void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {

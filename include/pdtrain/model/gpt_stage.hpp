@@ -56,6 +56,9 @@ class GptStage {
   // StageParams::need().
   static std::vector<std::vector<int>> forward_uses(const StageParams& p);
   static std::vector<std::vector<int>> backward_uses(const StageParams& p);
+  // The units whose gradients each section of one backward adds into, in the order it announces
+  // them through StageParams::grads_begin()/grads_end().
+  static std::vector<std::vector<int>> backward_grad_uses(const StageParams& p);
 
   // Device memory: the residual stream after the last layer [B*T*C], d(input) after backward.
   const float* output(int slot) const;
