@@ -65,7 +65,8 @@ TrainResult ComputeLoop::run() {
   if (cache_) write_heat_map();
   if (result.reporter && opts_.verbose)
     print_run_summary(deck_, result, start_step_, timers_, *service_, cache_.get(),
-                      grads_.get(), *backend_.device);
+                      train_fetched_bytes_, stage_params_.numel() * 4, grads_.get(),
+                      *backend_.device);
   return result;
 }
 
@@ -95,8 +96,15 @@ void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
   // each replica's gradient is a partial sum and they simply add.
   runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
   double waited = 0.0;
-  const double fetch_wait = cache_pass(step_plan_, [&] { waited = pipeline_.run_step(runner_); });
+  const std::int64_t fetched0 = cache_ ? cache_->stats().bytes_fetched : 0;
+  const double fetch_wait = cache_pass(step_plan_, [&] {
+    if (stage_order(deck_) == StageOrder::layer)
+      runner_.train_layer_major(micro_batches_);  // one stage: no pipeline to wait for
+    else
+      waited = pipeline_.run_step(runner_);
+  });
   backend_.device->synchronize();  // a GPU's queued work belongs to this phase
+  if (cache_) train_fetched_bytes_ += cache_->stats().bytes_fetched - fetched0;
   rec.fetch_ms += 1e3 * fetch_wait;
   const double elapsed = now_seconds() - t0;
   const double streamed = grads_ ? grads_->stream_seconds() - streamed_before_ : 0.0;
@@ -225,9 +233,9 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
       kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
       micro_batch_(micro_batch_size(deck, layout.shape())),
       T_(deck.model.seq_len),
-      slots_(pipeline_in_flight(kind_, layout.shape().pp, layout.pp_rank(), micro_batches_)),
+      slots_(activation_slots(deck, layout.shape(), layout.pp_rank())),
       stage_(stage_params_, micro_batch_, T_, staged_tp_, slots_, recompute_mode(deck),
-             *backend.ops),
+             *backend.ops, stage_order(deck)),
       runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
               micro_batch_, T_, slots_, *backend.device),
       pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
@@ -252,10 +260,12 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
     cache_ = std::make_unique<StageCache>(
         stage_params_, *service_, static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0),
         static_cast<int>(deck.pd.prefetch_depth), trace);
-    step_plan_ = StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
-                                       layout.pp_rank(), micro_batches_);
+    step_plan_ = stage_order(deck) == StageOrder::layer
+                     ? StageCache::layer_major_plan(stage_params_)
+                     : StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
+                                             layout.pp_rank(), micro_batches_);
     grads_ = std::make_unique<GradStreamer>(stage_params_, *service_, layout.dp_comm(),
-                                            micro_batches_, trace);
+                                            backward_passes(deck), trace);
   }
 }
 

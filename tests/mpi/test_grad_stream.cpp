@@ -2,7 +2,8 @@
 // data-parallel replicas and pushed as soon as its gradient is final gives bitwise the
 // segments of the whole-stage reduction, and the rank's own accounting of the gradient memory
 // it held stays within the bound, which is far below the stage's gradients with one
-// micro-batch. Runs under mpiexec with 2 ranks: two data-parallel replicas.
+// micro-batch, or with several in layer-major order. Runs under mpiexec with 2 ranks: two
+// data-parallel replicas.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -75,26 +76,42 @@ void batch(const ModelShape& s, int j, std::vector<std::int32_t>& tokens,
   }
 }
 
-void train_micro_batches(GptStage& stage, const ModelShape& s, int micro_batches) {
+struct Case {
+  int micro_batches;
+  StageOrder order;
+};
+
+int slots(const Case& c) { return c.order == StageOrder::layer ? c.micro_batches : 1; }
+
+void train_micro_batches(GptStage& stage, const ModelShape& s, const Case& c) {
   std::vector<std::int32_t> tokens, targets;
-  for (int j = 0; j < micro_batches; ++j) {
+  for (int j = 0; j < c.micro_batches; ++j) {
     batch(s, j, tokens, targets);
+    if (c.order == StageOrder::layer) {
+      stage.load(j, tokens.data(), targets.data());
+      continue;
+    }
     stage.forward(0, tokens.data(), nullptr, targets.data());
     stage.backward(0, 0.01f, nullptr);
+  }
+  if (c.order == StageOrder::layer) {
+    stage.forward_layer_major(c.micro_batches);
+    stage.backward_layer_major(c.micro_batches, 0.01f);
   }
   (void)stage.take_loss_sum();
 }
 
 // The whole-stage way: resident gradients, reduced at once; this replica's segment by block.
-std::map<int, std::vector<float>> whole_stage_segment(const ParamCatalog& cat, int micro_batches) {
+std::map<int, std::vector<float>> whole_stage_segment(const ParamCatalog& cat, const Case& c) {
   const ModelShape s = cat.shape();
   StageParams params(cat, StageSpec{0, s.n_layer, true, true, 1, 0});
   for (int id : params.needed_blocks()) params.unpack_param(cat.block(id), initial(cat, id).data());
   params.upload_params();
   NoTensorParallel tp;
-  GptStage stage(params, kMicroBatch, s.seq_len, tp);
+  GptStage stage(params, kMicroBatch, s.seq_len, tp, slots(c), Recompute::none,
+                 kernels::cpu_kernel_ops(), c.order);
   params.zero_grads();
-  train_micro_batches(stage, s, micro_batches);
+  train_micro_batches(stage, s, c);
   params.download_grads();
   std::vector<std::int64_t> numel;
   std::vector<float> packed;
@@ -119,21 +136,25 @@ struct Streamed {
   std::int64_t peak = 0, bound = 0, stage_grad_bytes = 0;
 };
 
-Streamed streamed(const ParamCatalog& cat, int micro_batches, int steps) {
+Streamed streamed(const ParamCatalog& cat, const Case& c, int steps) {
+  const bool layer_major = c.order == StageOrder::layer;
   const ModelShape s = cat.shape();
   StageParams params(cat, StageSpec{0, s.n_layer, true, true, 1, 0},
                      StageParams::Storage::streamed);
   RecordingService service(cat);
   StageCache cache(params, service, 0, 2, nullptr);
-  GradStreamer grads(params, service, MPI_COMM_WORLD, micro_batches, nullptr);
+  GradStreamer grads(params, service, MPI_COMM_WORLD, layer_major ? 1 : c.micro_batches, nullptr);
   NoTensorParallel tp;
-  GptStage stage(params, kMicroBatch, s.seq_len, tp);
+  GptStage stage(params, kMicroBatch, s.seq_len, tp, slots(c), Recompute::none,
+                 kernels::cpu_kernel_ops(), c.order);
   Streamed out;
   for (int step = 1; step <= steps; ++step) {
     service.pushed.clear();
-    cache.begin(0, StageCache::step_plan(params, PipelineKind::one_f_one_b, 1, 0, micro_batches));
+    cache.begin(0, layer_major ? StageCache::layer_major_plan(params)
+                               : StageCache::step_plan(params, PipelineKind::one_f_one_b, 1, 0,
+                                                       c.micro_batches));
     grads.begin_step(step);
-    train_micro_batches(stage, s, micro_batches);
+    train_micro_batches(stage, s, c);
     grads.end_step();
     cache.end();
     for (std::int64_t st : service.steps) EXPECT_EQ(st, step);
@@ -146,14 +167,14 @@ Streamed streamed(const ParamCatalog& cat, int micro_batches, int steps) {
   return out;
 }
 
-class GradStream : public ::testing::TestWithParam<int> {};
+class GradStream : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
   ASSERT_EQ(world_size(), 2);
-  const int micro_batches = GetParam();
+  const Case c = GetParam();
   const ParamCatalog cat(shape());
-  const auto expected = whole_stage_segment(cat, micro_batches);
-  const Streamed got = streamed(cat, micro_batches, 2);  // the second step reuses the pools
+  const auto expected = whole_stage_segment(cat, c);
+  const Streamed got = streamed(cat, c, 2);  // the second step reuses the pools
   // Each unit is split over the replicas on its own, so a replica pushes other blocks than the
   // whole-stage split gives it; together the replicas push every block once.
   int pushed = static_cast<int>(got.pushed.size()), total = 0;
@@ -197,14 +218,15 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
   EXPECT_LE(got.peak, got.bound);
   // The bound, unit by unit: with one micro-batch the tied embedding (from the head's backward
   // to the lookup's), the small units, the layer being done and the previous one packed on the
-  // wire; with several, every unit from the first backward to the last, and the packed layer.
+  // wire (also with several in layer-major order); with several micro-batch by micro-batch,
+  // every unit from the first backward to the last, and the packed layer.
   const StageParams shapes(cat, StageSpec{0, 4, true, true, 1, 0},
                            StageParams::Storage::shapes_only);
   const std::int64_t layer = shapes.unit_numel(0);
   const std::int64_t small = shapes.unit_numel(shapes.wte_unit()) +
                              shapes.unit_numel(shapes.wpe_unit()) +
                              shapes.unit_numel(shapes.lnf_unit());
-  if (micro_batches == 1) {
+  if (c.micro_batches == 1 || c.order == StageOrder::layer) {
     EXPECT_EQ(got.bound, 4 * (small + 2 * layer));
     EXPECT_LT(got.bound, got.stage_grad_bytes * 6 / 10);
   } else {
@@ -212,7 +234,10 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(MicroBatches, GradStream, ::testing::Values(1, 3));
+INSTANTIATE_TEST_SUITE_P(MicroBatches, GradStream,
+                         ::testing::Values(Case{1, StageOrder::micro_batch},
+                                           Case{3, StageOrder::micro_batch},
+                                           Case{3, StageOrder::layer}));
 
 }  // namespace
 }  // namespace pdtrain::test

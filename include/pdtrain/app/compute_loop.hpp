@@ -90,6 +90,7 @@ class ComputeLoop {
   std::unique_ptr<StageCache> cache_;        // PD only
   std::unique_ptr<GradStreamer> grads_;      // PD only: gradients pushed during backward
   double streamed_before_ = 0.0;             // grads_->stream_seconds() at the step's start
+  std::int64_t train_fetched_bytes_ = 0;     // PD: fetched by training passes (not evaluation)
   std::vector<std::vector<int>> step_plan_;  // the cache's uses in one step
   std::int64_t pass_version_ = 0;            // the version the next pass computes on
   std::vector<float> packed_;  // baseline with dp > 1: the stage's gradients, packed

@@ -37,7 +37,8 @@ void report_step(MetricsWriter& metrics, const StepRecord& rec, const Deck& deck
 // On a GPU also the most device memory the rank held.
 void print_run_summary(const Deck& deck, const TrainResult& result, std::int64_t start_step,
                        const PhaseTimers& timers, const ParameterService& service,
-                       const StageCache* cache, const GradStreamer* grads,
+                       const StageCache* cache, std::int64_t train_fetched_bytes,
+                       std::int64_t stage_bytes, const GradStreamer* grads,
                        const Device& device);
 
 // `pdtrain eval`: the mean validation loss over `batches` batches and the parameters' CRC.
