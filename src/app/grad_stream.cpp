@@ -48,7 +48,7 @@ std::int64_t GradStreamer::PoolCounts::take(std::int64_t n) {
 // it until its push is retired, which happens when a push beyond kPushesInFlight needs room.
 // Pools never shrink and every step repeats the same order, so the first step's peak is the
 // run's.
-std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes) {
+std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int replicas) {
   const std::vector<int> per_pass = writes_per_pass(p);
   std::vector<int> written(per_pass.size(), 0);
   std::vector<bool> bound(per_pass.size(), false);
@@ -82,7 +82,7 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes) {
           (old.in_place ? grads : packed).give(old.n);
           in_flight.pop_front();
         }
-        if (p.unit_is_packed(u, blocks)) {
+        if (replicas == 1 || p.unit_is_packed(u, blocks)) {
           in_flight.push_back({true, p.unit_numel(u)});
         } else {
           const std::int64_t n = pushed_numel(p, u);
@@ -98,7 +98,11 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes) {
 GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
                            int passes, TraceRecorder* trace)
     : params_(params), service_(service), device_(params.device()), trace_(trace),
-      passes_(passes), bound_bytes_(bound_bytes(params, passes)),
+      passes_(passes), bound_bytes_(bound_bytes(params, passes, [&] {
+                                      int n = 1;
+                                      MPI_Comm_size(dp_comm, &n);
+                                      return n;
+                                    }())),
       writes_per_pass_(writes_per_pass(params)),
       group_of_unit_(static_cast<std::size_t>(params.num_units()), -1),
       in_place_(static_cast<std::size_t>(params.num_units()), false),
@@ -123,6 +127,11 @@ GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_C
       final_(static_cast<std::size_t>(params.num_units()), false),
       bound_(static_cast<std::size_t>(params.num_units())) {
   PDT_CHECK(passes >= 1, "a step has at least one backward pass");
+  int replicas = 1;
+  MPI_Comm_size(dp_comm, &replicas);
+  one_replica_ = replicas == 1;
+  if (one_replica_)  // nothing to reduce: every unit's blocks are pushed where they lie
+    for (int u = 0; u < params.num_units(); ++u) in_place_[u] = group_of_unit_[u] >= 0;
   params_.set_grad_user(this);
 }
 
@@ -182,10 +191,16 @@ void GradStreamer::release(int u) {
   final_[u] = true;
   const int g = group_of_unit_[u];
   Push push;
+  std::vector<ParameterService::GradTile> tiles;  // one replica: the blocks where they lie
   if (g >= 0) {
     params_.download_unit_grads(u);
     retire_pushes(kPushesInFlight - 1);  // room for this unit's push
-    if (!in_place_[u]) {
+    if (one_replica_) {
+      for (int b : reducer_.blocks(g)) {
+        const StageParams::HostTile t = params_.grad_tile(params_.catalog().block(b));
+        tiles.push_back(ParameterService::GradTile{t.data, t.rows, t.cols, t.ld});
+      }
+    } else if (!in_place_[u]) {
       push.packed = take_packed(reducer_.total_numel(g));
       float* p = push.packed.data();
       for (int b : reducer_.blocks(g)) {
@@ -200,8 +215,13 @@ void GradStreamer::release(int u) {
   // no group is this rank's to push (it is replicated over the tp group).
   if (g < 0 || !in_place_[u]) give_grads(std::move(push.grads));
   if (g >= 0) {
-    float* data = in_place_[u] ? push.grads.host() : push.packed.data();
-    if (reduce_and_start_push(g, data, &push.ticket))
+    bool started = true;
+    if (one_replica_)
+      push.ticket = service_.start_push_tiles(step_, reducer_.blocks(g), tiles);
+    else
+      started = reduce_and_start_push(
+          g, in_place_[u] ? push.grads.host() : push.packed.data(), &push.ticket);
+    if (started)
       pushes_.push_back(std::move(push));
     else
       recycle(push);

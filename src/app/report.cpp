@@ -59,7 +59,8 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
   const double params = ls.holders > 0 && cap > 0 ? std::min(cap, copies * b) : copies * b;
   const double grads =
       ls.holders > 0
-          ? static_cast<double>(GradStreamer::bound_bytes(pos.shapes, backward_passes(deck)))
+          ? static_cast<double>(
+                GradStreamer::bound_bytes(pos.shapes, backward_passes(deck), ls.dp))
           : b;
   std::string where;
   if (ls.holders > 0 && fetcher == r)

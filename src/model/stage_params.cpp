@@ -227,12 +227,16 @@ void StageParams::download_grads() {
 }
 
 void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
+  const HostTile t = grad_tile(b);
+  for (std::int64_t r = 0; r < t.rows; ++r)
+    std::copy_n(t.data + r * t.ld, t.cols, packed + r * t.cols);
+}
+
+StageParams::HostTile StageParams::grad_tile(const BlockInfo& b) const {
   std::int64_t r0, c0;
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  const float* base = host_grad(b.tensor, b.layer);
-  for (std::int64_t r = 0; r < b.rows; ++r)
-    std::copy_n(base + (r0 + r) * ld + c0, b.cols, packed + r * b.cols);
+  return HostTile{host_grad(b.tensor, b.layer) + r0 * ld + c0, b.rows, b.cols, ld};
 }
 
 std::vector<kernels::KernelOps::Tile> StageParams::tiles(const std::vector<int>& blocks) const {

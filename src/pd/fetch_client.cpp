@@ -1,5 +1,6 @@
 #include "pdtrain/pd/fetch_client.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "pdtrain/core/crc32c.hpp"
@@ -357,19 +358,42 @@ void FetchClient::push(std::int64_t step, const std::vector<int>& blocks, const 
 ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
                                                      const std::vector<int>& blocks,
                                                      const float* grads) {
-  const auto groups = by_holder(blocks);
-  // Offsets of each block's gradient inside `grads` (packed in the order of `blocks`).
-  std::vector<const float*> where(table_.blocks.size(), nullptr);
-  const float* p = grads;
+  std::vector<GradTile> tiles;  // packed back to back in the order of `blocks`
   for (int b : blocks) {
-    where[b] = p;
-    p += table_.blocks[b].numel;
+    tiles.push_back(GradTile{grads, 1, table_.blocks[b].numel, table_.blocks[b].numel});
+    grads += table_.blocks[b].numel;
   }
-  // One message per holder: headers, then each block's payload. Raw payloads are sent from
-  // where they are (an hindexed datatype); other codecs encode into the message.
+  return start_push_tiles(step, blocks, tiles);
+}
+
+namespace {
+
+// The CRC32C of a tile's rows, in order (the block as packed).
+std::uint32_t tile_crc(const ParameterService::GradTile& t) {
+  const auto row = static_cast<std::size_t>(t.cols) * sizeof(float);
+  std::uint32_t crc = crc32c(t.data, row);
+  for (std::int64_t r = 1; r < t.rows; ++r) crc = crc32c_extend(crc, t.data + r * t.ld, row);
+  return crc;
+}
+
+bool contiguous(const ParameterService::GradTile& t) { return t.rows == 1 || t.cols == t.ld; }
+
+}  // namespace
+
+// One message per holder: headers, then each block's payload. Raw payloads are sent from where
+// they lie (a struct datatype: contiguous blocks as bytes, strided ones as a vector of rows);
+// other codecs encode into the message from the block packed.
+ParameterService::PushTicket FetchClient::start_push_tiles(std::int64_t step,
+                                                           const std::vector<int>& blocks,
+                                                           const std::vector<GradTile>& tiles) {
+  PDT_CHECK(tiles.size() == blocks.size(), "a push needs one tile per block");
+  std::vector<const GradTile*> tile_of(table_.blocks.size(), nullptr);
+  for (std::size_t i = 0; i < blocks.size(); ++i) tile_of[blocks[i]] = &tiles[i];
+  const auto groups = by_holder(blocks);
   const PushTicket ticket = next_push_ticket_++;
   Pushing& out = pushes_[ticket];
   out.ticket = ticket;
+  std::vector<float> packed;  // one block, for encoding
   for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
     if (groups[h].empty()) continue;
     const std::size_t head =
@@ -377,6 +401,7 @@ ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
     std::vector<char>& m = out.bytes.emplace_back();
     std::vector<MPI_Aint> at;
     std::vector<int> len;
+    std::vector<MPI_Datatype> types, rows_types;
     std::int64_t numel = 0;
     for (int b : groups[h]) numel += table_.blocks[b].numel;
     m.reserve(head + (push_codec_ == WireCodec::raw ? 0 : static_cast<std::size_t>(numel) * 4));
@@ -385,17 +410,34 @@ ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
     std::memcpy(m.data(), &ph, sizeof(ph));
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       const int b = groups[h][i];
+      const GradTile& t = *tile_of[b];
+      PDT_CHECK(t.rows * t.cols == table_.blocks[b].numel,
+                "push tile of block " + table_.blocks[b].name + " has the wrong size");
       wire::BlockHeader bh{b, 0, step, 0};
       if (push_codec_ == WireCodec::raw) {
         bh.bytes = table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float));
-        bh.crc = crc32c(where[b], static_cast<std::size_t>(bh.bytes));
+        bh.crc = tile_crc(t);
         at.emplace_back();
-        MPI_CHECK(MPI_Get_address(where[b], &at.back()));
-        len.push_back(static_cast<int>(bh.bytes));
+        MPI_CHECK(MPI_Get_address(t.data, &at.back()));
+        if (contiguous(t)) {
+          len.push_back(static_cast<int>(bh.bytes));
+          types.push_back(MPI_BYTE);
+        } else {
+          MPI_Datatype rows;
+          MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(t.rows), static_cast<int>(t.cols),
+                                            static_cast<MPI_Aint>(t.ld * sizeof(float)),
+                                            MPI_FLOAT, &rows));
+          len.push_back(1);
+          types.push_back(rows);
+          rows_types.push_back(rows);
+        }
       } else {
+        packed.resize(static_cast<std::size_t>(t.rows * t.cols));
+        for (std::int64_t r = 0; r < t.rows; ++r)
+          std::copy_n(t.data + r * t.ld, t.cols, packed.data() + r * t.cols);
         const std::size_t from = m.size();
         bh.bytes = static_cast<std::int64_t>(
-            wire_encode(push_codec_, where[b], table_.blocks[b].numel, m));
+            wire_encode(push_codec_, packed.data(), table_.blocks[b].numel, m));
         bh.crc = crc32c(m.data() + from, static_cast<std::size_t>(bh.bytes));
       }
       std::memcpy(m.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
@@ -404,10 +446,12 @@ ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
     at.insert(at.begin(), 0);
     MPI_CHECK(MPI_Get_address(m.data(), &at.front()));
     len.insert(len.begin(), static_cast<int>(m.size()));
+    types.insert(types.begin(), MPI_BYTE);
     MPI_Datatype& type = out.types.emplace_back();
-    MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(at.size()), len.data(), at.data(),
-                                       MPI_BYTE, &type));
+    MPI_CHECK(MPI_Type_create_struct(static_cast<int>(at.size()), len.data(), at.data(),
+                                     types.data(), &type));
     MPI_CHECK(MPI_Type_commit(&type));
+    for (MPI_Datatype& r : rows_types) MPI_CHECK(MPI_Type_free(&r));  // the struct keeps them
     MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, type, layout_.holder_world_rank(h), wire::kPush,
                         layout_.world(), &out.requests.emplace_back()));
   }

@@ -1,5 +1,7 @@
 #include "pdtrain/pd/parameter_service.hpp"
 
+#include <algorithm>
+
 #include "pdtrain/core/error.hpp"
 
 namespace pdtrain {
@@ -10,6 +12,16 @@ UpdateInfo ParameterService::finish_fetch(Ticket ticket) {
   const Queued q = std::move(queued_.front());
   queued_.pop_front();
   return fetch(q.version, q.blocks, q.sink);
+}
+
+ParameterService::PushTicket ParameterService::start_push_tiles(
+    std::int64_t step, const std::vector<int>& blocks, const std::vector<GradTile>& tiles) {
+  std::vector<float> packed;
+  for (const GradTile& t : tiles)
+    for (std::int64_t r = 0; r < t.rows; ++r)
+      packed.insert(packed.end(), t.data + r * t.ld, t.data + r * t.ld + t.cols);
+  push(step, blocks, packed.data());
+  return next_push_++;
 }
 
 }  // namespace pdtrain

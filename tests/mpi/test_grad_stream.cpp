@@ -3,7 +3,8 @@
 // segments of the whole-stage reduction, and the rank's own accounting of the gradient memory
 // it held stays within the bound, which is far below the stage's gradients with one
 // micro-batch, or with several in layer-major order. Runs under mpiexec with 2 ranks: two
-// data-parallel replicas.
+// data-parallel replicas (packed, reduced, pushed), or each rank its own (pushed where the
+// gradients lie, strided rows included).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -79,6 +80,8 @@ void batch(const ModelShape& s, int j, std::vector<std::int32_t>& tokens,
 struct Case {
   int micro_batches;
   StageOrder order;
+  bool replicas;  // the two ranks are two data-parallel replicas, else each its own
+  MPI_Comm dp_comm() const { return replicas ? MPI_COMM_WORLD : MPI_COMM_SELF; }
 };
 
 int slots(const Case& c) { return c.order == StageOrder::layer ? c.micro_batches : 1; }
@@ -121,7 +124,7 @@ std::map<int, std::vector<float>> whole_stage_segment(const ParamCatalog& cat, c
     params.pack_grad(cat.block(b), g.data());
     packed.insert(packed.end(), g.begin(), g.end());
   }
-  GradReducer reducer(MPI_COMM_WORLD, params.needed_blocks(), numel);
+  GradReducer reducer(c.dp_comm(), params.needed_blocks(), numel);
   const float* mine = reducer.reduce_scatter(packed.data());
   std::map<int, std::vector<float>> out;
   for (int b : reducer.my_blocks()) {
@@ -143,7 +146,7 @@ Streamed streamed(const ParamCatalog& cat, const Case& c, int steps) {
                      StageParams::Storage::streamed);
   RecordingService service(cat);
   StageCache cache(params, service, 0, 2, nullptr);
-  GradStreamer grads(params, service, MPI_COMM_WORLD, layer_major ? 1 : c.micro_batches, nullptr);
+  GradStreamer grads(params, service, c.dp_comm(), layer_major ? 1 : c.micro_batches, nullptr);
   NoTensorParallel tp;
   GptStage stage(params, kMicroBatch, s.seq_len, tp, slots(c), Recompute::none,
                  kernels::cpu_kernel_ops(), c.order);
@@ -178,10 +181,11 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
   // Each unit is split over the replicas on its own, so a replica pushes other blocks than the
   // whole-stage split gives it; together the replicas push every block once.
   int pushed = static_cast<int>(got.pushed.size()), total = 0;
-  MPI_Allreduce(&pushed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&pushed, &total, 1, MPI_INT, MPI_SUM, c.dp_comm());
   EXPECT_EQ(total, static_cast<int>(cat.blocks().size()));
   // Compare on rank 0: gather every replica's pushed blocks there, and the expected ones.
-  auto gather = [](const std::map<int, std::vector<float>>& mine) {
+  auto gather = [&](const std::map<int, std::vector<float>>& mine) {
+    if (!c.replicas) return mine;  // each rank pushed the whole stage
     std::vector<float> flat;
     for (const auto& [b, v] : mine) {
       flat.push_back(static_cast<float>(b));
@@ -207,7 +211,7 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
     return all;
   };
   const auto want = gather(expected), have = gather(got.pushed);
-  if (world_rank() == 0) {
+  if (world_rank() == 0 || !c.replicas) {
     ASSERT_EQ(have.size(), want.size());
     for (const auto& [b, v] : want) {
       ASSERT_TRUE(have.count(b)) << cat.block_name(cat.block(b));
@@ -217,9 +221,9 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
   EXPECT_GT(got.peak, 0);
   EXPECT_LE(got.peak, got.bound);
   // The bound, unit by unit: with one micro-batch the tied embedding (from the head's backward
-  // to the lookup's), the small units, the layer being done and the previous one packed on the
-  // wire (also with several in layer-major order); with several micro-batch by micro-batch,
-  // every unit from the first backward to the last, and the packed layer.
+  // to the lookup's), the small units, the layer being done and the previous one on the wire
+  // (also with several in layer-major order); with several micro-batch by micro-batch, every
+  // unit from the first backward to the last, and with replicas the packed layer.
   const StageParams shapes(cat, StageSpec{0, 4, true, true, 1, 0},
                            StageParams::Storage::shapes_only);
   const std::int64_t layer = shapes.unit_numel(0);
@@ -230,14 +234,17 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
     EXPECT_EQ(got.bound, 4 * (small + 2 * layer));
     EXPECT_LT(got.bound, got.stage_grad_bytes * 6 / 10);
   } else {
-    EXPECT_EQ(got.bound, got.stage_grad_bytes + 4 * layer);
+    EXPECT_EQ(got.bound, got.stage_grad_bytes + (c.replicas ? 4 * layer : 0));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(MicroBatches, GradStream,
-                         ::testing::Values(Case{1, StageOrder::micro_batch},
-                                           Case{3, StageOrder::micro_batch},
-                                           Case{3, StageOrder::layer}));
+                         ::testing::Values(Case{1, StageOrder::micro_batch, true},
+                                           Case{3, StageOrder::micro_batch, true},
+                                           Case{3, StageOrder::layer, true},
+                                           Case{1, StageOrder::micro_batch, false},
+                                           Case{3, StageOrder::micro_batch, false},
+                                           Case{3, StageOrder::layer, false}));
 
 }  // namespace
 }  // namespace pdtrain::test

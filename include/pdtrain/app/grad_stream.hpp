@@ -9,12 +9,14 @@
 // Memory: a rank holds the gradients of the units between their first and last write (with one
 // micro-batch and one stage: the tied embedding from the head's backward to the lookup's, and
 // the layer being done; with several micro-batches in the default order, every unit from the
-// first backward to the last), plus at most kPushesInFlight units on the wire. A unit whose
-// blocks are whole rows in storage order (the embeddings, the final LayerNorm) is pushed from
-// its gradient memory; a layer (whose row-parallel weights are column slabs) is packed into a
-// buffer first and its gradient memory reused at once. bound_bytes() computes the bound from
-// the backward's order with the same pool arithmetic the rank uses, and peak_bytes() is what
-// the rank actually held.
+// first backward to the last), plus at most kPushesInFlight units on the wire. With one replica
+// every unit is pushed from its gradient memory (row-parallel weights' column slabs as strided
+// rows); with several, a unit whose blocks are whole rows in storage order (the embeddings, the
+// final LayerNorm) is reduced and pushed there too, and a layer is packed into a buffer first
+// (the reduction needs its blocks back to back) and its gradient memory reused at once.
+// bound_bytes() computes the bound from the backward's order with the same pool arithmetic the
+// rank uses, and peak_bytes() is what the rank actually held. (With a lossy or compressing push
+// codec the encoded message is held as well, at most as large as the unit.)
 //
 // Exact: every element of a gradient is added in the same order as when the whole stage was
 // reduced and pushed at once (GradReducer), and holders add contributions per block, so the
@@ -51,8 +53,8 @@ class GradStreamer final : public GradUser {
   GradStreamer& operator=(const GradStreamer&) = delete;
 
   // The most gradient bytes (unit gradients + packed pushes) a rank with `params` holds in a
-  // step of `passes` backward passes.
-  static std::int64_t bound_bytes(const StageParams& params, int passes);
+  // step of `passes` backward passes, with `replicas` data-parallel replicas.
+  static std::int64_t bound_bytes(const StageParams& params, int passes, int replicas);
 
   void begin_step(std::int64_t step);
   void grads_begin(const std::vector<int>& units) override;
@@ -107,6 +109,7 @@ class GradStreamer final : public GradUser {
   std::vector<int> writes_per_pass_;  // per unit: grads_end() calls in one backward
   std::vector<int> group_of_unit_;    // the reducer's group of each unit's pushed blocks, or -1
   std::vector<bool> in_place_;        // per unit: pushed from its gradient memory
+  bool one_replica_ = true;           // nothing to reduce: push tiles where they lie
   GradReducer reducer_;
   std::int64_t step_ = 0;
   std::vector<int> written_;  // per unit: grads_end() calls so far this step

@@ -147,6 +147,12 @@ class StageParams {
   // Block b's gradient from the host view (the whole buffer's, or its unit's), packed
   // row-major.
   void pack_grad(const BlockInfo& b, float* packed) const;
+  // Block b's gradient where it lies in the host view: `rows` rows of `cols` floats, `ld` apart.
+  struct HostTile {
+    const float* data;
+    std::int64_t rows, cols, ld;
+  };
+  HostTile grad_tile(const BlockInfo& b) const;
   // The unit a block belongs to.
   int unit_of_block(const BlockInfo& b) const { return unit_of(b.tensor, b.layer); }
   // Where blocks live in the resident parameter buffer and in the gradient buffer (both have

@@ -39,6 +39,8 @@ class FetchClient final : public ParameterService {
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   PushTicket start_push(std::int64_t step, const std::vector<int>& blocks,
                         const float* grads) override;
+  PushTicket start_push_tiles(std::int64_t step, const std::vector<int>& blocks,
+                              const std::vector<GradTile>& tiles) override;
   bool push_done(PushTicket ticket) override;
   void wait_push(PushTicket ticket) override;
   std::uint32_t finish() override;
