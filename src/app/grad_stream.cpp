@@ -43,12 +43,13 @@ std::int64_t GradStreamer::PoolCounts::take(std::int64_t n) {
 }
 
 // Replays one step's backward with the rank's own pool arithmetic, assuming no push finishes
-// before it must (the worst case): gradient memory bound at a unit's first write; at its last,
-// a packed unit takes a packed buffer and gives its gradient memory back, an in-place one keeps
-// it until its push is retired, which happens when a push beyond kPushesInFlight needs room.
-// Pools never shrink and every step repeats the same order, so the first step's peak is the
-// run's.
-std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int replicas) {
+// before it must (the worst case): gradient memory bound at a unit's first write; at its last
+// (staged: at the next unit's last, when its download is waited for), a packed unit takes a
+// packed buffer and gives its gradient memory back, an in-place one keeps it until its push is
+// retired, which happens when a push beyond kPushesInFlight needs room. Pools never shrink and
+// every step repeats the same order, so the first step's peak is the run's.
+std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int replicas,
+                                       bool staged) {
   const std::vector<int> per_pass = writes_per_pass(p);
   std::vector<int> written(per_pass.size(), 0);
   std::vector<bool> bound(per_pass.size(), false);
@@ -58,10 +59,26 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
     std::int64_t n;
   };
   std::deque<OnWire> in_flight;
+  int downloading = -1;
   std::int64_t held = 0, peak = 0;
   const auto add = [&](std::int64_t floats) {
     held += 4 * floats;
     peak = std::max(peak, held);
+  };
+  const auto push = [&](int u) {
+    if (in_flight.size() == kPushesInFlight) {
+      const OnWire& old = in_flight.front();
+      (old.in_place ? grads : packed).give(old.n);
+      in_flight.pop_front();
+    }
+    if (replicas == 1 || p.unit_is_packed(u, pushed_blocks_of(p, u))) {
+      in_flight.push_back({true, p.unit_numel(u)});
+    } else {
+      const std::int64_t n = pushed_numel(p, u);
+      add(packed.take(n));
+      grads.give(p.unit_numel(u));
+      in_flight.push_back({false, n});
+    }
   };
   for (int pass = 0; pass < passes; ++pass)
     for (const std::vector<int>& use : GptStage::backward_grad_uses(p)) {
@@ -72,23 +89,13 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
         }
       for (int u : use) {
         if (++written[u] < passes * per_pass[u]) continue;
-        const std::vector<int> blocks = pushed_blocks_of(p, u);
-        if (blocks.empty()) {
+        if (pushed_numel(p, u) == 0) {
           grads.give(p.unit_numel(u));
-          continue;
-        }
-        if (in_flight.size() == kPushesInFlight) {
-          const OnWire& old = in_flight.front();
-          (old.in_place ? grads : packed).give(old.n);
-          in_flight.pop_front();
-        }
-        if (replicas == 1 || p.unit_is_packed(u, blocks)) {
-          in_flight.push_back({true, p.unit_numel(u)});
+        } else if (!staged) {
+          push(u);
         } else {
-          const std::int64_t n = pushed_numel(p, u);
-          add(packed.take(n));
-          grads.give(p.unit_numel(u));
-          in_flight.push_back({false, n});
+          if (downloading >= 0) push(downloading);
+          downloading = u;
         }
       }
     }
@@ -98,11 +105,13 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
 GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
                            int passes, TraceRecorder* trace)
     : params_(params), service_(service), device_(params.device()), trace_(trace),
-      passes_(passes), bound_bytes_(bound_bytes(params, passes, [&] {
-                                      int n = 1;
-                                      MPI_Comm_size(dp_comm, &n);
-                                      return n;
-                                    }())),
+      passes_(passes), bound_bytes_(bound_bytes(params, passes,
+                                                [&] {
+                                                  int n = 1;
+                                                  MPI_Comm_size(dp_comm, &n);
+                                                  return n;
+                                                }(),
+                                                !params.device().is_host())),
       writes_per_pass_(writes_per_pass(params)),
       group_of_unit_(static_cast<std::size_t>(params.num_units()), -1),
       in_place_(static_cast<std::size_t>(params.num_units()), false),
@@ -166,6 +175,7 @@ double GradStreamer::end_step() {
               "step " + std::to_string(step_) + " ended before the last backward of unit " +
                   params_.unit_name(u));
   const double t0 = now_seconds();
+  finish_download();
   retire_pushes(0);
   return now_seconds() - t0;
 }
@@ -187,46 +197,68 @@ void GradStreamer::bind(int u) {
 
 void GradStreamer::release(int u) {
   const double t0 = now_seconds();
-  TraceSpan span(trace_, "push " + params_.unit_name(u), "pd");
   final_[u] = true;
-  const int g = group_of_unit_[u];
-  Push push;
-  std::vector<ParameterService::GradTile> tiles;  // one replica: the blocks where they lie
-  if (g >= 0) {
-    params_.download_unit_grads(u);
-    retire_pushes(kPushesInFlight - 1);  // room for this unit's push
-    if (one_replica_) {
-      for (int b : reducer_.blocks(g)) {
-        const StageParams::HostTile t = params_.grad_tile(params_.catalog().block(b));
-        tiles.push_back(ParameterService::GradTile{t.data, t.rows, t.cols, t.ld});
-      }
-    } else if (!in_place_[u]) {
-      push.packed = take_packed(reducer_.total_numel(g));
-      float* p = push.packed.data();
-      for (int b : reducer_.blocks(g)) {
-        params_.pack_grad(params_.catalog().block(b), p);
-        p += params_.catalog().block(b).numel();
-      }
-    }
-  }
   params_.bind_unit_grads(u, nullptr, nullptr);
-  push.grads = std::move(bound_[u]);
-  // A packed unit's gradient memory is free for the next unit at once; nothing of a unit with
-  // no group is this rank's to push (it is replicated over the tp group).
-  if (g < 0 || !in_place_[u]) give_grads(std::move(push.grads));
-  if (g >= 0) {
-    bool started = true;
-    if (one_replica_)
-      push.ticket = service_.start_push_tiles(step_, reducer_.blocks(g), tiles);
-    else
-      started = reduce_and_start_push(
-          g, in_place_[u] ? push.grads.host() : push.packed.data(), &push.ticket);
-    if (started)
-      pushes_.push_back(std::move(push));
-    else
-      recycle(push);
+  Mirrored<float> grads = std::move(bound_[u]);
+  if (group_of_unit_[u] < 0) {  // nothing of it is this rank's to push (tp-replicated)
+    give_grads(std::move(grads));
+  } else if (device_.is_host()) {
+    push_unit(u, std::move(grads));
+  } else {
+    // The copy queue takes the unit once the compute queue has finished its backward; the
+    // previous unit's download, queued one unit earlier, is pushed meanwhile.
+    const std::unique_ptr<Event> computed = device_.make_event();
+    device_.record(*computed, Queue::compute);
+    device_.wait(Queue::copy, *computed);
+    device_.copy(grads.host(), grads.device(), static_cast<std::size_t>(grads.size()) * 4,
+                 Queue::copy);
+    std::unique_ptr<Event> done = device_.make_event();
+    device_.record(*done, Queue::copy);
+    finish_download();
+    downloading_ = Downloading{u, std::move(grads), std::move(done)};
   }
   stream_seconds_ += now_seconds() - t0;
+}
+
+void GradStreamer::finish_download() {
+  if (downloading_.unit < 0) return;
+  device_.wait_host(*downloading_.done);
+  const int u = downloading_.unit;
+  downloading_.unit = -1;
+  downloading_.done.reset();
+  push_unit(u, std::move(downloading_.grads));
+}
+
+void GradStreamer::push_unit(int u, Mirrored<float> grads) {
+  TraceSpan span(trace_, "push " + params_.unit_name(u), "pd");
+  const int g = group_of_unit_[u];
+  retire_pushes(kPushesInFlight - 1);  // room for this unit's push
+  std::vector<ParameterService::GradTile> tiles;  // the blocks where they lie, in order
+  for (int b : reducer_.blocks(g)) {
+    const StageParams::HostTile t =
+        params_.grad_tile(params_.catalog().block(b), grads.host());
+    tiles.push_back(ParameterService::GradTile{t.data, t.rows, t.cols, t.ld});
+  }
+  Push push;
+  bool started = true;
+  if (one_replica_) {
+    push.ticket = service_.start_push_tiles(step_, reducer_.blocks(g), tiles);
+    push.grads = std::move(grads);
+  } else if (in_place_[u]) {
+    started = reduce_and_start_push(g, grads.host(), &push.ticket);
+    push.grads = std::move(grads);
+  } else {  // the reduction needs the blocks back to back; the gradient memory is free at once
+    push.packed = take_packed(reducer_.total_numel(g));
+    float* p = push.packed.data();
+    for (const ParameterService::GradTile& t : tiles)
+      for (std::int64_t r = 0; r < t.rows; ++r, p += t.cols) std::copy_n(t.data + r * t.ld, t.cols, p);
+    give_grads(std::move(grads));
+    started = reduce_and_start_push(g, push.packed.data(), &push.ticket);
+  }
+  if (started)
+    pushes_.push_back(std::move(push));
+  else
+    recycle(push);
 }
 
 // Collective over the replicas: every replica releases its units in the same order. This

@@ -60,7 +60,8 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
   const double grads =
       ls.holders > 0
           ? static_cast<double>(
-                GradStreamer::bound_bytes(pos.shapes, backward_passes(deck), ls.dp))
+                GradStreamer::bound_bytes(pos.shapes, backward_passes(deck), ls.dp,
+                                          deck.compute.device != "cpu"))
           : b;
   std::string where;
   if (ls.holders > 0 && fetcher == r)

@@ -127,14 +127,6 @@ const float* StageParams::host_grad(TensorId id, std::int64_t layer) const {
   return units_[unit_of_grad(id, layer)].grad_host + local_[static_cast<int>(id)].unit_offset;
 }
 
-void StageParams::download_unit_grads(int u) {
-  PDT_CHECK(units_[u].grad != nullptr, "gradients of unit " + units_[u].name + " not bound");
-  if (units_[u].grad_host == units_[u].grad) return;
-  device_.copy(units_[u].grad_host, units_[u].grad,
-               static_cast<std::size_t>(units_[u].numel) * sizeof(float));
-  device_.synchronize();
-}
-
 bool StageParams::unit_is_packed(int u, const std::vector<int>& blocks) const {
   std::int64_t next = 0;
   for (int id : blocks) {
@@ -233,10 +225,18 @@ void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
 }
 
 StageParams::HostTile StageParams::grad_tile(const BlockInfo& b) const {
+  return tile_at(b, host_grad(b.tensor, b.layer));
+}
+
+StageParams::HostTile StageParams::grad_tile(const BlockInfo& b, const float* unit_grads) const {
+  return tile_at(b, unit_grads + local_[static_cast<int>(b.tensor)].unit_offset);
+}
+
+StageParams::HostTile StageParams::tile_at(const BlockInfo& b, const float* tensor) const {
   std::int64_t r0, c0;
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  return HostTile{host_grad(b.tensor, b.layer) + r0 * ld + c0, b.rows, b.cols, ld};
+  return HostTile{tensor + r0 * ld + c0, b.rows, b.cols, ld};
 }
 
 std::vector<kernels::KernelOps::Tile> StageParams::tiles(const std::vector<int>& blocks) const {

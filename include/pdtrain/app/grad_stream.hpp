@@ -18,6 +18,11 @@
 // rank uses, and peak_bytes() is what the rank actually held. (With a lossy or compressing push
 // codec the encoded message is held as well, at most as large as the unit.)
 //
+// On a GPU a final unit's gradient is downloaded to its pinned host view on the copy queue,
+// after an event on the compute queue, and packed and pushed only when the next unit is final
+// (or the step ends): the host never waits for the backward it has just queued, so the GPU
+// keeps computing while the previous unit crosses to the host.
+//
 // Exact: every element of a gradient is added in the same order as when the whole stage was
 // reduced and pushed at once (GradReducer), and holders add contributions per block, so the
 // numbers are bitwise those of a whole-stage push.
@@ -53,8 +58,10 @@ class GradStreamer final : public GradUser {
   GradStreamer& operator=(const GradStreamer&) = delete;
 
   // The most gradient bytes (unit gradients + packed pushes) a rank with `params` holds in a
-  // step of `passes` backward passes, with `replicas` data-parallel replicas.
-  static std::int64_t bound_bytes(const StageParams& params, int passes, int replicas);
+  // step of `passes` backward passes, with `replicas` data-parallel replicas; `staged`: on a
+  // device whose memory is not the host's (a unit waits for its download one release longer).
+  static std::int64_t bound_bytes(const StageParams& params, int passes, int replicas,
+                                  bool staged);
 
   void begin_step(std::int64_t step);
   void grads_begin(const std::vector<int>& units) override;
@@ -89,8 +96,17 @@ class GradStreamer final : public GradUser {
     Mirrored<float> grads;
     std::vector<float> packed;
   };
+  // A final unit's gradient on its way to the host view (GPU).
+  struct Downloading {
+    int unit = -1;
+    Mirrored<float> grads;
+    std::unique_ptr<Event> done;
+  };
   void bind(int unit);
-  void release(int unit);  // the unit's gradient is final: (pack,) reduce, push
+  void release(int unit);  // the unit's gradient is final
+  void finish_download();  // the unit downloading, if any: wait for it and push it
+  // Pushes unit u's gradient from its host view: (pack,) reduce, start the push.
+  void push_unit(int unit, Mirrored<float> grads);
   // Reduces group g of `data` over the replicas and starts this replica's push of its segment
   // (false when it has none).
   bool reduce_and_start_push(int group, float* data, ParameterService::PushTicket* ticket);
@@ -117,6 +133,7 @@ class GradStreamer final : public GradUser {
   PoolCounts pool_counts_, packed_counts_;
   std::map<std::int64_t, std::vector<Mirrored<float>>> free_;  // by size
   std::vector<Mirrored<float>> bound_;                           // per unit, while bound
+  Downloading downloading_;                                      // GPU: at most one
   std::deque<Push> pushes_;                                      // oldest first
   std::vector<std::vector<float>> spare_packed_;
   std::int64_t held_ = 0, peak_ = 0;

@@ -120,8 +120,6 @@ class StageParams {
   void grads_end(const std::vector<int>& units) {
     if (grad_user_) grad_user_->grads_end(units);
   }
-  // Streamed storage: unit u's gradients to their host view (then synchronizes), for pack_grad.
-  void download_unit_grads(int u);
   // Whether `blocks` of unit u, packed back to back in this order, are exactly the unit's
   // storage (every block whole rows, in storage order, covering it): then its gradients can be
   // pushed from where they are, without packing.
@@ -153,6 +151,9 @@ class StageParams {
     std::int64_t rows, cols, ld;
   };
   HostTile grad_tile(const BlockInfo& b) const;
+  // The same in a unit's gradient laid out like its storage at `unit_grads` (streamed gradients
+  // no longer bound, on their way to the holders).
+  HostTile grad_tile(const BlockInfo& b, const float* unit_grads) const;
   // The unit a block belongs to.
   int unit_of_block(const BlockInfo& b) const { return unit_of(b.tensor, b.layer); }
   // Where blocks live in the resident parameter buffer and in the gradient buffer (both have
@@ -186,6 +187,8 @@ class StageParams {
   int unit_of_param(TensorId id, std::int64_t layer) const;  // checked to be resident
   int unit_of_grad(TensorId id, std::int64_t layer) const;   // checked to be bound
   const float* host_grad(TensorId id, std::int64_t layer) const;
+  // Block b's tile in `tensor`, the local tensor (one layer's slice) it belongs to.
+  HostTile tile_at(const BlockInfo& b, const float* tensor) const;
   // The host view of a parameter and of its bf16 copy (where unpack_param writes).
   float* host_param(TensorId id, std::int64_t layer);
   pdtrain::bf16* host_param_bf16(TensorId id, std::int64_t layer);
