@@ -202,9 +202,14 @@ int FetchClient::wire_width() const {
   }
 }
 
-// Typed landings for the holders' groups where the target places at least one block.
+// Typed landings for the holders' groups where the target places at least one block. Not with
+// data-parallel relays: a reply relayed from one contiguous buffer and received into one lets
+// Open MPI's shared-memory transport move it with a single copy (CMA) that the receiver makes
+// alone; a datatype on either side turns that into 32 KiB fragments that advance only when the
+// sending replica polls, which a compute rank without the fetch thread does once per layer.
+// (A holder's reply is a datatype anyway, so receiving it in place costs nothing of the kind.)
 void FetchClient::prepare_landings(InFlight& f) {
-  if (!f.target || wire_width() == 0) return;
+  if (!f.target || wire_width() == 0 || relays()) return;
   for (std::size_t h = 0; h < f.groups.size(); ++h)
     if (!f.groups[h].empty()) build_landing(f.groups[h], f.target, f.replies[h], f.landings[h]);
 }
@@ -242,6 +247,14 @@ void FetchClient::build_landing(const std::vector<int>& group, const BlockTarget
   char* next = reply.data.get() + head;
   for (std::size_t i = 0; i < group.size(); ++i)
     if (!l.in_place[i]) l.at[i].data = next, next += l.at[i].bytes();
+  l.type = landing_type(reply.data.get(), head, l.at);
+  l.bytes = head + payload;
+}
+
+// One datatype over absolute addresses: the headers at `head_at`, then each payload's tile (an
+// hvector of rows where they are apart).
+MPI_Datatype FetchClient::landing_type(const char* head_at, std::size_t head,
+                                       const std::vector<BlockPlace>& at) {
   std::vector<int> lengths;
   std::vector<MPI_Aint> where;
   std::vector<MPI_Datatype> types, strided;
@@ -251,8 +264,8 @@ void FetchClient::build_landing(const std::vector<int>& group, const BlockTarget
     lengths.push_back(static_cast<int>(n));
     types.push_back(t);
   };
-  add(reply.data.get(), static_cast<std::int64_t>(head), MPI_BYTE);
-  for (const BlockPlace& p : l.at) {
+  add(head_at, static_cast<std::int64_t>(head), MPI_BYTE);
+  for (const BlockPlace& p : at) {
     if (p.bytes() == 0) continue;  // the holder sends nothing for it either
     if (p.contiguous()) {
       add(p.data, p.bytes(), MPI_BYTE);
@@ -263,11 +276,12 @@ void FetchClient::build_landing(const std::vector<int>& group, const BlockTarget
                                       p.stride_bytes, MPI_BYTE, &strided.back()));
     add(p.data, 1, strided.back());
   }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
   MPI_CHECK(MPI_Type_create_struct(static_cast<int>(where.size()), lengths.data(), where.data(),
-                                   types.data(), &l.type));
-  MPI_CHECK(MPI_Type_commit(&l.type));
-  for (MPI_Datatype& t : strided) MPI_CHECK(MPI_Type_free(&t));
-  l.bytes = head + payload;
+                                   types.data(), &type));
+  MPI_CHECK(MPI_Type_commit(&type));
+  for (MPI_Datatype& t : strided) MPI_CHECK(MPI_Type_free(&t));  // the struct keeps them
+  return type;
 }
 
 void FetchClient::free_landings(InFlight& f) {
@@ -356,20 +370,6 @@ FetchClient::InFlight* FetchClient::receive_reply(MPI_Message& m, int bytes, int
   return f;
 }
 
-// A relayed reply (from the parent replica, whose message has the same layout as the holder's).
-void FetchClient::receive_group(MPI_Message& m, int bytes, InFlight& f, int h) {
-  Landing& l = f.landings[h];
-  if (l.type != MPI_DATATYPE_NULL && l.bytes == static_cast<std::size_t>(bytes)) {
-    MPI_CHECK(MPI_Mrecv(MPI_BOTTOM, 1, l.type, &m, MPI_STATUS_IGNORE));
-    l.received_typed = true;
-    return;
-  }
-  Buffer& r = f.replies[h];
-  r = take_buffer(static_cast<std::size_t>(bytes));
-  MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
-  l.received_typed = false;
-}
-
 bool FetchClient::advance(InFlight& f) {
   using S = InFlight::Stage;
   const S before = f.stage;
@@ -396,7 +396,9 @@ bool FetchClient::advance(InFlight& f) {
       if (!flag) return received;
       int bytes = 0;
       MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-      receive_group(m, bytes, f, static_cast<int>(f.next_group));
+      Buffer& r = f.replies[f.next_group];
+      r = take_buffer(static_cast<std::size_t>(bytes));
+      MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
       ++f.next_group;
       received = true;
     }
@@ -408,13 +410,8 @@ bool FetchClient::advance(InFlight& f) {
         for (std::size_t h = 0; h < f.groups.size(); ++h) {
           if (f.groups[h].empty()) continue;
           f.relay_reqs.emplace_back();
-          const Landing& l = f.landings[h];
-          if (l.received_typed)  // from where the blocks landed, with the same datatype
-            MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, l.type, child, wire::kRelay, relay_comm_,
-                                &f.relay_reqs.back()));
-          else
-            MPI_CHECK(MPI_Isend(f.replies[h].data.get(), static_cast<int>(f.replies[h].size),
-                                MPI_BYTE, child, wire::kRelay, relay_comm_, &f.relay_reqs.back()));
+          MPI_CHECK(MPI_Isend(f.replies[h].data.get(), static_cast<int>(f.replies[h].size),
+                              MPI_BYTE, child, wire::kRelay, relay_comm_, &f.relay_reqs.back()));
         }
       f.relay_posted = true;
     }

@@ -12,7 +12,8 @@
 // size and layout are known before it arrives, so it is received through a datatype that puts
 // the headers into a small buffer and each placed block's payload straight into its tile of
 // the unit's memory; the CRC32C is then checked there, fused with the target's finishing pass.
-// A block crosses memory once after MPI's copy instead of three times.
+// A block crosses memory once after MPI's copy instead of three times. With dp > 1 replies
+// keep the buffer (relays stay contiguous: see prepare_landings).
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -78,7 +79,7 @@ class FetchClient final : public ParameterService {
   // moves fetches touches a job's fields, except `delivered` and `info` (guarded by mutex_).
   // Where one holder's reply goes. Typed: `type` (absolute addresses, MPI_BOTTOM) receives
   // the headers and unplaced payloads into the reply buffer and placed payloads into their
-  // tiles; `bytes` is the reply's size. Relays are sent from the same places with it.
+  // tiles; `bytes` is the reply's size. Only without data-parallel relays (dp 1).
   struct Landing {
     MPI_Datatype type = MPI_DATATYPE_NULL;
     std::size_t bytes = 0;
@@ -117,11 +118,12 @@ class FetchClient final : public ParameterService {
   void prepare_landings(InFlight& f);
   void build_landing(const std::vector<int>& group, const BlockTarget& target, Buffer& reply,
                      Landing& l);
+  static MPI_Datatype landing_type(const char* head_at, std::size_t head,
+                                   const std::vector<BlockPlace>& at);
   // Receives a probed reply of `bytes` from holder h into `into` (typed if it fits, else as
   // bytes); returns the fetch its header names, moving the reply there if that is another.
   InFlight* receive_reply(MPI_Message& m, int bytes, int h, InFlight* into,
                           const std::vector<Job>& jobs, int source);
-  void receive_group(MPI_Message& m, int bytes, InFlight& f, int h);
   void move_reply(InFlight& from, InFlight& to, int h);
   // Checks the CRC32C of a block that landed in place, handing its rows to the target's
   // `landed` a cache-sized chunk at a time (one pass over memory).
