@@ -11,10 +11,11 @@
 // Units of an older version are dropped when a pass at a new version begins.
 //
 // On a GPU (a Device that is not the host) the bound is on device memory: each cache buffer is
-// device memory with a pinned host staging buffer of the same size. Blocks are checked and
-// unpacked into the staging (possibly by the fetch thread); when a unit's fetch is delivered the
-// cache queues its upload on the device's copy queue, and the compute queue waits for that
-// upload (an event) before the unit's first use: no host synchronization on the way. A buffer
+// device memory with a pinned host staging buffer of the same size. Blocks are received into
+// the staging in place (UnitStore::place) or unpacked there, and checked (possibly by the fetch
+// thread); when a unit's fetch is delivered the cache queues its upload on the device's copy
+// queue, and the compute queue waits for that upload (an event) before the unit's first use:
+// no host synchronization on the way. A buffer
 // is refilled only after the compute queue has passed its previous unit's last use (an event
 // recorded at eviction), and its staging only after its previous upload is done.
 #include <cstdint>
