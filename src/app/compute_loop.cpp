@@ -259,7 +259,7 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
   if (!layout.replicated()) {
     cache_ = std::make_unique<StageCache>(
         stage_params_, *service_, static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0),
-        static_cast<int>(deck.pd.prefetch_depth), trace);
+        static_cast<int>(deck.pd.prefetch_depth), trace, deck.pd.cache_warm_steps);
     step_plan_ = stage_order(deck) == StageOrder::layer
                      ? StageCache::layer_major_plan(stage_params_)
                      : StageCache::step_plan(stage_params_, kind_, layout.shape().pp,

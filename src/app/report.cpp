@@ -63,6 +63,10 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
                 GradStreamer::bound_bytes(pos.shapes, backward_passes(deck), ls.dp,
                                           deck.compute.device != "cpu"))
           : b;
+  std::string params_text = human_bytes(params);
+  if (ls.holders > 0 && cap > 0 && deck.pd.cache_warm_steps > 0)  // the cold start's warm phase
+    params_text += " (" + human_bytes(copies * b) + " in the first " +
+                   std::to_string(deck.pd.cache_warm_steps) + " steps)";
   std::string where;
   if (ls.holders > 0 && fetcher == r)
     where = ", " + std::to_string(static_cast<int>(100.0 * static_cast<double>(local) / b)) +
@@ -75,7 +79,7 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
               static_cast<long long>(spec.layer_end - 1),
               spec.has_embedding ? " + embedding" : "", spec.has_head ? " + head" : "",
               pos.shapes.needed_blocks().size(), human_bytes(b).c_str(), where.c_str(),
-              human_bytes(params).c_str(), human_bytes(grads).c_str(),
+              params_text.c_str(), human_bytes(grads).c_str(),
               human_bytes(static_cast<double>(acts)).c_str(), slots,
               ls.holders == 0 ? (" + replica (params, AdamW, grads) " + human_bytes(4.0 * b)).c_str()
                               : "",

@@ -9,8 +9,9 @@
 namespace pdtrain {
 
 StageCache::StageCache(StageParams& params, ParameterService& service,
-                       std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace)
-    : params_(params),
+                       std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace,
+                       std::int64_t warm_versions)
+    : params_(params), bound_(capacity_bytes), warm_versions_(warm_versions),
       cache_(service, units_of(params), *this, capacity_bytes, prefetch_depth, trace,
              params.device()) {
   params_.set_unit_user(this);
@@ -53,6 +54,14 @@ void StageCache::unpack(int block, const float* data) {
   params_.unpack_param(params_.catalog().block(block), data);
 }
 
+BlockPlace StageCache::place(int block, int elem_bytes) {
+  return params_.block_place(params_.catalog().block(block), elem_bytes);
+}
+
+void StageCache::landed(int block, int elem_bytes, std::int64_t row_begin, std::int64_t row_end) {
+  params_.finish_landed_rows(params_.catalog().block(block), elem_bytes, row_begin, row_end);
+}
+
 void StageCache::write_heat_map(const std::string& path) const {
   std::ofstream f(path);
   f << "block,name,unit,bytes,uses,fetches\n";
@@ -72,8 +81,10 @@ std::string StageCache::summary(double step_seconds) const {
   std::snprintf(buf, sizeof(buf),
                 "cache: limit %s | peak %.1f MiB | uses %lld: hit %.1f %%, late %lld, miss %lld | "
                 "fetched %.1f MiB (re-fetched %.1f MiB) | exposed wait %.2f s (%.1f %% of steps)",
-                cache_.capacity_bytes() > 0
-                    ? (std::to_string(static_cast<double>(cache_.capacity_bytes()) / 1048576.0).substr(0, 6) + " MiB").c_str()
+                bound_ > 0
+                    ? (std::to_string(static_cast<double>(bound_) / 1048576.0).substr(0, 6) + " MiB" +
+                       (warm_versions_ > 0 ? " after " + std::to_string(warm_versions_) + " warm steps" : ""))
+                          .c_str()
                     : "none",
                 static_cast<double>(s.peak_bytes) / mib, static_cast<long long>(s.uses),
                 s.uses > 0 ? 100.0 * static_cast<double>(s.hits) / static_cast<double>(s.uses)

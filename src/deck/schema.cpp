@@ -214,6 +214,14 @@ std::vector<KeySpec> build_schema() {
           "future is evicted and fetched again when needed. Must hold the largest single use "
           "(one layer, or the tied embedding with the final LayerNorm).")
           .at_least(0),
+      key(&D::pd, &PdConfig::cache_warm_steps, "pd.cache_warm_steps",
+          "Cold start: the first N steps keep whole stages resident (no pd.cache_mb limit; "
+          "passes on parameter versions below N, so steps 1..N at staleness 0 and N+s at "
+          "staleness s), then the cache tightens to pd.cache_mb. Pairs with "
+          "optimizer.warmup_steps: while the learning rate ramps up, full-parameter steps "
+          "fetch each layer once; the decoupling grows afterwards. Exact: the same numbers as "
+          "without. 0: bounded from the first step.")
+          .at_least(0),
       key(&D::pd, &PdConfig::fetch_thread, "pd.fetch_thread",
           "Move fetches (requests, replies, relays, CRC checks, unpacking) on a background thread "
           "of each compute rank, so they overlap compute even without asynchronous MPI progress; "

@@ -208,6 +208,39 @@ void StageParams::unpack_param(const BlockInfo& b, const float* packed) {
   }
 }
 
+BlockPlace StageParams::block_place(const BlockInfo& b, int elem_bytes) {
+  if (elem_bytes != 4 && !(elem_bytes == 2 && bf16())) return {};
+  std::int64_t r0, c0;
+  block_origin(b, &r0, &c0);
+  const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
+  char* base = elem_bytes == 4 ? reinterpret_cast<char*>(host_param(b.tensor, b.layer))
+                               : reinterpret_cast<char*>(host_param_bf16(b.tensor, b.layer));
+  return BlockPlace{base + (r0 * ld + c0) * elem_bytes, b.rows, b.cols * elem_bytes,
+                    ld * elem_bytes};
+}
+
+void StageParams::finish_landed_rows(const BlockInfo& b, int elem_bytes, std::int64_t row_begin,
+                                     std::int64_t row_end) {
+  if (!bf16()) return;  // fp32 values landed where they belong
+  std::int64_t r0, c0;
+  block_origin(b, &r0, &c0);
+  const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
+  float* base = host_param(b.tensor, b.layer) + r0 * ld + c0;
+  pdtrain::bf16* base_h = host_param_bf16(b.tensor, b.layer) + r0 * ld + c0;
+  for (std::int64_t r = row_begin; r < row_end; ++r) {
+    float* out = base + r * ld;
+    pdtrain::bf16* out_h = base_h + r * ld;
+    if (elem_bytes == 2) {
+      for (std::int64_t c = 0; c < b.cols; ++c) out[c] = to_float(out_h[c]);
+    } else {
+      for (std::int64_t c = 0; c < b.cols; ++c) {
+        out_h[c] = to_bf16(out[c]);
+        out[c] = to_float(out_h[c]);
+      }
+    }
+  }
+}
+
 void StageParams::upload_params() {
   params_.upload();
   if (bf16()) params_bf16_.upload();

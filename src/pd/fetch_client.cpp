@@ -55,12 +55,21 @@ UpdateInfo FetchClient::fetch(std::int64_t version, const std::vector<int>& bloc
 // once per step whatever dp is.
 ParameterService::Ticket FetchClient::start_fetch(std::int64_t version, std::vector<int> blocks,
                                                   BlockSink sink) {
+  return start_fetch_in_place(version, std::move(blocks), std::move(sink), BlockTarget{});
+}
+
+ParameterService::Ticket FetchClient::start_fetch_in_place(std::int64_t version,
+                                                           std::vector<int> blocks,
+                                                           BlockSink sink, BlockTarget target) {
   auto f = std::make_shared<InFlight>();
   f->ticket = next_ticket_++;
   f->version = version;
   f->sink = std::move(sink);
+  f->target = std::move(target);
   f->groups = by_holder(blocks);
   f->replies.resize(f->groups.size());
+  f->landings.resize(f->groups.size());
+  f->replied.assign(f->groups.size(), 0);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     in_flight_.push_back(f);
@@ -134,6 +143,7 @@ bool FetchClient::advance_all() {
   bool moved = false;
   for (const Job& j : jobs)
     if (j->stage == InFlight::Stage::created) {
+      prepare_landings(*j);  // here, on the thread that moves fetches (it owns the buffers)
       if (layout_.dp_rank() == 0)
         send_requests(*j);
       else
@@ -184,8 +194,106 @@ void FetchClient::send_requests(InFlight& f) {
   f.stage = InFlight::Stage::awaiting_replies;
 }
 
+int FetchClient::wire_width() const {
+  switch (fetch_codec_) {
+    case WireCodec::raw: return 4;
+    case WireCodec::bf16: return 2;
+    default: return 0;
+  }
+}
+
+// Typed landings for the holders' groups where the target places at least one block. Not with
+// data-parallel relays: a reply relayed from one contiguous buffer and received into one lets
+// Open MPI's shared-memory transport move it with a single copy (CMA) that the receiver makes
+// alone; a datatype on either side turns that into 32 KiB fragments that advance only when the
+// sending replica polls, which a compute rank without the fetch thread does once per layer.
+// (A holder's reply is a datatype anyway, so receiving it in place costs nothing of the kind.)
+void FetchClient::prepare_landings(InFlight& f) {
+  if (!f.target || wire_width() == 0 || relays()) return;
+  for (std::size_t h = 0; h < f.groups.size(); ++h)
+    if (!f.groups[h].empty()) build_landing(f.groups[h], f.target, f.replies[h], f.landings[h]);
+}
+
+// The reply's layout is known: headers, then each block's numel * width bytes in request order.
+// Placed payloads go to their tiles (a strided hvector where a tile's rows are apart, e.g. a
+// column slab of a row-parallel weight); the headers and unplaced payloads to `reply`.
+void FetchClient::build_landing(const std::vector<int>& group, const BlockTarget& target,
+                                Buffer& reply, Landing& l) {
+  const int w = wire_width();
+  const std::size_t head = sizeof(wire::ReplyHeader) + group.size() * sizeof(wire::BlockHeader);
+  std::size_t side = 0, payload = 0;
+  l.at.resize(group.size());
+  l.in_place.assign(group.size(), 0);
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    const std::int64_t nb = table_.blocks[group[i]].numel * w;
+    const BlockPlace p = target.place(group[i], w);
+    if (p.data != nullptr) {
+      PDT_CHECK(p.bytes() == nb, "block " + table_.blocks[group[i]].name + " placed in " +
+                                     std::to_string(p.bytes()) + " bytes, expected " +
+                                     std::to_string(nb));
+      l.at[i] = p;
+      l.in_place[i] = 1;
+    } else {
+      l.at[i] = BlockPlace{nullptr, 1, nb, nb};
+      side += static_cast<std::size_t>(nb);
+    }
+    payload += static_cast<std::size_t>(nb);
+  }
+  if (std::find(l.in_place.begin(), l.in_place.end(), 1) == l.in_place.end()) {
+    l = Landing{};  // nothing placed: the reply is received as bytes
+    return;
+  }
+  reply = take_buffer(head + side);
+  char* next = reply.data.get() + head;
+  for (std::size_t i = 0; i < group.size(); ++i)
+    if (!l.in_place[i]) l.at[i].data = next, next += l.at[i].bytes();
+  l.type = landing_type(reply.data.get(), head, l.at);
+  l.bytes = head + payload;
+}
+
+// One datatype over absolute addresses: the headers at `head_at`, then each payload's tile (an
+// hvector of rows where they are apart).
+MPI_Datatype FetchClient::landing_type(const char* head_at, std::size_t head,
+                                       const std::vector<BlockPlace>& at) {
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> where;
+  std::vector<MPI_Datatype> types, strided;
+  auto add = [&](const char* p, std::int64_t n, MPI_Datatype t) {
+    where.emplace_back();
+    MPI_CHECK(MPI_Get_address(p, &where.back()));
+    lengths.push_back(static_cast<int>(n));
+    types.push_back(t);
+  };
+  add(head_at, static_cast<std::int64_t>(head), MPI_BYTE);
+  for (const BlockPlace& p : at) {
+    if (p.bytes() == 0) continue;  // the holder sends nothing for it either
+    if (p.contiguous()) {
+      add(p.data, p.bytes(), MPI_BYTE);
+      continue;
+    }
+    strided.emplace_back();
+    MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(p.rows), static_cast<int>(p.row_bytes),
+                                      p.stride_bytes, MPI_BYTE, &strided.back()));
+    add(p.data, 1, strided.back());
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_CHECK(MPI_Type_create_struct(static_cast<int>(where.size()), lengths.data(), where.data(),
+                                   types.data(), &type));
+  MPI_CHECK(MPI_Type_commit(&type));
+  for (MPI_Datatype& t : strided) MPI_CHECK(MPI_Type_free(&t));  // the struct keeps them
+  return type;
+}
+
+void FetchClient::free_landings(InFlight& f) {
+  for (Landing& l : f.landings)
+    if (l.type != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&l.type));
+}
+
 // Takes every reply that has arrived, whatever fetch it answers (its header names the ticket).
-// Replies are as long as their encoding: each is sized from its probe.
+// A reply's fetch is known only from its header, after the receive: it is received through the
+// landing of the oldest fetch awaiting this holder when that fetch's typed reply has its size
+// (holders answer in request order unless an update makes a later request ready first), and
+// moved if the header names another fetch. Other replies are received as bytes.
 bool FetchClient::receive_replies(const std::vector<Job>& jobs) {
   bool got = false;
   for (;;) {
@@ -197,22 +305,69 @@ bool FetchClient::receive_replies(const std::vector<Job>& jobs) {
     got = true;
     int bytes = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-    Buffer r = take_buffer(static_cast<std::size_t>(bytes));
-    MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
-    from_holders_ += bytes;
-    PDT_CHECK(r.size >= sizeof(wire::ReplyHeader),
-              "short fetch reply from rank " + std::to_string(st.MPI_SOURCE));
-    wire::ReplyHeader rh;
-    std::memcpy(&rh, r.data.get(), sizeof(rh));
-    InFlight* f = nullptr;
+    const int h = st.MPI_SOURCE;  // holders are world ranks 0..H-1
+    InFlight* guess = nullptr;
     for (const Job& g : jobs)
-      if (g->ticket == rh.ticket) f = g.get();
-    PDT_CHECK(f != nullptr && f->stage == InFlight::Stage::awaiting_replies,
-              "holder rank " + std::to_string(st.MPI_SOURCE) + " answered unknown fetch " +
-                  std::to_string(rh.ticket));
-    f->replies[st.MPI_SOURCE] = std::move(r);  // holders are world ranks 0..H-1
+      if (g->stage == InFlight::Stage::awaiting_replies && h < static_cast<int>(g->groups.size()) &&
+          !g->groups[h].empty() && !g->replied[h]) {
+        const Landing& l = g->landings[h];
+        if (l.type != MPI_DATATYPE_NULL && l.bytes == static_cast<std::size_t>(bytes))
+          guess = g.get();
+        break;
+      }
+    InFlight* f = receive_reply(m, bytes, h, guess, jobs, st.MPI_SOURCE);
+    f->replied[h] = 1;
     --f->awaited_replies;
   }
+}
+
+FetchClient::InFlight* FetchClient::receive_reply(MPI_Message& m, int bytes, int h,
+                                                  InFlight* into, const std::vector<Job>& jobs,
+                                                  int source) {
+  from_holders_ += bytes;
+  PDT_CHECK(static_cast<std::size_t>(bytes) >= sizeof(wire::ReplyHeader),
+            "short fetch reply from rank " + std::to_string(source));
+  Buffer r;
+  const char* head = nullptr;
+  if (into != nullptr) {
+    MPI_CHECK(MPI_Mrecv(MPI_BOTTOM, 1, into->landings[h].type, &m, MPI_STATUS_IGNORE));
+    head = into->replies[h].data.get();
+  } else {
+    r = take_buffer(static_cast<std::size_t>(bytes));
+    MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
+    head = r.data.get();
+  }
+  wire::ReplyHeader rh;
+  std::memcpy(&rh, head, sizeof(rh));
+  InFlight* f = nullptr;
+  for (const Job& g : jobs)
+    if (g->ticket == rh.ticket) f = g.get();
+  PDT_CHECK(f != nullptr && f->stage == InFlight::Stage::awaiting_replies &&
+                h < static_cast<int>(f->groups.size()) && !f->groups[h].empty() && !f->replied[h],
+            "holder rank " + std::to_string(source) + " answered unknown fetch " +
+                std::to_string(rh.ticket));
+  if (f == into) {
+    f->landings[h].received_typed = true;
+    return f;
+  }
+  if (into != nullptr) {  // landed at the wrong fetch: back to bytes (its own reply comes later)
+    ++moved_;
+    r = take_buffer(static_cast<std::size_t>(bytes));
+    int pos = 0;
+    MPI_CHECK(MPI_Pack(MPI_BOTTOM, 1, into->landings[h].type, r.data.get(), bytes, &pos,
+                       layout_.world()));
+  }
+  Landing& l = f->landings[h];
+  if (l.type != MPI_DATATYPE_NULL && l.bytes == static_cast<std::size_t>(bytes)) {
+    int pos = 0;
+    MPI_CHECK(MPI_Unpack(r.data.get(), bytes, &pos, MPI_BOTTOM, 1, l.type, layout_.world()));
+    l.received_typed = true;
+    spare_.push_back(std::move(r));
+  } else {
+    f->replies[h] = std::move(r);
+    l.received_typed = false;
+  }
+  return f;
 }
 
 bool FetchClient::advance(InFlight& f) {
@@ -286,9 +441,11 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
     for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
       learnt.push_back(UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr});
     const char* hdr = reply + sizeof(rh);
+    const Landing& l = f.landings[h];
+    // Payloads follow the headers, or (typed) are where the landing put them.
     char* data = reply + sizeof(rh) + group.size() * sizeof(wire::BlockHeader);
     if (version == flip_at_version_) {
-      data[0] ^= 0x10;
+      (l.received_typed ? l.at[0].data : data)[0] ^= 0x10;
       flip_at_version_ = -1;
     }
     for (std::size_t i = 0; i < group.size(); ++i) {
@@ -300,9 +457,18 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
                 "block " + d.name + " arrived as id " + std::to_string(bh.id) + " version " +
                     std::to_string(bh.version) + ", expected version " + std::to_string(version));
       const auto nb = static_cast<std::size_t>(bh.bytes);
-      PDT_CHECK(crc32c(data, nb) == bh.crc,
+      if (l.received_typed) {
+        PDT_CHECK(bh.bytes == l.at[i].bytes(),
+                  "block " + d.name + " arrived with " + std::to_string(bh.bytes) +
+                      " bytes, expected " + std::to_string(l.at[i].bytes()));
+        data = l.at[i].data;
+      }
+      const bool in_place = l.received_typed && l.in_place[i];
+      PDT_CHECK((in_place ? check_in_place(f, b, l.at[i]) : crc32c(data, nb)) == bh.crc,
                 "CRC mismatch in block " + d.name + " (version " + std::to_string(version) +
                     ") fetched from holder " + std::to_string(h));
+      fetched_ += static_cast<std::int64_t>(nb);
+      if (in_place) continue;
       if (fetch_codec_ == WireCodec::raw &&
           reinterpret_cast<std::uintptr_t>(data) % alignof(float) == 0) {
         // Raw floats are used where they arrived (the buffer outlives the sink call).
@@ -316,15 +482,36 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
         f.sink(b, decoded_.data());
       }
       data += nb;
-      fetched_ += static_cast<std::int64_t>(nb);
     }
   }
+  free_landings(f);
   for (Buffer& r : f.replies)
     if (r.capacity > 0) spare_.push_back(std::move(r));
   if (stop) stop_ = true;
   std::lock_guard<std::mutex> lock(mutex_);
   for (const UpdateInfo& u : learnt) known_[u.version] = u;
   return known_.count(version) ? known_.at(version) : UpdateInfo{version, 0.0, 0.0};
+}
+
+// Rows a cache-sized chunk at a time: CRC32C them, then let the target finish them while they
+// are in cache.
+std::uint32_t FetchClient::check_in_place(const InFlight& f, int block, const BlockPlace& p) const {
+  constexpr std::int64_t kChunkBytes = 32 << 10;
+  const std::int64_t step = std::max<std::int64_t>(1, kChunkBytes / std::max<std::int64_t>(1, p.row_bytes));
+  const int w = wire_width();
+  std::uint32_t crc = 0;
+  for (std::int64_t r0 = 0; r0 < p.rows; r0 += step) {
+    const std::int64_t r1 = std::min(p.rows, r0 + step);
+    if (p.contiguous()) {
+      crc = crc32c_extend(crc, p.data + r0 * p.row_bytes,
+                          static_cast<std::size_t>((r1 - r0) * p.row_bytes));
+    } else {
+      for (std::int64_t r = r0; r < r1; ++r)
+        crc = crc32c_extend(crc, p.data + r * p.stride_bytes, static_cast<std::size_t>(p.row_bytes));
+    }
+    if (f.target.landed) f.target.landed(block, w, r0, r1);
+  }
+  return crc;
 }
 
 // The smallest spare buffer that fits (or a new one); at most a few are kept.

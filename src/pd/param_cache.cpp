@@ -16,7 +16,7 @@ ParamCache::ParamCache(ParameterService& service, std::vector<CacheUnit> units, 
                        std::int64_t capacity_bytes, int prefetch_depth, TraceRecorder* trace,
                        Device& device)
     : service_(service), device_(device), units_(std::move(units)), store_(store), capacity_(capacity_bytes),
-      depth_(prefetch_depth), trace_(trace), state_(units_.size()) {
+      next_capacity_(capacity_bytes), depth_(prefetch_depth), trace_(trace), state_(units_.size()) {
   stats_.unit_uses.assign(units_.size(), 0);
   stats_.unit_fetches.assign(units_.size(), 0);
 }
@@ -50,7 +50,17 @@ void ParamCache::begin(std::int64_t version, std::vector<std::vector<int>> plan)
   plan_ = std::move(plan);
   pos_ = 0;
   pinned_.clear();
+  apply_capacity();
+  stats_.pass_peak_bytes = allocated_bytes_;
   prefetch();
+}
+
+// A tighter capacity evicts with the new pass's plan (Belady), before its first fetch.
+void ParamCache::apply_capacity() {
+  capacity_ = next_capacity_;
+  if (capacity_ == 0) return;
+  make_room(0, 0);  // only units of the pass's first use may stay above the bound, and they fit
+  release_free_slots(0);
 }
 
 void ParamCache::acquire(const std::vector<int>& units) {
@@ -122,8 +132,14 @@ bool ParamCache::start(int unit, std::size_t needed_at) {
   if (!make_room(units_[unit].numel, needed_at)) return false;
   s.slot = take_slot(units_[unit].numel);
   store_.bind(unit, s.slot->device(), s.slot->host());
-  s.ticket = service_.start_fetch(version_, units_[unit].blocks,
-                                  [this](int block, const float* data) { store_.unpack(block, data); });
+  BlockTarget target{
+      [this](int block, int width) { return store_.place(block, width); },
+      [this](int block, int width, std::int64_t r0, std::int64_t r1) {
+        store_.landed(block, width, r0, r1);
+      }};
+  s.ticket = service_.start_fetch_in_place(
+      version_, units_[unit].blocks,
+      [this](int block, const float* data) { store_.unpack(block, data); }, std::move(target));
   s.in_flight = true;
   s.started = now_seconds();
   s.version = version_;
@@ -210,11 +226,7 @@ ParamCache::Slot* ParamCache::take_slot(std::int64_t numel) {
       slot.upload_pending = slot.compute_waits = false;
       return &slot;
     }
-  while (capacity_ > 0 && !free_.empty() && allocated_bytes_ + bytes_of(numel) > capacity_) {
-    allocated_bytes_ -= bytes_of(free_.back()->numel);
-    if (free_.back()->release_pending) device_.wait_host(*free_.back()->released);
-    free_.pop_back();
-  }
+  release_free_slots(bytes_of(numel));
   auto slot = std::make_unique<Slot>();
   slot->numel = numel;
   slot->storage = Buffer<float>(device_, numel, MemoryKind::device);
@@ -226,7 +238,16 @@ ParamCache::Slot* ParamCache::take_slot(std::int64_t numel) {
   used_.push_back(std::move(slot));
   allocated_bytes_ += bytes_of(numel);
   stats_.peak_bytes = std::max(stats_.peak_bytes, allocated_bytes_);
+  stats_.pass_peak_bytes = std::max(stats_.pass_peak_bytes, allocated_bytes_);
   return used_.back().get();
+}
+
+void ParamCache::release_free_slots(std::int64_t room) {
+  while (capacity_ > 0 && !free_.empty() && allocated_bytes_ + room > capacity_) {
+    allocated_bytes_ -= bytes_of(free_.back()->numel);
+    if (free_.back()->release_pending) device_.wait_host(*free_.back()->released);
+    free_.pop_back();
+  }
 }
 
 // The compute queue may still read the slot's unit (its last use was queued, maybe not run):

@@ -110,18 +110,19 @@ const std::vector<std::string> kFullDeck = {
     "prefetch_depth = 3",                // 52
     "cache_mb = 64.5",                   // 53
     "fetch_thread = true",               // 54
-    "[checkpoint]",                      // 55
-    "every = 100",                       // 56
-    "codec = \"xor\"",                   // 57
-    "anchor_every = 5",                  // 58
-    "keep = 2",                          // 59
-    "async = true",                      // 60
-    "dir = \"/scratch/ckpt\"",           // 61
-    "[output]",                          // 62
-    "trace = true",                      // 63
-    "[compute]",                         // 64
-    "device = \"cuda\"",                 // 65
-    "tf32 = true",                       // 66
+    "cache_warm_steps = 7",              // 55
+    "[checkpoint]",                      // 56
+    "every = 100",                       // 57
+    "codec = \"xor\"",                   // 58
+    "anchor_every = 5",                  // 59
+    "keep = 2",                          // 60
+    "async = true",                      // 61
+    "dir = \"/scratch/ckpt\"",           // 62
+    "[output]",                          // 63
+    "trace = true",                      // 64
+    "[compute]",                         // 65
+    "device = \"cuda\"",                 // 66
+    "tf32 = true",                       // 67
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -199,6 +200,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.staleness, 2);
   EXPECT_EQ(d.pd.prefetch_depth, 3);
   EXPECT_EQ(d.pd.cache_mb, 64.5);
+  EXPECT_EQ(d.pd.cache_warm_steps, 7);
   EXPECT_TRUE(d.pd.fetch_thread);
   EXPECT_EQ(d.train.precision, "bf16");
   EXPECT_EQ(d.checkpoint.codec, "xor");
@@ -553,9 +555,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 5 train + 2 compute + 8 optimizer + 6 pd +
+  // 5 run + 9 model + 6 data + 7 parallel + 5 train + 2 compute + 8 optimizer + 7 pd +
   // 6 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 55u);
+  EXPECT_EQ(deck::schema().size(), 56u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

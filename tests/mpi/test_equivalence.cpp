@@ -113,7 +113,8 @@ TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
       {"pd.prefetch_depth=5", "pd.cache_mb=0.02"},
       {"pd.prefetch_depth=8"},
       {"pd.prefetch_depth=3", "pd.fetch_thread=true"},  // a background thread moves fetches
-      {"pd.prefetch_depth=2", "pd.cache_mb=0.02", "pd.fetch_thread=true"}};
+      {"pd.prefetch_depth=2", "pd.cache_mb=0.02", "pd.fetch_thread=true"},
+      {"pd.prefetch_depth=2", "pd.cache_mb=0.02", "pd.cache_warm_steps=5"}};  // cold start
   for (std::size_t i = 0; i < settings.size(); ++i) {
     std::vector<std::string> sets = settings[i];
     sets.push_back("parallel.holders=1");

@@ -88,6 +88,29 @@ TEST(ParamCache, BoundedCacheNeverExceedsItsCapacityAndRefetches) {
   EXPECT_EQ(f.cache.stats().bytes_refetched, 2 * unit_bytes);
 }
 
+// The cold start: no limit for the first passes, then a capacity that applies from the next
+// pass's begin (evicting down to it there, farthest next use first, and releasing buffers), so
+// each pass's peak is the whole stage while warm and within the bound after.
+TEST(ParamCache, CapacityChangesAtTheNextPassBegin) {
+  const std::int64_t unit_bytes = 100 * 4;
+  Fixture f({100, 100, 100, 100}, 0, 2);
+  f.pass(0, kStep);
+  EXPECT_EQ(f.cache.stats().pass_peak_bytes, 4 * unit_bytes);
+  EXPECT_EQ(f.cache.stats().fetches, 4);
+  f.cache.set_capacity(2 * unit_bytes);
+  EXPECT_EQ(f.cache.capacity_bytes(), 0);  // not before the next pass
+  f.pass(0, kStep);  // same version: units 3 and 2 (used last) are evicted at begin
+  EXPECT_EQ(f.cache.capacity_bytes(), 2 * unit_bytes);
+  EXPECT_LE(f.cache.stats().pass_peak_bytes, 2 * unit_bytes);
+  EXPECT_GT(f.cache.stats().fetches, 4);  // evicted units come back
+  f.pass(1, kStep);
+  EXPECT_LE(f.cache.stats().pass_peak_bytes, 2 * unit_bytes);
+  EXPECT_EQ(f.cache.stats().peak_bytes, 4 * unit_bytes);
+  f.cache.set_capacity(0);  // and back (a schedule may loosen again)
+  f.pass(2, kStep);
+  EXPECT_EQ(f.cache.stats().pass_peak_bytes, 4 * unit_bytes);
+}
+
 TEST(ParamCache, BeladyBeatsLeastRecentlyUsedOnALoop) {
   // A cyclic order 0 1 2 0 1 2 0 1 2 with room for two: LRU misses every use (9 fetches);
   // evicting the farthest next use fetches 0 1 2(evicts 1) 1(evicts 0) 0(evicts 2) 2: six.

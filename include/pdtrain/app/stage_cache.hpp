@@ -14,8 +14,11 @@ namespace pdtrain {
 
 class StageCache final : public UnitStore, public UnitUser {
  public:
+  // Cold start: passes on the first `warm_versions` parameter versions (steps 1..N at
+  // staleness 0, pd.cache_warm_steps) keep the whole stage resident; later ones are bounded by
+  // `capacity_bytes`.
   StageCache(StageParams& params, ParameterService& service, std::int64_t capacity_bytes,
-             int prefetch_depth, TraceRecorder* trace);
+             int prefetch_depth, TraceRecorder* trace, std::int64_t warm_versions = 0);
   ~StageCache() override;
 
   static std::vector<CacheUnit> units_of(const StageParams& params);
@@ -30,6 +33,7 @@ class StageCache final : public UnitStore, public UnitUser {
   static std::vector<std::vector<int>> eval_plan(const StageParams& params, int forwards);
 
   void begin(std::int64_t version, std::vector<std::vector<int>> plan) {
+    cache_.set_capacity(version < warm_versions_ ? 0 : bound_);
     cache_.begin(version, std::move(plan));
   }
   void end() { cache_.end(); }
@@ -45,9 +49,12 @@ class StageCache final : public UnitStore, public UnitUser {
     params_.bind_unit(unit, storage, staging);
   }
   void unpack(int block, const float* data) override;
+  BlockPlace place(int block, int elem_bytes) override;
+  void landed(int block, int elem_bytes, std::int64_t row_begin, std::int64_t row_end) override;
 
  private:
   StageParams& params_;
+  std::int64_t bound_, warm_versions_;
   ParamCache cache_;
 };
 

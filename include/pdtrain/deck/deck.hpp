@@ -92,6 +92,7 @@ struct PdConfig {
   std::int64_t staleness = 0;       // 0: synchronous; s: step k uses version >= k-1-s
   std::int64_t prefetch_depth = 64; // uses (layers) fetched ahead, as far as pd.cache_mb allows
   double cache_mb = 0.0;            // parameter bytes resident per compute rank; 0: no limit
+  std::int64_t cache_warm_steps = 0;  // cold start: no limit for the first N steps' versions
   bool fetch_thread = false;        // a background thread moves fetches (MPI_THREAD_MULTIPLE)
   friend bool operator==(const PdConfig&, const PdConfig&) = default;
 };

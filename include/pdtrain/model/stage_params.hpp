@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "pdtrain/core/bf16.hpp"
+#include "pdtrain/core/block_place.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/model/catalog.hpp"
@@ -138,6 +139,16 @@ class StageParams {
   // Writes block b's values into the host view of its parameters (the resident buffer's, or
   // its unit's staging); in bf16 precision, rounded, with their bf16 copy.
   void unpack_param(const BlockInfo& b, const float* packed);
+  // Receiving in place instead: where block b's wire payload of `elem_bytes` per element can
+  // land so that it is where unpack_param would put it (its tile of the host view: fp32 values
+  // for 4-byte elements; in bf16 precision the bf16 copy for 2-byte ones). A row-parallel
+  // weight's block is a column slab, so its rows are apart. No place (fp32 precision, bf16
+  // wire): unpack_param it is.
+  BlockPlace block_place(const BlockInfo& b, int elem_bytes);
+  // Rows [row_begin, row_end) of a block that landed at block_place: in bf16 precision, the
+  // fp32 values rounded with their bf16 copy (4-byte wire), or widened from it (2-byte wire).
+  void finish_landed_rows(const BlockInfo& b, int elem_bytes, std::int64_t row_begin,
+                          std::int64_t row_end);
   // Storage::resident: the unpacked parameters to the device (queued on the compute queue).
   void upload_params();
   // Resident storage: the gradients to the host view (then synchronizes), for pack_grad.

@@ -7,6 +7,13 @@
 // it sends requests, receives and relays replies, checks and unpacks blocks while the compute
 // thread runs kernels, so fetch time hides behind compute even where MPI has no asynchronous
 // progress. Otherwise the compute thread does the same work in progress()/finish_fetch().
+//
+// Receiving in place (start_fetch_in_place): with a fixed-size codec (raw, bf16) a reply's
+// size and layout are known before it arrives, so it is received through a datatype that puts
+// the headers into a small buffer and each placed block's payload straight into its tile of
+// the unit's memory; the CRC32C is then checked there, fused with the target's finishing pass.
+// A block crosses memory once after MPI's copy instead of three times. With dp > 1 replies
+// keep the buffer (relays stay contiguous: see prepare_landings).
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -19,6 +26,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/pd/blocks.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
+#include "pdtrain/pd/wire.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
@@ -34,6 +42,8 @@ class FetchClient final : public ParameterService {
   UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                    const BlockSink& sink) override;
   Ticket start_fetch(std::int64_t version, std::vector<int> blocks, BlockSink sink) override;
+  Ticket start_fetch_in_place(std::int64_t version, std::vector<int> blocks, BlockSink sink,
+                              BlockTarget target) override;
   void progress() override;
   UpdateInfo finish_fetch(Ticket ticket) override;
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
@@ -50,6 +60,9 @@ class FetchClient final : public ParameterService {
   // Bytes (encoded) this rank received from holders; the rest of bytes_fetched() came by relay.
   std::int64_t bytes_from_holders() const { return from_holders_; }
   std::int64_t bytes_pushed() const override { return pushed_; }
+  // Replies received in place at another fetch than theirs and moved (holders answered out of
+  // request order); for tests and the curious.
+  std::int64_t replies_moved() const { return moved_; }
   bool background() const { return worker_.joinable(); }
 
  private:
@@ -70,10 +83,23 @@ class FetchClient final : public ParameterService {
   // point, not MPI_Ibcast: the compute thread runs non-blocking collectives at the same time,
   // and Open MPI 4.1's libnbc is not safe to drive from two threads. Only the thread that
   // moves fetches touches a job's fields, except `delivered` and `info` (guarded by mutex_).
+  // Where one holder's reply goes. Typed: `type` (absolute addresses, MPI_BOTTOM) receives
+  // the headers and unplaced payloads into the reply buffer and placed payloads into their
+  // tiles; `bytes` is the reply's size. Only without data-parallel relays (dp 1).
+  struct Landing {
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    std::size_t bytes = 0;
+    std::vector<BlockPlace> at;   // per block: its payload (a tile, or in the reply buffer)
+    std::vector<char> in_place;   // per block: `at` is the target's memory
+    bool received_typed = false;  // the reply came through `type` (else as bytes)
+  };
   struct InFlight {
     Ticket ticket = 0;
     std::int64_t version = 0;
     BlockSink sink;
+    BlockTarget target;
+    std::vector<Landing> landings;            // per holder
+    std::vector<char> replied;                // per holder: its reply is here
     std::vector<std::vector<int>> groups;     // block ids by owning holder
     std::vector<std::vector<char>> requests;  // per holder, kept until sent
     std::vector<Buffer> replies;              // per holder
@@ -104,6 +130,21 @@ class FetchClient final : public ParameterService {
   // One round of work on every fetch in flight; true if anything moved.
   bool advance_all();
   void send_requests(InFlight& f);
+  int wire_width() const;  // bytes per element on the wire; 0: variable (compressed)
+  void prepare_landings(InFlight& f);
+  void build_landing(const std::vector<int>& group, const BlockTarget& target, Buffer& reply,
+                     Landing& l);
+  static MPI_Datatype landing_type(const char* head_at, std::size_t head,
+                                   const std::vector<BlockPlace>& at);
+  // Receives a probed reply of `bytes` from holder h into `into` (typed if it fits, else as
+  // bytes); returns the fetch its header names, moving the reply there if that is another.
+  InFlight* receive_reply(MPI_Message& m, int bytes, int h, InFlight* into,
+                          const std::vector<Job>& jobs, int source);
+  void move_reply(InFlight& from, InFlight& to, int h);
+  // Checks the CRC32C of a block that landed in place, handing its rows to the target's
+  // `landed` a cache-sized chunk at a time (one pass over memory).
+  std::uint32_t check_in_place(const InFlight& f, int block, const BlockPlace& p) const;
+  void free_landings(InFlight& f);
   bool receive_replies(const std::vector<Job>& jobs);
   bool advance(InFlight& f);
   UpdateInfo verify_and_deliver(InFlight& f);
@@ -127,7 +168,7 @@ class FetchClient final : public ParameterService {
   std::vector<float> decoded_;                // one block, decoded
   std::map<std::int64_t, UpdateInfo> known_;  // updates learnt from reply headers
   std::atomic<bool> stop_{false};
-  std::atomic<std::int64_t> fetched_{0}, from_holders_{0};
+  std::atomic<std::int64_t> fetched_{0}, from_holders_{0}, moved_{0};
   std::int64_t pushed_ = 0;
   std::map<PushTicket, Pushing> pushes_;  // on their way (compute thread only)
   PushTicket next_push_ticket_ = 0;

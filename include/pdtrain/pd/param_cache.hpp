@@ -11,10 +11,11 @@
 // Units of an older version are dropped when a pass at a new version begins.
 //
 // On a GPU (a Device that is not the host) the bound is on device memory: each cache buffer is
-// device memory with a pinned host staging buffer of the same size. Blocks are checked and
-// unpacked into the staging (possibly by the fetch thread); when a unit's fetch is delivered the
-// cache queues its upload on the device's copy queue, and the compute queue waits for that
-// upload (an event) before the unit's first use: no host synchronization on the way. A buffer
+// device memory with a pinned host staging buffer of the same size. Blocks are received into
+// the staging in place (UnitStore::place) or unpacked there, and checked (possibly by the fetch
+// thread); when a unit's fetch is delivered the cache queues its upload on the device's copy
+// queue, and the compute queue waits for that upload (an event) before the unit's first use:
+// no host synchronization on the way. A buffer
 // is refilled only after the compute queue has passed its previous unit's last use (an event
 // recorded at eviction), and its staging only after its previous upload is done.
 #include <cstdint>
@@ -41,6 +42,16 @@ class UnitStore {
   // Device memory for the unit and its host staging (the same on the CPU); nullptr: gone.
   virtual void bind(int unit, float* storage, float* staging) = 0;
   virtual void unpack(int block, const float* data) = 0;  // into its bound unit's staging
+  // Receiving in place (see BlockTarget): where block's payload of `elem_bytes` per element can
+  // land in its bound unit's staging (nowhere by default: unpack() gets it), and the pass that
+  // finishes rows that landed there (e.g. widening bf16).
+  virtual BlockPlace place(int block, int elem_bytes) {
+    (void)block, (void)elem_bytes;
+    return {};
+  }
+  virtual void landed(int block, int elem_bytes, std::int64_t row_begin, std::int64_t row_end) {
+    (void)block, (void)elem_bytes, (void)row_begin, (void)row_end;
+  }
 };
 
 struct CacheStats {
@@ -52,6 +63,7 @@ struct CacheStats {
   std::int64_t bytes_fetched = 0;    // parameter bytes (fp32) fetched
   std::int64_t bytes_refetched = 0;  // ... of units fetched before at the same version
   std::int64_t peak_bytes = 0;       // most parameter bytes allocated at once
+  std::int64_t pass_peak_bytes = 0;  // ... during the pass begun last
   double wait_seconds = 0.0;         // exposed: time uses spent waiting for their units
   std::vector<std::int64_t> unit_uses, unit_fetches;
 };
@@ -80,6 +92,10 @@ class ParamCache {
   const CacheStats& stats() const { return stats_; }
   const std::vector<CacheUnit>& units() const { return units_; }
   std::int64_t capacity_bytes() const { return capacity_; }
+  // A new capacity (0: no limit) from the next begin() on, which evicts down to it (farthest
+  // next use first) and releases free buffers beyond it. The cold start keeps whole stages
+  // resident for the first steps this way (StageCache); the numbers never change.
+  void set_capacity(std::int64_t bytes) { next_capacity_ = bytes; }
 
  private:
   struct Slot;
@@ -100,6 +116,8 @@ class ParamCache {
   void ready_for_compute(int unit);
   void prefetch();
   void drop(int unit);
+  void apply_capacity();
+  void release_free_slots(std::int64_t room);  // until `room` more bytes fit the capacity
   Slot* take_slot(std::int64_t numel);
   void give_back(Slot* slot);
 
@@ -108,6 +126,7 @@ class ParamCache {
   std::vector<CacheUnit> units_;
   UnitStore& store_;
   std::int64_t capacity_;  // bytes, 0: unlimited
+  std::int64_t next_capacity_;  // from the next begin() on
   int depth_;
   TraceRecorder* trace_;
   std::vector<State> state_;

@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include "pdtrain/core/block_place.hpp"
+
 namespace pdtrain {
 
 // What the compute side learns with each fetched version: the update that produced it.
@@ -15,6 +17,18 @@ struct UpdateInfo {
   std::int64_t version = 0;  // number of optimizer steps applied
   double grad_norm = 0.0;    // global gradient norm of that step (before clipping)
   double lr = 0.0;           // learning rate of that step
+};
+
+// Optional, for a service that can receive blocks in place (FetchClient): `place` says where
+// block `id` may land given the wire's element width (4: raw fp32, 2: bf16); after the service
+// has checked the block's CRC32C there, it calls `landed` with the rows checked, a cache-sized
+// chunk at a time, so that a finishing pass (widening bf16, rounding) reads them while they
+// are still in cache. The same rules as the sink apply: possibly another thread, and only
+// memory nothing else looks at until the fetch finishes.
+struct BlockTarget {
+  std::function<BlockPlace(int id, int elem_bytes)> place;
+  std::function<void(int id, int elem_bytes, std::int64_t row_begin, std::int64_t row_end)> landed;
+  explicit operator bool() const { return static_cast<bool>(place); }
 };
 
 class ParameterService {
@@ -36,6 +50,13 @@ class ParameterService {
   virtual Ticket start_fetch(std::int64_t version, std::vector<int> blocks, BlockSink sink) {
     queued_.push_back({next_ticket_, version, std::move(blocks), std::move(sink)});
     return next_ticket_++;
+  }
+  // start_fetch() with blocks received where `target` places them (those it places skip the
+  // sink). This default ignores the target: every block goes to the sink.
+  virtual Ticket start_fetch_in_place(std::int64_t version, std::vector<int> blocks,
+                                      BlockSink sink, BlockTarget target) {
+    (void)target;
+    return start_fetch(version, std::move(blocks), std::move(sink));
   }
   virtual void progress() {}
   virtual UpdateInfo finish_fetch(Ticket ticket);
