@@ -4,6 +4,7 @@
 #include <string>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 
 namespace pdtrain {
@@ -25,6 +26,22 @@ std::vector<int> pushed_blocks_of(const StageParams& p, int u) {
   for (int b : p.unit_blocks(u))
     if (p.pushes(p.catalog().block(b))) out.push_back(b);
   return out;
+}
+
+// The reducer's groups: each unit's pushed blocks, for the units that have any.
+std::vector<std::vector<int>> push_groups(const StageParams& p) {
+  std::vector<std::vector<int>> groups;
+  for (int u = 0; u < p.num_units(); ++u) {
+    std::vector<int> blocks = pushed_blocks_of(p, u);
+    if (!blocks.empty()) groups.push_back(std::move(blocks));
+  }
+  return groups;
+}
+
+std::vector<std::int64_t> block_numel(const ParamCatalog& cat) {
+  std::vector<std::int64_t> numel;
+  for (const BlockInfo& b : cat.blocks()) numel.push_back(b.numel());
+  return numel;
 }
 
 std::int64_t pushed_numel(const StageParams& p, int u) {
@@ -105,42 +122,24 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
 GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
                            int passes, TraceRecorder* trace)
     : params_(params), service_(service), device_(params.device()), trace_(trace),
-      passes_(passes), bound_bytes_(bound_bytes(params, passes,
-                                                [&] {
-                                                  int n = 1;
-                                                  MPI_Comm_size(dp_comm, &n);
-                                                  return n;
-                                                }(),
-                                                !params.device().is_host())),
+      passes_(passes), replicas_(comm_size(dp_comm)),
+      bound_bytes_(bound_bytes(params, passes, replicas_, !params.device().is_host())),
       writes_per_pass_(writes_per_pass(params)),
       group_of_unit_(static_cast<std::size_t>(params.num_units()), -1),
       in_place_(static_cast<std::size_t>(params.num_units()), false),
-      reducer_(dp_comm,
-               [&] {
-                 std::vector<std::vector<int>> groups;
-                 for (int u = 0; u < params.num_units(); ++u) {
-                   std::vector<int> blocks = pushed_blocks_of(params, u);
-                   if (blocks.empty()) continue;
-                   group_of_unit_[u] = static_cast<int>(groups.size());
-                   in_place_[u] = params.unit_is_packed(u, blocks);
-                   groups.push_back(std::move(blocks));
-                 }
-                 return groups;
-               }(),
-               [&] {
-                 std::vector<std::int64_t> numel;
-                 for (const BlockInfo& b : params.catalog().blocks()) numel.push_back(b.numel());
-                 return numel;
-               }()),
+      reducer_(dp_comm, push_groups(params), block_numel(params.catalog())),
       written_(static_cast<std::size_t>(params.num_units()), 0),
       final_(static_cast<std::size_t>(params.num_units()), false),
       bound_(static_cast<std::size_t>(params.num_units())) {
   PDT_CHECK(passes >= 1, "a step has at least one backward pass");
-  int replicas = 1;
-  MPI_Comm_size(dp_comm, &replicas);
-  one_replica_ = replicas == 1;
-  if (one_replica_)  // nothing to reduce: every unit's blocks are pushed where they lie
-    for (int u = 0; u < params.num_units(); ++u) in_place_[u] = group_of_unit_[u] >= 0;
+  // With one replica there is nothing to reduce: every unit's blocks are pushed where they lie.
+  int group = 0;
+  for (int u = 0; u < params.num_units(); ++u) {
+    const std::vector<int> blocks = pushed_blocks_of(params, u);
+    if (blocks.empty()) continue;
+    group_of_unit_[u] = group++;  // push_groups' order
+    in_place_[u] = replicas_ == 1 || params.unit_is_packed(u, blocks);
+  }
   params_.set_grad_user(this);
 }
 
@@ -241,7 +240,7 @@ void GradStreamer::push_unit(int u, Mirrored<float> grads) {
   }
   Push push;
   bool started = true;
-  if (one_replica_) {
+  if (replicas_ == 1) {
     push.ticket = service_.start_push_tiles(step_, reducer_.blocks(g), tiles);
     push.grads = std::move(grads);
   } else if (in_place_[u]) {

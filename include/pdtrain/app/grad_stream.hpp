@@ -121,11 +121,11 @@ class GradStreamer final : public GradUser {
   Device& device_;
   TraceRecorder* trace_;
   int passes_;
+  int replicas_;  // data-parallel; 1: nothing to reduce, blocks pushed where they lie
   std::int64_t bound_bytes_;
   std::vector<int> writes_per_pass_;  // per unit: grads_end() calls in one backward
   std::vector<int> group_of_unit_;    // the reducer's group of each unit's pushed blocks, or -1
   std::vector<bool> in_place_;        // per unit: pushed from its gradient memory
-  bool one_replica_ = true;           // nothing to reduce: push tiles where they lie
   GradReducer reducer_;
   std::int64_t step_ = 0;
   std::vector<int> written_;  // per unit: grads_end() calls so far this step
