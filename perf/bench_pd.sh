@@ -70,9 +70,9 @@ bytes_after() {  # run line-prefix label
 params=$(grep -o '| [0-9]* parameters' "$out/a.log" | grep -o '[0-9]*')
 echo "bench_pd: $(grep -m1 '^model:' "$out/a.log")"
 echo "bench_pd: $(grep -m1 '^compute:' "$out/a.log")"
-echo "bench_pd: cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+echo "bench_pd: cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc --all) cores"
 for r in a b0 b1 c d e; do
-  echo "config $r: step_ms=$(mean $r step_ms) fetch_wait_ms=$(mean $r fetch_ms) push_wait_ms=$(mean $r push_ms)"
+  echo "config $r: step_ms=$(mean $r step_ms) compute_ms=$(mean $r compute_ms) fetch_wait_ms=$(mean $r fetch_ms) stream_ms=$(mean $r reduce_ms) push_wait_ms=$(mean $r push_ms)"
   grep -m1 '^summary:' "$out/$r.log" || true
   grep -m1 '^cache:' "$out/$r.log" || true
   grep -m1 '^fetched per training step:' "$out/$r.log" || true
