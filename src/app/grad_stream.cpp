@@ -1,6 +1,7 @@
 #include "pdtrain/app/grad_stream.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "pdtrain/core/error.hpp"
@@ -232,25 +233,21 @@ void GradStreamer::push_unit(int u, Mirrored<float> grads) {
   TraceSpan span(trace_, "push " + params_.unit_name(u), "pd");
   const int g = group_of_unit_[u];
   retire_pushes(kPushesInFlight - 1);  // room for this unit's push
-  std::vector<ParameterService::GradTile> tiles;  // the blocks where they lie, in order
-  for (int b : reducer_.blocks(g)) {
-    const StageParams::HostTile t =
-        params_.grad_tile(params_.catalog().block(b), grads.host());
-    tiles.push_back(ParameterService::GradTile{t.data, t.rows, t.cols, t.ld});
-  }
+  std::vector<ConstBlockPlace> places;  // the blocks where they lie, in order
+  for (int b : reducer_.blocks(g))
+    places.push_back(params_.grad_place(params_.catalog().block(b), grads.host()));
   Push push;
   bool started = true;
   if (replicas_ == 1) {
-    push.ticket = service_.start_push_tiles(step_, reducer_.blocks(g), tiles);
+    push.ticket = service_.start_push_tiles(step_, reducer_.blocks(g), places);
     push.grads = std::move(grads);
   } else if (in_place_[u]) {
     started = reduce_and_start_push(g, grads.host(), &push.ticket);
     push.grads = std::move(grads);
   } else {  // the reduction needs the blocks back to back; the gradient memory is free at once
     push.packed = take_packed(reducer_.total_numel(g));
-    float* p = push.packed.data();
-    for (const ParameterService::GradTile& t : tiles)
-      for (std::int64_t r = 0; r < t.rows; ++r, p += t.cols) std::copy_n(t.data + r * t.ld, t.cols, p);
+    char* p = reinterpret_cast<char*>(push.packed.data());
+    for (const ConstBlockPlace& t : places) p = pack_rows(t, p);
     give_grads(std::move(grads));
     started = reduce_and_start_push(g, push.packed.data(), &push.ticket);
   }

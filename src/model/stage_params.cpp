@@ -1,6 +1,7 @@
 #include "pdtrain/model/stage_params.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "pdtrain/core/error.hpp"
@@ -210,13 +211,9 @@ void StageParams::unpack_param(const BlockInfo& b, const float* packed) {
 
 BlockPlace StageParams::block_place(const BlockInfo& b, int elem_bytes) {
   if (elem_bytes != 4 && !(elem_bytes == 2 && bf16())) return {};
-  std::int64_t r0, c0;
-  block_origin(b, &r0, &c0);
-  const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  char* base = elem_bytes == 4 ? reinterpret_cast<char*>(host_param(b.tensor, b.layer))
-                               : reinterpret_cast<char*>(host_param_bf16(b.tensor, b.layer));
-  return BlockPlace{base + (r0 * ld + c0) * elem_bytes, b.rows, b.cols * elem_bytes,
-                    ld * elem_bytes};
+  char* tensor = elem_bytes == 4 ? reinterpret_cast<char*>(host_param(b.tensor, b.layer))
+                                 : reinterpret_cast<char*>(host_param_bf16(b.tensor, b.layer));
+  return place_in(b, tensor, elem_bytes);
 }
 
 void StageParams::finish_landed_rows(const BlockInfo& b, int elem_bytes, std::int64_t row_begin,
@@ -252,24 +249,26 @@ void StageParams::download_grads() {
 }
 
 void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
-  const HostTile t = grad_tile(b);
-  for (std::int64_t r = 0; r < t.rows; ++r)
-    std::copy_n(t.data + r * t.ld, t.cols, packed + r * t.cols);
+  pack_rows(grad_place(b), reinterpret_cast<char*>(packed));
 }
 
-StageParams::HostTile StageParams::grad_tile(const BlockInfo& b) const {
-  return tile_at(b, host_grad(b.tensor, b.layer));
-}
-
-StageParams::HostTile StageParams::grad_tile(const BlockInfo& b, const float* unit_grads) const {
-  return tile_at(b, unit_grads + local_[static_cast<int>(b.tensor)].unit_offset);
-}
-
-StageParams::HostTile StageParams::tile_at(const BlockInfo& b, const float* tensor) const {
+template <class Byte>
+BasicBlockPlace<Byte> StageParams::place_in(const BlockInfo& b, Byte* tensor,
+                                            int elem_bytes) const {
   std::int64_t r0, c0;
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  return HostTile{tensor + r0 * ld + c0, b.rows, b.cols, ld};
+  return BasicBlockPlace<Byte>{tensor + (r0 * ld + c0) * elem_bytes, b.rows, b.cols * elem_bytes,
+                               ld * elem_bytes};
+}
+
+ConstBlockPlace StageParams::grad_place(const BlockInfo& b) const {
+  return place_in(b, reinterpret_cast<const char*>(host_grad(b.tensor, b.layer)), 4);
+}
+
+ConstBlockPlace StageParams::grad_place(const BlockInfo& b, const float* unit_grads) const {
+  const float* tensor = unit_grads + local_[static_cast<int>(b.tensor)].unit_offset;
+  return place_in(b, reinterpret_cast<const char*>(tensor), 4);
 }
 
 std::vector<kernels::KernelOps::Tile> StageParams::tiles(const std::vector<int>& blocks) const {

@@ -545,25 +545,24 @@ void FetchClient::push(std::int64_t step, const std::vector<int>& blocks, const 
 ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
                                                      const std::vector<int>& blocks,
                                                      const float* grads) {
-  std::vector<GradTile> tiles;  // packed back to back in the order of `blocks`
+  std::vector<ConstBlockPlace> places;  // packed back to back in the order of `blocks`
   for (int b : blocks) {
-    tiles.push_back(GradTile{grads, 1, table_.blocks[b].numel, table_.blocks[b].numel});
+    const std::int64_t bytes = table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float));
+    places.push_back(ConstBlockPlace{reinterpret_cast<const char*>(grads), 1, bytes, bytes});
     grads += table_.blocks[b].numel;
   }
-  return start_push_tiles(step, blocks, tiles);
+  return start_push_tiles(step, blocks, places);
 }
 
 namespace {
 
-// The CRC32C of a tile's rows, in order (the block as packed).
-std::uint32_t tile_crc(const ParameterService::GradTile& t) {
-  const auto row = static_cast<std::size_t>(t.cols) * sizeof(float);
+// The CRC32C of a block's rows, in order (the block as packed).
+std::uint32_t place_crc(const ConstBlockPlace& t) {
+  const auto row = static_cast<std::size_t>(t.row_bytes);
   std::uint32_t crc = crc32c(t.data, row);
-  for (std::int64_t r = 1; r < t.rows; ++r) crc = crc32c_extend(crc, t.data + r * t.ld, row);
+  for (std::int64_t r = 1; r < t.rows; ++r) crc = crc32c_extend(crc, t.data + r * t.stride_bytes, row);
   return crc;
 }
-
-bool contiguous(const ParameterService::GradTile& t) { return t.rows == 1 || t.cols == t.ld; }
 
 }  // namespace
 
@@ -572,10 +571,10 @@ bool contiguous(const ParameterService::GradTile& t) { return t.rows == 1 || t.c
 // other codecs encode into the message from the block packed.
 ParameterService::PushTicket FetchClient::start_push_tiles(std::int64_t step,
                                                            const std::vector<int>& blocks,
-                                                           const std::vector<GradTile>& tiles) {
-  PDT_CHECK(tiles.size() == blocks.size(), "a push needs one tile per block");
-  std::vector<const GradTile*> tile_of(table_.blocks.size(), nullptr);
-  for (std::size_t i = 0; i < blocks.size(); ++i) tile_of[blocks[i]] = &tiles[i];
+                                                           const std::vector<ConstBlockPlace>& places) {
+  PDT_CHECK(places.size() == blocks.size(), "a push needs one place per block");
+  std::vector<const ConstBlockPlace*> place_of(table_.blocks.size(), nullptr);
+  for (std::size_t i = 0; i < blocks.size(); ++i) place_of[blocks[i]] = &places[i];
   const auto groups = by_holder(blocks);
   const PushTicket ticket = next_push_ticket_++;
   Pushing& out = pushes_[ticket];
@@ -597,31 +596,30 @@ ParameterService::PushTicket FetchClient::start_push_tiles(std::int64_t step,
     std::memcpy(m.data(), &ph, sizeof(ph));
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       const int b = groups[h][i];
-      const GradTile& t = *tile_of[b];
-      PDT_CHECK(t.rows * t.cols == table_.blocks[b].numel,
-                "push tile of block " + table_.blocks[b].name + " has the wrong size");
+      const ConstBlockPlace& t = *place_of[b];
+      PDT_CHECK(t.bytes() == table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float)),
+                "the gradient of block " + table_.blocks[b].name + " has the wrong size");
       wire::BlockHeader bh{b, 0, step, 0};
       if (push_codec_ == WireCodec::raw) {
         bh.bytes = table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float));
-        bh.crc = tile_crc(t);
+        bh.crc = place_crc(t);
         at.emplace_back();
         MPI_CHECK(MPI_Get_address(t.data, &at.back()));
-        if (contiguous(t)) {
+        if (t.contiguous()) {
           len.push_back(static_cast<int>(bh.bytes));
           types.push_back(MPI_BYTE);
         } else {
           MPI_Datatype rows;
-          MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(t.rows), static_cast<int>(t.cols),
-                                            static_cast<MPI_Aint>(t.ld * sizeof(float)),
-                                            MPI_FLOAT, &rows));
+          MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(t.rows), static_cast<int>(t.row_bytes),
+                                            static_cast<MPI_Aint>(t.stride_bytes), MPI_BYTE,
+                                            &rows));
           len.push_back(1);
           types.push_back(rows);
           rows_types.push_back(rows);
         }
       } else {
-        packed.resize(static_cast<std::size_t>(t.rows * t.cols));
-        for (std::int64_t r = 0; r < t.rows; ++r)
-          std::copy_n(t.data + r * t.ld, t.cols, packed.data() + r * t.cols);
+        packed.resize(static_cast<std::size_t>(table_.blocks[b].numel));
+        pack_rows(t, reinterpret_cast<char*>(packed.data()));
         const std::size_t from = m.size();
         bh.bytes = static_cast<std::int64_t>(
             wire_encode(push_codec_, packed.data(), table_.blocks[b].numel, m));

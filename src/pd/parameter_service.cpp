@@ -15,11 +15,12 @@ UpdateInfo ParameterService::finish_fetch(Ticket ticket) {
 }
 
 ParameterService::PushTicket ParameterService::start_push_tiles(
-    std::int64_t step, const std::vector<int>& blocks, const std::vector<GradTile>& tiles) {
-  std::vector<float> packed;
-  for (const GradTile& t : tiles)
-    for (std::int64_t r = 0; r < t.rows; ++r)
-      packed.insert(packed.end(), t.data + r * t.ld, t.data + r * t.ld + t.cols);
+    std::int64_t step, const std::vector<int>& blocks, const std::vector<ConstBlockPlace>& places) {
+  std::int64_t bytes = 0;
+  for (const ConstBlockPlace& t : places) bytes += t.bytes();
+  std::vector<float> packed(static_cast<std::size_t>(bytes) / sizeof(float));
+  char* to = reinterpret_cast<char*>(packed.data());
+  for (const ConstBlockPlace& t : places) to = pack_rows(t, to);
   push(step, blocks, packed.data());
   return next_push_++;
 }

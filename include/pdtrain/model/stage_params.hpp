@@ -156,15 +156,11 @@ class StageParams {
   // Block b's gradient from the host view (the whole buffer's, or its unit's), packed
   // row-major.
   void pack_grad(const BlockInfo& b, float* packed) const;
-  // Block b's gradient where it lies in the host view: `rows` rows of `cols` floats, `ld` apart.
-  struct HostTile {
-    const float* data;
-    std::int64_t rows, cols, ld;
-  };
-  HostTile grad_tile(const BlockInfo& b) const;
+  // Block b's gradient where it lies in the host view (fp32).
+  ConstBlockPlace grad_place(const BlockInfo& b) const;
   // The same in a unit's gradient laid out like its storage at `unit_grads` (streamed gradients
   // no longer bound, on their way to the holders).
-  HostTile grad_tile(const BlockInfo& b, const float* unit_grads) const;
+  ConstBlockPlace grad_place(const BlockInfo& b, const float* unit_grads) const;
   // The unit a block belongs to.
   int unit_of_block(const BlockInfo& b) const { return unit_of(b.tensor, b.layer); }
   // Where blocks live in the resident parameter buffer and in the gradient buffer (both have
@@ -198,8 +194,10 @@ class StageParams {
   int unit_of_param(TensorId id, std::int64_t layer) const;  // checked to be resident
   int unit_of_grad(TensorId id, std::int64_t layer) const;   // checked to be bound
   const float* host_grad(TensorId id, std::int64_t layer) const;
-  // Block b's tile in `tensor`, the local tensor (one layer's slice) it belongs to.
-  HostTile tile_at(const BlockInfo& b, const float* tensor) const;
+  // Block b's place in `tensor`, the local tensor (one layer's slice) it belongs to, elements of
+  // `elem_bytes`.
+  template <class Byte>
+  BasicBlockPlace<Byte> place_in(const BlockInfo& b, Byte* tensor, int elem_bytes) const;
   // The host view of a parameter and of its bf16 copy (where unpack_param writes).
   float* host_param(TensorId id, std::int64_t layer);
   pdtrain::bf16* host_param_bf16(TensorId id, std::int64_t layer);

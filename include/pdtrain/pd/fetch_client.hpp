@@ -50,7 +50,7 @@ class FetchClient final : public ParameterService {
   PushTicket start_push(std::int64_t step, const std::vector<int>& blocks,
                         const float* grads) override;
   PushTicket start_push_tiles(std::int64_t step, const std::vector<int>& blocks,
-                              const std::vector<GradTile>& tiles) override;
+                              const std::vector<ConstBlockPlace>& places) override;
   bool push_done(PushTicket ticket) override;
   void wait_push(PushTicket ticket) override;
   std::uint32_t finish() override;

@@ -76,16 +76,11 @@ class ParameterService {
     push(step, blocks, grads);
     return next_push_++;
   }
-  // A block's gradient where it lies: `rows` rows of `cols` floats, `ld` floats apart.
-  struct GradTile {
-    const float* data;
-    std::int64_t rows, cols, ld;
-  };
-  // start_push with each block's gradient where it lies (tiles[i] for blocks[i]), so nothing
-  // has to be packed first; the tiles' memory is held to the same contract. This default packs
-  // them and pushes at once.
+  // start_push with each block's gradient (fp32) where it lies (places[i] for blocks[i]), so
+  // nothing has to be packed first; that memory is held to the same contract. This default
+  // packs them and pushes at once.
   virtual PushTicket start_push_tiles(std::int64_t step, const std::vector<int>& blocks,
-                                      const std::vector<GradTile>& tiles);
+                                      const std::vector<ConstBlockPlace>& places);
   virtual bool push_done(PushTicket) { return true; }  // also frees it when done
   virtual void wait_push(PushTicket) {}
   // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.
