@@ -109,18 +109,19 @@ const std::vector<std::string> kFullDeck = {
     "prefetch_depth = 3",                // 51
     "cache_mb = 64.5",                   // 52
     "fetch_thread = true",               // 53
-    "[checkpoint]",                      // 54
-    "every = 100",                       // 55
-    "codec = \"xor\"",                   // 56
-    "anchor_every = 5",                  // 57
-    "keep = 2",                          // 58
-    "async = true",                      // 59
-    "dir = \"/scratch/ckpt\"",           // 60
-    "[output]",                          // 61
-    "trace = true",                      // 62
-    "[compute]",                         // 63
-    "device = \"cuda\"",                 // 64
-    "tf32 = true",                       // 65
+    "holder_threads = 2",                // 54
+    "[checkpoint]",                      // 55
+    "every = 100",                       // 56
+    "codec = \"xor\"",                   // 57
+    "anchor_every = 5",                  // 58
+    "keep = 2",                          // 59
+    "async = true",                      // 60
+    "dir = \"/scratch/ckpt\"",           // 61
+    "[output]",                          // 62
+    "trace = true",                      // 63
+    "[compute]",                         // 64
+    "device = \"cuda\"",                 // 65
+    "tf32 = true",                       // 66
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -198,6 +199,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.prefetch_depth, 3);
   EXPECT_EQ(d.pd.cache_mb, 64.5);
   EXPECT_TRUE(d.pd.fetch_thread);
+  EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.train.precision, "bf16");
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
@@ -551,9 +553,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 6 parallel + 5 train + 2 compute + 8 optimizer + 6 pd +
+  // 5 run + 9 model + 6 data + 6 parallel + 5 train + 2 compute + 8 optimizer + 7 pd +
   // 6 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 54u);
+  EXPECT_EQ(deck::schema().size(), 55u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -92,6 +92,7 @@ struct PdConfig {
   std::int64_t prefetch_depth = 64; // uses (layers) fetched ahead, as far as pd.cache_mb allows
   double cache_mb = 0.0;            // parameter bytes resident per compute rank; 0: no limit
   bool fetch_thread = false;        // a background thread moves fetches (MPI_THREAD_MULTIPLE)
+  std::int64_t holder_threads = 0;  // threads of a holder's update; 0: the cores it may run on
   friend bool operator==(const PdConfig&, const PdConfig&) = default;
 };
 
