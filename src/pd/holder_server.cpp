@@ -236,13 +236,7 @@ void HolderServer::take_push(int source, std::span<const char> msg) {
   for (std::int64_t i = 0; i < ph.n; ++i) {
     wire::BlockHeader bh;
     std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
-    PDT_CHECK(bh.id >= 0 && static_cast<std::size_t>(bh.id) < owner_.size(),
-              "rank " + std::to_string(source) + " pushed unknown block " + std::to_string(bh.id));
-    PDT_CHECK(crc32c(data, static_cast<std::size_t>(bh.bytes)) == bh.crc,
-              "CRC mismatch in the gradient of block " + table_.blocks[bh.id].name +
-                  " pushed by rank " + std::to_string(source) + " for step " +
-                  std::to_string(ph.step));
-    take_contribution(bh.id, source, ph.step, data, bh.bytes);
+    take_contribution(bh.id, source, ph.step, data, bh.bytes, bh.crc);
     data += bh.bytes;
     --missing->second;
   }
@@ -252,32 +246,43 @@ void HolderServer::take_push(int source, std::span<const char> msg) {
 
 // Stores one pushed gradient block; with its last contribution the block's gradient is summed
 // in source-rank order and its sum of squares taken now, while other pushes are still on their
-// way, so that a step's end leaves only the norm agreement and the update.
+// way, so that a step's end leaves only the norm agreement and the update. A raw block is
+// copied, checked and (if it is the only contribution) squared in one pass on the pool.
 void HolderServer::take_contribution(int id, int source, std::int64_t step, const char* data,
-                                     std::int64_t bytes) {
+                                     std::int64_t bytes, std::uint32_t crc) {
   auto it = owned_.find(id);
   PDT_CHECK(it != owned_.end(), "rank " + std::to_string(source) + " pushed block " +
                                     std::to_string(id) + " to a holder that does not own it");
   const std::string& name = table_.blocks[id].name;
-  const auto n = static_cast<std::size_t>(table_.blocks[id].numel);
+  const auto n = static_cast<std::int64_t>(table_.blocks[id].numel);
+  const std::string what = "the gradient of block " + name + " pushed by rank " +
+                           std::to_string(source) + " for step " + std::to_string(step);
   StepGradient& g = it->second.grads[step];
   auto [slot, fresh] = g.by_source.try_emplace(source);
   PDT_CHECK(fresh && !g.complete, "rank " + std::to_string(source) + " pushed block " + name +
                                       " twice in step " + std::to_string(step));
-  slot->second = take_buffer(n);
-  PDT_CHECK(wire_decode(push_codec_, data, static_cast<std::size_t>(bytes), slot->second.data(),
-                        static_cast<std::int64_t>(n)),
-            std::string("cannot decode (") + to_string(push_codec_) + ") the gradient of block " +
-                name + " pushed by rank " + std::to_string(source) + " for step " +
-                std::to_string(step));
-  if (static_cast<int>(g.by_source.size()) < contributions_[id]) return;
+  slot->second = take_buffer(static_cast<std::size_t>(n));
+  WorkerPool* pool = updating_ ? nullptr : pool_.get();  // busy while an update runs
+  const bool last = static_cast<int>(g.by_source.size()) == contributions_[id];
+  const bool alone = last && g.by_source.size() == 1;
+  if (push_codec_ == WireCodec::raw) {
+    PDT_CHECK(bytes == n * static_cast<std::int64_t>(sizeof(float)), "cannot decode (raw) " + what);
+    const std::uint32_t got =
+        ingest_raw_gradient(pool, data, slot->second.data(), n, alone ? &g.sumsq : nullptr);
+    PDT_CHECK(got == crc, "CRC mismatch in " + what);
+  } else {
+    PDT_CHECK(crc32c(data, static_cast<std::size_t>(bytes)) == crc, "CRC mismatch in " + what);
+    PDT_CHECK(wire_decode(push_codec_, data, static_cast<std::size_t>(bytes), slot->second.data(), n),
+              std::string("cannot decode (") + to_string(push_codec_) + ") " + what);
+  }
+  if (!last) return;
   g.sum = std::move(g.by_source.begin()->second);
-  std::vector<const float*> others;
-  for (auto s = std::next(g.by_source.begin()); s != g.by_source.end(); ++s)
-    others.push_back(s->second.data());
-  // The pool is busy while an update runs; then this thread sums alone.
-  g.sumsq = reduce_gradient(updating_ ? nullptr : pool_.get(), g.sum.data(), others,
-                            static_cast<std::int64_t>(n));
+  if (!alone || push_codec_ != WireCodec::raw) {
+    std::vector<const float*> others;
+    for (auto s = std::next(g.by_source.begin()); s != g.by_source.end(); ++s)
+      others.push_back(s->second.data());
+    g.sumsq = reduce_gradient(pool, g.sum.data(), others, n);
+  }
   for (auto s = std::next(g.by_source.begin()); s != g.by_source.end(); ++s)
     give_buffer(std::move(s->second));
   g.by_source.clear();

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/core/crc32c.hpp"
@@ -66,9 +67,19 @@ void WorkerPool::wait() {
   finished_.wait(lock, [this] { return done_ == count_; });
 }
 
+// The caller takes tasks too: a small batch is often done before a sleeping worker wakes up,
+// and the caller never waits on a hand-off.
 void WorkerPool::run(std::int64_t n, std::function<void(std::int64_t)> task) {
   start(n, std::move(task));
-  wait();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (next_ < count_) {
+    const std::int64_t i = next_++;
+    lock.unlock();
+    task_(i);
+    lock.lock();
+    if (++done_ == count_) finished_.notify_all();
+  }
+  finished_.wait(lock, [this] { return done_ == count_; });
 }
 
 void WorkerPool::work() {
@@ -122,6 +133,55 @@ double reduce_gradient(WorkerPool* pool, float* sum, const std::vector<const flo
   double s = 0.0;
   for (double c : chunk_sumsq) s += c;
   return s;
+}
+
+namespace {
+
+// Copies chunks [first, last) of a raw push into dest, returns the CRC of their bytes and,
+// with `chunk_sumsq`, writes each chunk's sum of squares.
+PDTRAIN_UPDATE_CLONES std::uint32_t ingest_chunks(const char* wire, float* dest, std::int64_t n, std::int64_t first,
+                            std::int64_t last, double* chunk_sumsq) {
+  const std::int64_t begin = first * kSumsqChunk, end = std::min(n, last * kSumsqChunk);
+  const auto bytes = static_cast<std::size_t>(end - begin) * sizeof(float);
+  std::memcpy(dest + begin, wire + begin * sizeof(float), bytes);
+  const std::uint32_t crc = crc32c(dest + begin, bytes);  // the copy is in cache
+  if (chunk_sumsq) {
+    const auto at = [dest](std::int64_t i) { return dest[i]; };
+    for (std::int64_t c = first; c < last; ++c)
+      chunk_sumsq[c] = sumsq_chunk(at, c * kSumsqChunk, std::min(n, (c + 1) * kSumsqChunk) - c * kSumsqChunk);
+  }
+  return crc;
+}
+
+}  // namespace
+
+std::uint32_t ingest_raw_gradient(WorkerPool* pool, const char* wire, float* dest, std::int64_t n,
+                                  double* sumsq) {
+  const std::int64_t chunks = std::max<std::int64_t>(1, (n + kSumsqChunk - 1) / kSumsqChunk);
+  const std::int64_t tasks = (chunks + kChunksPerTask - 1) / kChunksPerTask;
+  std::vector<double> chunk_sumsq(sumsq ? static_cast<std::size_t>(chunks) : 0);
+  std::vector<std::uint32_t> task_crc(static_cast<std::size_t>(tasks));
+  const auto task = [&](std::int64_t t) {
+    task_crc[t] = ingest_chunks(wire, dest, n, t * kChunksPerTask,
+                                std::min(chunks, (t + 1) * kChunksPerTask),
+                                sumsq ? chunk_sumsq.data() : nullptr);
+  };
+  if (pool && tasks > 1) {
+    pool->run(tasks, task);
+  } else {
+    for (std::int64_t t = 0; t < tasks; ++t) task(t);
+  }
+  std::uint32_t crc = task_crc[0];
+  for (std::int64_t t = 1; t < tasks; ++t) {
+    const std::int64_t len = std::min(n, (t + 1) * kChunksPerTask * kSumsqChunk) - t * kChunksPerTask * kSumsqChunk;
+    crc = crc32c_combine(crc, task_crc[t], static_cast<std::size_t>(len) * sizeof(float));
+  }
+  if (sumsq) {
+    double s = 0.0;  // sum_of_squares' order: chunk sums from 0.0, in chunk order
+    for (double c : chunk_sumsq) s += c;
+    *sumsq = s;
+  }
+  return crc;
 }
 
 // --- The fused update ----------------------------------------------------------------------------

@@ -120,6 +120,29 @@ TEST(ReduceGradient, EqualsTheSourceOrderSumAndChunkedSumOfSquares) {
     }
 }
 
+// A raw push ingested in one pass (copy, CRC, sum of squares) equals memcpy + crc32c +
+// sum_of_squares, from any alignment of the received bytes.
+TEST(IngestRawGradient, EqualsCopyThenCrcThenSumOfSquares) {
+  WorkerPool three(3);
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{4096 * 4 + 3}, std::int64_t{30 * 4096 + 1000}}) {
+    const std::vector<float> g = wave(n, 0.021f, 0.3f);
+    std::vector<char> wire(static_cast<std::size_t>(n) * 4 + 1);
+    std::memcpy(wire.data() + 1, g.data(), static_cast<std::size_t>(n) * 4);  // misaligned
+    const std::uint32_t want_crc = crc32c(g.data(), static_cast<std::size_t>(n) * 4);
+    const double want_sumsq = sum_of_squares(g.data(), n);
+    for (WorkerPool* pool : {static_cast<WorkerPool*>(nullptr), &three}) {
+      SCOPED_TRACE(std::to_string(n) + " elements, pool " + (pool ? "3" : "none"));
+      std::vector<float> got(static_cast<std::size_t>(n));
+      double sumsq = -1.0;
+      EXPECT_EQ(ingest_raw_gradient(pool, wire.data() + 1, got.data(), n, &sumsq), want_crc);
+      EXPECT_TRUE(same_bits(got, g));
+      EXPECT_EQ(std::memcmp(&sumsq, &want_sumsq, sizeof(double)), 0);
+      std::vector<float> again(static_cast<std::size_t>(n));
+      EXPECT_EQ(ingest_raw_gradient(pool, wire.data() + 1, again.data(), n, nullptr), want_crc);
+    }
+  }
+}
+
 TEST(WorkerPool, RunsEveryTaskOnceAndCanBeReused) {
   WorkerPool pool(3);
   for (int batch = 0; batch < 3; ++batch) {

@@ -98,7 +98,7 @@ class HolderServer {
   bool ready(std::span<const char> fetch_request) const;
   void take_push(int source, std::span<const char> msg);
   void take_contribution(int id, int source, std::int64_t step, const char* data,
-                         std::int64_t bytes);
+                         std::int64_t bytes, std::uint32_t crc);
   void finish_completed_steps();
   void finish_step();
   double agree_on_norm(std::int64_t step);

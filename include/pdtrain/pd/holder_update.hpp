@@ -54,7 +54,7 @@ class WorkerPool {
   void start(std::int64_t n, std::function<void(std::int64_t)> task);
   // Returns once every task of the current batch has finished.
   void wait();
-  // start + wait.
+  // Runs the batch with the calling thread taking tasks too; returns when all have finished.
   void run(std::int64_t n, std::function<void(std::int64_t)> task);
 
  private:
@@ -73,6 +73,13 @@ class WorkerPool {
 // (sum_of_squares' bits). With a pool, ranges of chunks run in parallel; null: serially.
 double reduce_gradient(WorkerPool* pool, float* sum, const std::vector<const float*>& others,
                        std::int64_t n);
+
+// A raw-coded gradient block as pushed (`n` floats at `wire`, any alignment) copied into `dest`
+// in one pass that also takes the CRC32C of the bytes received (returned; crc32c's value) and,
+// when `sumsq` is given, the copy's sum of squares (sum_of_squares' bits). A corrupt push is
+// detected after the copy, which is harmless: it ends the job. Parallel like reduce_gradient.
+std::uint32_t ingest_raw_gradient(WorkerPool* pool, const char* wire, float* dest, std::int64_t n,
+                                  double* sumsq);
 
 // One step's update of a list of blocks. Blocks complete roughly in list order; `done(i)` says
 // whether block i has its new parameters, encoding and CRC.
