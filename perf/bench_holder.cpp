@@ -92,7 +92,8 @@ double triad_gbs(int threads, std::int64_t n, int reps) {
     });
     if (r > 0) best = std::min(best, seconds_since(t0));
   }
-  if (a[static_cast<std::size_t>(n / 2)] != 7.0f) std::printf("FAIL: triad computed %g\n", a[n / 2]);
+  if (a[static_cast<std::size_t>(n / 2)] != 7.0f)
+    std::printf("FAIL: triad computed %g\n", a[n / 2]);
   return 12.0 * static_cast<double>(n) / best / 1e9;
 }
 
@@ -114,7 +115,8 @@ struct Holder {
       s.decay = cat.tensor(b.tensor).weight_decay;
       state.push_back(std::move(s));
       std::vector<float> g(n);
-      for (std::size_t i = 0; i < n; ++i) g[i] = 1e-3f * static_cast<float>((i * 7919) % 2001) - 1.0f;
+      for (std::size_t i = 0; i < n; ++i)
+        g[i] = 1e-3f * static_cast<float>((i * 7919) % 2001) - 1.0f;
       grad.push_back(std::move(g));
       wire.emplace_back();
       if (cat.tensor(b.tensor).name == "wte") wte.push_back(state.size() - 1);
@@ -135,8 +137,8 @@ int update_bytes(WireCodec codec, bool in_place) {
 }
 
 // Seconds of one fused update of blocks `ids` on `pool`, best of `reps`.
-double time_update(Holder& h, const std::vector<std::size_t>& ids, WireCodec codec,
-                   bool in_place, WorkerPool& pool, int reps) {
+double time_update(Holder& h, const std::vector<std::size_t>& ids, WireCodec codec, bool in_place,
+                   WorkerPool& pool, int reps) {
   AdamWConfig cfg;
   cfg.weight_decay = 0.1;
   double best = 1e30;
@@ -226,7 +228,9 @@ bool self_check() {
   cfg.weight_decay = 0.1;
   std::vector<char> wire;
   WorkerPool pool(2);
-  FusedUpdate update(WireCodec::bf16, {FusedUpdate::Block{&a, g.data(), adamw_step(cfg, 2, 1e-3, 0.5f, true), &wire, 0}});
+  FusedUpdate update(
+      WireCodec::bf16,
+      {FusedUpdate::Block{&a, g.data(), adamw_step(cfg, 2, 1e-3, 0.5f, true), &wire, 0}});
   update.start(pool);
   pool.wait();
   adamw_update(cfg, 2, 1e-3, 0.5f, g.data(), b);
@@ -240,9 +244,12 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--short") o.short_run = true;
-    else if (a == "--threads" && i + 1 < argc) o.max_threads = std::stoi(argv[++i]);
-    else if (a == "--reps" && i + 1 < argc) o.reps = std::stoi(argv[++i]);
+    if (a == "--short")
+      o.short_run = true;
+    else if (a == "--threads" && i + 1 < argc)
+      o.max_threads = std::stoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc)
+      o.reps = std::stoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_holder [--short] [--threads N] [--reps R]\n");
       std::exit(2);
@@ -290,6 +297,10 @@ int main(int argc, char** argv) {
     std::printf("triad threads=%d GB/s=%.2f (3 x %lld floats, 12 bytes per element)\n", t,
                 ceiling.back(), static_cast<long long>(triad_n));
   }
+  // The machine's ceiling is the best triad at any thread count (more threads can only reach
+  // more bandwidth; a lower figure is another process's doing): every ratio divides by it.
+  const double roof = *std::max_element(ceiling.begin(), ceiling.end());
+  std::printf("ceiling GB/s=%.2f (best triad)\n", roof);
 
   struct Codec {
     const char* name;
@@ -301,47 +312,59 @@ int main(int argc, char** argv) {
                           {"bf16", WireCodec::bf16, false}};
   for (const Codec& c : {codecs[1], codecs[2]}) {
     const double s = time_serial(h, c.codec, opt.reps);
-    const double gbs = static_cast<double>(update_bytes(c.codec, false)) *
-                       static_cast<double>(h.numel) / s / 1e9;
-    std::printf("serial before (update, then encode, then CRC) codec=%s threads=1 ms=%.1f "
-                "GB/s=%.2f ratio_to_triad=%.2f\n",
-                c.codec == WireCodec::raw ? "raw" : "bf16", 1e3 * s, gbs, gbs / ceiling[0]);
+    const double gbs =
+        static_cast<double>(update_bytes(c.codec, false)) * static_cast<double>(h.numel) / s / 1e9;
+    std::printf(
+        "serial before (update, then encode, then CRC) codec=%s threads=1 ms=%.1f "
+        "GB/s=%.2f ratio_to_triad=%.2f\n",
+        c.codec == WireCodec::raw ? "raw" : "bf16", 1e3 * s, gbs, gbs / roof);
   }
   {
-    WorkerPool one(1);
-    const double s = time_push_arrival(h, one, false, opt.reps);
+    WorkerPool unused(1);
+    const double s = time_push_arrival(h, unused, false, opt.reps);
     const double gbs = 8.0 * static_cast<double>(h.numel) / s / 1e9;
-    std::printf("push arrival before (CRC, then copy, then sum of squares) threads=1 ms=%.1f "
-                "GB/s=%.2f ratio_to_triad=%.2f\n", 1e3 * s, gbs, gbs / ceiling[0]);
+    std::printf(
+        "push arrival before (CRC, then copy, then sum of squares) threads=1 ms=%.1f "
+        "GB/s=%.2f ratio_to_triad=%.2f\n",
+        1e3 * s, gbs, gbs / roof);
   }
-  double best_ratio = 0.0;
+  double best_ratio = 0.0, worst_ratio = 1e30;
   for (std::size_t k = 0; k < thread_counts.size(); ++k) {
     WorkerPool pool(thread_counts[k]);
     for (const Codec& c : codecs) {
       const double s = time_update(h, all, c.codec, c.in_place, pool, opt.reps);
-      const double gbs =
-          static_cast<double>(update_bytes(c.codec, c.in_place)) * static_cast<double>(h.numel) / s / 1e9;
-      const double ratio = gbs / ceiling[k];
-      if (c.codec == WireCodec::raw || c.codec == WireCodec::bf16) best_ratio = std::max(best_ratio, ratio);
-      std::printf("update codec=%s threads=%d ms=%.1f bytes_per_element=%d GB/s=%.2f "
-                  "ratio_to_triad=%.2f\n",
-                  c.name, thread_counts[k], 1e3 * s, update_bytes(c.codec, c.in_place), gbs, ratio);
+      const double gbs = static_cast<double>(update_bytes(c.codec, c.in_place)) *
+                         static_cast<double>(h.numel) / s / 1e9;
+      const double ratio = gbs / roof;
+      best_ratio = std::max(best_ratio, ratio);
+      worst_ratio = std::min(worst_ratio, ratio);
+      std::printf(
+          "update codec=%s threads=%d ms=%.1f bytes_per_element=%d GB/s=%.2f "
+          "ratio_to_triad=%.2f\n",
+          c.name, thread_counts[k], 1e3 * s, update_bytes(c.codec, c.in_place), gbs, ratio);
     }
     const double wte_s = time_update(h, h.wte, WireCodec::raw, true, pool, opt.reps);
     const double wte_gbs = 28.0 * static_cast<double>(h.numel_of(h.wte)) / wte_s / 1e9;
     std::printf("wte alone codec=raw threads=%d ms=%.1f GB/s=%.2f ratio_to_triad=%.2f\n",
-                thread_counts[k], 1e3 * wte_s, wte_gbs, wte_gbs / ceiling[k]);
+                thread_counts[k], 1e3 * wte_s, wte_gbs, wte_gbs / roof);
     const double push_s = time_push_arrival(h, pool, true, opt.reps);
     const double push_gbs = 8.0 * static_cast<double>(h.numel) / push_s / 1e9;
-    std::printf("push arrival (copy + CRC + sum of squares, 8 bytes per element) threads=%d "
-                "ms=%.1f GB/s=%.2f ratio_to_triad=%.2f\n",
-                thread_counts[k], 1e3 * push_s, push_gbs, push_gbs / ceiling[k]);
+    std::printf(
+        "push arrival (copy + CRC + sum of squares, 8 bytes per element) threads=%d "
+        "(+ the calling thread) ms=%.1f GB/s=%.2f ratio_to_triad=%.2f\n",
+        thread_counts[k], 1e3 * push_s, push_gbs, push_gbs / roof);
   }
-  std::printf("note: both count the bytes a loop reads and writes (STREAM's rule); the triad's "
-              "stores also read each line first (write-allocate, +4 bytes per element uncounted), "
-              "the update's parameter and moment stores go to lines it has just read\n");
-  std::printf("ratio update/triad best=%.2f (target >= 0.60: %s)\n", best_ratio,
-              best_ratio >= 0.60 ? "met" : "not met");
+  std::printf(
+      "note: both count the bytes a loop reads and writes (STREAM's rule); the triad's "
+      "stores also read each line first (write-allocate, +4 bytes per element uncounted), "
+      "the update's parameter and moment stores go to lines it has just read\n");
+  std::printf(
+      "ratio update/triad best=%.2f worst=%.2f (over codecs and thread counts; target "
+      ">= 0.60: %s)\n",
+      best_ratio, worst_ratio,
+      worst_ratio >= 0.60  ? "met by all"
+      : best_ratio >= 0.60 ? "met by some"
+                           : "not met");
   if (opt.short_run) {
     if (!self_check()) {
       std::printf("FAIL: the fused update differs from the serial one\n");

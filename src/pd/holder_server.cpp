@@ -120,12 +120,12 @@ bool HolderServer::poll_once() {
   int bytes = 0;
   MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
   // Grows, never shrinks: a push is hundreds of MiB and must not be zero-filled every step.
-  if (inbox_.size() < static_cast<std::size_t>(bytes)) inbox_.resize(static_cast<std::size_t>(bytes));
+  const auto size = static_cast<std::size_t>(bytes);
+  if (inbox_.size() < size) inbox_.resize(size);
   MPI_CHECK(MPI_Recv(inbox_.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, layout_.world(),
                      MPI_STATUS_IGNORE));
   received_ += bytes;
-  handle(st.MPI_SOURCE, st.MPI_TAG,
-         std::span<const char>(inbox_.data(), static_cast<std::size_t>(bytes)));
+  handle(st.MPI_SOURCE, st.MPI_TAG, std::span<const char>(inbox_.data(), size));
   return true;
 }
 
@@ -272,7 +272,8 @@ void HolderServer::take_contribution(int id, int source, std::int64_t step, cons
     PDT_CHECK(got == crc, "CRC mismatch in " + what);
   } else {
     PDT_CHECK(crc32c(data, static_cast<std::size_t>(bytes)) == crc, "CRC mismatch in " + what);
-    PDT_CHECK(wire_decode(push_codec_, data, static_cast<std::size_t>(bytes), slot->second.data(), n),
+    PDT_CHECK(wire_decode(push_codec_, data, static_cast<std::size_t>(bytes), slot->second.data(),
+                          n),
               std::string("cannot decode (") + to_string(push_codec_) + ") " + what);
   }
   if (!last) return;

@@ -104,8 +104,8 @@ constexpr std::int64_t kChunksPerTask = 4;
 
 // Adds the contributions into sum over [begin, end) and returns the chunk's sum of squares.
 // The AVX2 clone keeps the 8 lanes in two 4-double registers: the same additions per lane.
-PDTRAIN_UPDATE_CLONES double reduce_chunk(float* sum, const std::vector<const float*>& others, std::int64_t begin,
-                    std::int64_t end) {
+PDTRAIN_UPDATE_CLONES double reduce_chunk(float* sum, const std::vector<const float*>& others,
+                                          std::int64_t begin, std::int64_t end) {
   for (const float* o : others)
     for (std::int64_t i = begin; i < end; ++i) sum[i] += o[i];
   const auto at = [sum](std::int64_t i) { return sum[i]; };
@@ -122,7 +122,8 @@ double reduce_gradient(WorkerPool* pool, float* sum, const std::vector<const flo
   const auto task = [&](std::int64_t t) {
     const std::int64_t last = std::min(chunks, (t + 1) * kChunksPerTask);
     for (std::int64_t c = t * kChunksPerTask; c < last; ++c)
-      chunk_sumsq[c] = reduce_chunk(sum, others, c * kSumsqChunk, std::min(n, (c + 1) * kSumsqChunk));
+      chunk_sumsq[c] =
+          reduce_chunk(sum, others, c * kSumsqChunk, std::min(n, (c + 1) * kSumsqChunk));
   };
   if (pool && tasks > 1) {
     pool->run(tasks, task);
@@ -139,8 +140,9 @@ namespace {
 
 // Copies chunks [first, last) of a raw push into dest, returns the CRC of their bytes and,
 // with `chunk_sumsq`, writes each chunk's sum of squares.
-PDTRAIN_UPDATE_CLONES std::uint32_t ingest_chunks(const char* wire, float* dest, std::int64_t n, std::int64_t first,
-                            std::int64_t last, double* chunk_sumsq) {
+PDTRAIN_UPDATE_CLONES std::uint32_t ingest_chunks(const char* wire, float* dest, std::int64_t n,
+                                                  std::int64_t first, std::int64_t last,
+                                                  double* chunk_sumsq) {
   const std::int64_t begin = first * kSumsqChunk, end = std::min(n, last * kSumsqChunk);
   const auto bytes = static_cast<std::size_t>(end - begin) * sizeof(float);
   std::memcpy(dest + begin, wire + begin * sizeof(float), bytes);
@@ -148,7 +150,8 @@ PDTRAIN_UPDATE_CLONES std::uint32_t ingest_chunks(const char* wire, float* dest,
   if (chunk_sumsq) {
     const auto at = [dest](std::int64_t i) { return dest[i]; };
     for (std::int64_t c = first; c < last; ++c)
-      chunk_sumsq[c] = sumsq_chunk(at, c * kSumsqChunk, std::min(n, (c + 1) * kSumsqChunk) - c * kSumsqChunk);
+      chunk_sumsq[c] =
+          sumsq_chunk(at, c * kSumsqChunk, std::min(n, (c + 1) * kSumsqChunk) - c * kSumsqChunk);
   }
   return crc;
 }
@@ -162,9 +165,9 @@ std::uint32_t ingest_raw_gradient(WorkerPool* pool, const char* wire, float* des
   std::vector<double> chunk_sumsq(sumsq ? static_cast<std::size_t>(chunks) : 0);
   std::vector<std::uint32_t> task_crc(static_cast<std::size_t>(tasks));
   const auto task = [&](std::int64_t t) {
-    task_crc[t] = ingest_chunks(wire, dest, n, t * kChunksPerTask,
-                                std::min(chunks, (t + 1) * kChunksPerTask),
-                                sumsq ? chunk_sumsq.data() : nullptr);
+    task_crc[t] =
+        ingest_chunks(wire, dest, n, t * kChunksPerTask, std::min(chunks, (t + 1) * kChunksPerTask),
+                      sumsq ? chunk_sumsq.data() : nullptr);
   };
   if (pool && tasks > 1) {
     pool->run(tasks, task);
@@ -173,7 +176,8 @@ std::uint32_t ingest_raw_gradient(WorkerPool* pool, const char* wire, float* des
   }
   std::uint32_t crc = task_crc[0];
   for (std::int64_t t = 1; t < tasks; ++t) {
-    const std::int64_t len = std::min(n, (t + 1) * kChunksPerTask * kSumsqChunk) - t * kChunksPerTask * kSumsqChunk;
+    const std::int64_t len =
+        std::min(n, (t + 1) * kChunksPerTask * kSumsqChunk) - t * kChunksPerTask * kSumsqChunk;
     crc = crc32c_combine(crc, task_crc[t], static_cast<std::size_t>(len) * sizeof(float));
   }
   if (sumsq) {
@@ -240,7 +244,8 @@ FusedUpdate::FusedUpdate(WireCodec codec, std::vector<Block> blocks, std::int64_
               "only the raw codec can serve a block's parameters in place");
     const auto n = static_cast<std::int64_t>(blk.state->param.size());
     // Workers write disjoint slices of the wire bytes: size them before any starts.
-    if (blk.encoded && wire_bytes > 0) blk.encoded->resize(static_cast<std::size_t>(n * wire_bytes));
+    if (blk.encoded && wire_bytes > 0)
+      blk.encoded->resize(static_cast<std::size_t>(n * wire_bytes));
     const std::int64_t slices = std::max<std::int64_t>(1, (n + slice_ - 1) / slice_);
     state_[b].slices_left.store(slices, std::memory_order_relaxed);
     state_[b].slice_crc.assign(static_cast<std::size_t>(slices), 0u);
@@ -262,8 +267,7 @@ void FusedUpdate::run_slice(std::int64_t task) {
   const auto [b, begin] = tasks_[static_cast<std::size_t>(task)];
   Block& blk = blocks_[b];
   BlockState& s = *blk.state;
-  const std::int64_t n =
-      std::min(slice_, static_cast<std::int64_t>(s.param.size()) - begin);
+  const std::int64_t n = std::min(slice_, static_cast<std::int64_t>(s.param.size()) - begin);
   const float* g = blk.grad + begin;
   float* p = s.param.data() + begin;
   float* m = s.m.data() + begin;

@@ -48,7 +48,8 @@ TEST(Crc32c, CombineEqualsTheCrcOfTheConcatenation) {
               0xE3069283u)
         << "split at " << k;
   std::vector<std::uint8_t> big(300000);
-  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::uint8_t>(i * 131 + (i >> 9));
+  for (std::size_t i = 0; i < big.size(); ++i)
+    big[i] = static_cast<std::uint8_t>(i * 131 + (i >> 9));
   const std::uint32_t whole = crc32c(big.data(), big.size());
   for (std::size_t k : {std::size_t{1}, std::size_t{4096}, std::size_t{65537}, std::size_t{299999}})
     EXPECT_EQ(crc32c_combine(crc32c(big.data(), k), crc32c(big.data() + k, big.size() - k),

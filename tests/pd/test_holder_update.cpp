@@ -35,8 +35,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Sizes around the slice boundaries: one element, under a slice, exactly one, one more, several
 // plus a remainder.
-const std::vector<std::int64_t> kSizes = {1, 1000, kUpdateSliceFloats, kUpdateSliceFloats + 1,
-                                          3 * kUpdateSliceFloats + 17, 50000};
+const std::vector<std::int64_t> kSizes = {
+    1, 1000, kUpdateSliceFloats, kUpdateSliceFloats + 1, 3 * kUpdateSliceFloats + 17, 50000};
 
 void expect_fused_equals_serial(WireCodec codec, bool in_place, int threads, std::int64_t slice) {
   AdamWConfig cfg;
@@ -115,7 +115,8 @@ TEST(ReduceGradient, EqualsTheSourceOrderSumAndChunkedSumOfSquares) {
         for (std::size_t k = 1; k < contributions; ++k) others.push_back(c[k].data());
         const double sumsq = reduce_gradient(pool, sum.data(), others, n);
         EXPECT_TRUE(same_bits(sum, want));
-        EXPECT_EQ(std::memcmp(&sumsq, &want_sumsq, sizeof(double)), 0) << sumsq << " " << want_sumsq;
+        EXPECT_EQ(std::memcmp(&sumsq, &want_sumsq, sizeof(double)), 0)
+            << sumsq << " " << want_sumsq;
       }
     }
 }
@@ -124,7 +125,8 @@ TEST(ReduceGradient, EqualsTheSourceOrderSumAndChunkedSumOfSquares) {
 // sum_of_squares, from any alignment of the received bytes.
 TEST(IngestRawGradient, EqualsCopyThenCrcThenSumOfSquares) {
   WorkerPool three(3);
-  for (std::int64_t n : {std::int64_t{1}, std::int64_t{4096 * 4 + 3}, std::int64_t{30 * 4096 + 1000}}) {
+  for (std::int64_t n :
+       {std::int64_t{1}, std::int64_t{4096 * 4 + 3}, std::int64_t{30 * 4096 + 1000}}) {
     const std::vector<float> g = wave(n, 0.021f, 0.3f);
     std::vector<char> wire(static_cast<std::size_t>(n) * 4 + 1);
     std::memcpy(wire.data() + 1, g.data(), static_cast<std::size_t>(n) * 4);  // misaligned
