@@ -1,6 +1,8 @@
 // The compute ranks' step loop. It reads like the algorithm:
 //   fetch parameters of version s-1 -> forward/backward on this replica's slice of batch s
 //   -> reduce gradients over replicas in a fixed order -> push -> (report step s-1's record)
+// Under PD the reduce and push of each parameter unit happen inside backward, as soon as the
+// unit's gradient is final (GradStreamer); the step then only waits for the last pushes.
 #include "pdtrain/app/compute_loop.hpp"
 
 #include <algorithm>
@@ -63,6 +65,7 @@ TrainResult ComputeLoop::run() {
   if (cache_) write_heat_map();
   if (result.reporter && opts_.verbose)
     print_run_summary(deck_, result, start_step_, timers_, *service_, cache_.get(),
+                      train_fetched_bytes_, stage_params_.numel() * 4, grads_.get(),
                       *backend_.device);
   return result;
 }
@@ -84,22 +87,44 @@ double ComputeLoop::ensure_version(std::int64_t version) {
 void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
   ScopedPhase t(timers_, "compute");
   const double t0 = now_seconds();
-  stage_params_.zero_grads();
+  stage_params_.zero_grads();  // resident gradients; streamed ones are zeroed when bound
+  if (grads_) {
+    grads_->begin_step(step);
+    streamed_before_ = grads_->stream_seconds();
+  }
   // The loss is the mean over every token of the global batch, so each micro-batch's and
   // each replica's gradient is a partial sum and they simply add.
   runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
   double waited = 0.0;
-  const double fetch_wait = cache_pass(step_plan_, [&] { waited = pipeline_.run_step(runner_); });
+  const std::int64_t fetched0 = cache_ ? cache_->stats().bytes_fetched : 0;
+  const double fetch_wait = cache_pass(step_plan_, [&] {
+    if (stage_order(deck_) == StageOrder::layer)
+      runner_.train_layer_major(micro_batches_);  // one stage: no pipeline to wait for
+    else
+      waited = pipeline_.run_step(runner_);
+  });
   backend_.device->synchronize();  // a GPU's queued work belongs to this phase
+  if (cache_) train_fetched_bytes_ += cache_->stats().bytes_fetched - fetched0;
   rec.fetch_ms += 1e3 * fetch_wait;
   const double elapsed = now_seconds() - t0;
-  rec.compute_ms = 1e3 * (elapsed - fetch_wait);  // the wait is fetch_ms
+  const double streamed = grads_ ? grads_->stream_seconds() - streamed_before_ : 0.0;
+  rec.compute_ms = 1e3 * (elapsed - fetch_wait - streamed);  // the rest is fetch_ms, reduce_ms
   rec.bubble = mean_over_stages(elapsed > 0 ? waited / elapsed : 0.0);
 }
 
 void ComputeLoop::reduce_and_push(std::int64_t step, StepRecord& rec) {
   if (replica_ && layout_.shape().dp == 1) {  // nothing to reduce: the step stays on the device
     update_replica(step, rec);
+    return;
+  }
+  if (grads_) {  // PD: units were reduced and pushed during backward; the last pushes drain
+    rec.reduce_ms = 1e3 * (grads_->stream_seconds() - streamed_before_);
+    const double t0 = now_seconds();
+    const double waited = grads_->end_step();
+    trace_event("push", "pd", t0, t0 + waited);
+    rec.push_ms = 1e3 * waited;
+    timers_.add("reduce", rec.reduce_ms / 1e3);
+    timers_.add("push", waited);
     return;
   }
   const double t0 = now_seconds();
@@ -110,16 +135,12 @@ void ComputeLoop::reduce_and_push(std::int64_t step, StepRecord& rec) {
     stage_params_.pack_grad(cat.block(b), p);
     p += cat.block(b).numel();
   }
-  const float* mine = reducer_.reduce_scatter(packed_.data());
-  if (layout_.replicated()) reducer_.allgather(mine, packed_.data());
+  reducer_.allgather(reducer_.reduce_scatter(packed_.data()), packed_.data());
   const double t1 = now_seconds();
   rec.reduce_ms = 1e3 * (t1 - t0);
   timers_.add("reduce", t1 - t0);
   trace_event("reduce", "dp", t0, t1);
-  if (layout_.replicated())
-    service_->push(step, reducer_.blocks(), packed_.data());
-  else
-    service_->push(step, reducer_.my_blocks(), mine);
+  service_->push(step, reducer_.blocks(), packed_.data());
   const double t2 = now_seconds();
   rec.push_ms = 1e3 * (t2 - t1);
   timers_.add("push", t2 - t1);
@@ -212,16 +233,17 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
       kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
       micro_batch_(micro_batch_size(deck, layout.shape())),
       T_(deck.model.seq_len),
-      slots_(pipeline_in_flight(kind_, layout.shape().pp, layout.pp_rank(), micro_batches_)),
+      slots_(activation_slots(deck, layout.shape(), layout.pp_rank())),
       stage_(stage_params_, micro_batch_, T_, staged_tp_, slots_, recompute_mode(deck),
-             *backend.ops),
+             *backend.ops, stage_order(deck)),
       runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
               micro_batch_, T_, slots_, *backend.device),
       pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
                 trace),
       reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
       service_(std::move(service)), replica_(replica) {
-  packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  if (replica_ && layout.shape().dp > 1)
+    packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
   PDT_CHECK(layout.replicated() == (replica_ != nullptr),
             "the replicated baseline computes on its DeviceReplica, PD on holders");
   if (replica_) {
@@ -238,8 +260,12 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
     cache_ = std::make_unique<StageCache>(
         stage_params_, *service_, static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0),
         static_cast<int>(deck.pd.prefetch_depth), trace);
-    step_plan_ = StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
-                                       layout.pp_rank(), micro_batches_);
+    step_plan_ = stage_order(deck) == StageOrder::layer
+                     ? StageCache::layer_major_plan(stage_params_)
+                     : StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
+                                             layout.pp_rank(), micro_batches_);
+    grads_ = std::make_unique<GradStreamer>(stage_params_, *service_, layout.dp_comm(),
+                                            backward_passes(deck), trace);
   }
 }
 

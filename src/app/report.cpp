@@ -46,17 +46,21 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
     bytes += cat.block(b).bytes();
     if (ls.holders > 0 && s.node[s.owner[b]] == s.node[fetcher]) local += cat.block(b).bytes();
   }
-  const auto kind = *pipeline_kind_from_string(deck.parallel.schedule);
-  const int slots = pipeline_in_flight(kind, ls.pp, p, static_cast<int>(deck.parallel.micro_batches));
+  const int slots = activation_slots(deck, ls, p);
   const std::int64_t acts =
       GptStage::memory_bytes(cat.shape(), spec, micro_batch_size(deck, ls), deck.model.seq_len,
-                             slots, recompute_mode(deck), precision(deck));
-  // PD ranks hold at most pd.cache_mb of parameters (plus the whole stage's gradients); the
-  // baseline holds its stage's parameters and gradients, and its replica's parameters, AdamW
-  // moments and reduced gradients. bf16 precision keeps a bf16 copy beside the parameters.
+                             slots, recompute_mode(deck), precision(deck), stage_order(deck));
+  // PD ranks hold at most pd.cache_mb of parameters and the gradients GradStreamer streams
+  // out during backward (its bound); the baseline holds its stage's parameters and gradients,
+  // and its replica's parameters, AdamW moments and reduced gradients. bf16 precision keeps a
+  // bf16 copy beside the parameters.
   const double cap = deck.pd.cache_mb * 1048576.0, b = static_cast<double>(bytes);
   const double copies = deck.train.precision == "bf16" ? 1.5 : 1.0;
   const double params = ls.holders > 0 && cap > 0 ? std::min(cap, copies * b) : copies * b;
+  const double grads =
+      ls.holders > 0
+          ? static_cast<double>(GradStreamer::bound_bytes(pos.shapes, backward_passes(deck)))
+          : b;
   std::string where;
   if (ls.holders > 0 && fetcher == r)
     where = ", " + std::to_string(static_cast<int>(100.0 * static_cast<double>(local) / b)) +
@@ -69,7 +73,7 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
               static_cast<long long>(spec.layer_end - 1),
               spec.has_embedding ? " + embedding" : "", spec.has_head ? " + head" : "",
               pos.shapes.needed_blocks().size(), human_bytes(b).c_str(), where.c_str(),
-              human_bytes(params).c_str(), human_bytes(b).c_str(),
+              human_bytes(params).c_str(), human_bytes(grads).c_str(),
               human_bytes(static_cast<double>(acts)).c_str(), slots,
               ls.holders == 0 ? (" + replica (params, AdamW, grads) " + human_bytes(4.0 * b)).c_str()
                               : "",
@@ -89,7 +93,9 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
               human_bytes(static_cast<double>(cat.total_numel()) * 4).c_str(),
               static_cast<long long>(micro_batch_size(deck, ls)),
               static_cast<long long>(deck.model.seq_len),
-              static_cast<long long>(deck.parallel.micro_batches), deck.parallel.schedule.c_str());
+              static_cast<long long>(deck.parallel.micro_batches),
+              stage_order(deck) == StageOrder::layer ? "layer-major"
+                                                     : deck.parallel.schedule.c_str());
   const std::vector<StagePosition> stages = stage_positions(deck, ls, cat);
   for (int r = 0; r < ls.world(); ++r) {
     std::printf("  %s", layout.describe_rank(r).c_str());
@@ -122,6 +128,8 @@ void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout
   if (ls.pp > 1)
     std::printf(" | %d micro-batches, %s schedule", static_cast<int>(deck.parallel.micro_batches),
                 to_string(*pipeline_kind_from_string(deck.parallel.schedule)));
+  if (stage_order(deck) == StageOrder::layer)
+    std::printf(" | %d micro-batches, layer-major", static_cast<int>(deck.parallel.micro_batches));
   if (deck.train.precision == "bf16")
     std::printf(" | bf16 matmuls (fp32 accumulation, fp32 master weights)");
   if (!layout.replicated()) {
@@ -152,7 +160,9 @@ void report_step(MetricsWriter& metrics, const StepRecord& rec, const Deck& deck
 
 void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t start_step,
                        const PhaseTimers& timers, const ParameterService& service,
-                       const StageCache* cache, const Device& device) {
+                       const StageCache* cache, std::int64_t train_fetched_bytes,
+                       std::int64_t stage_bytes, const GradStreamer* grads,
+                       const Device& device) {
   const double tokens = static_cast<double>((r.final_step - start_step) * deck.train.batch_size *
                                             deck.model.seq_len);
   std::printf("summary: wall %.2f s | %.0f tok/s | fetch %.2f s | compute %.2f s | "
@@ -165,6 +175,20 @@ void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t star
   if (cache)
     std::printf("%s (this rank; per-block table in %s/pd_heat/)\n",
                 cache->summary(timers.get("compute")).c_str(), deck.run.out_dir.c_str());
+  if (cache && r.final_step > start_step)
+    std::printf("fetched per training step: %s = %.2f x the stage's parameters (%s)\n",
+                human_bytes(static_cast<double>(train_fetched_bytes) /
+                            static_cast<double>(r.final_step - start_step))
+                    .c_str(),
+                static_cast<double>(train_fetched_bytes) /
+                    static_cast<double>((r.final_step - start_step) * stage_bytes),
+                human_bytes(static_cast<double>(stage_bytes)).c_str());
+  if (grads)
+    std::printf("grads: streamed per unit during backward | peak %s held (bound %s) | "
+                "reduce + push inside backward %.2f s\n",
+                human_bytes(static_cast<double>(grads->peak_bytes())).c_str(),
+                human_bytes(static_cast<double>(grads->bound())).c_str(),
+                grads->stream_seconds());
   if (!device.is_host())
     std::printf("device: %s | peak %s allocated by this rank\n", device.describe().c_str(),
                 human_bytes(static_cast<double>(device.peak_bytes())).c_str());

@@ -101,10 +101,8 @@ void check_every_holder_owns_a_block(const Deck& deck, const Setup& s) {
 void check_cache_size(const Deck& deck, const std::vector<StagePosition>& stages) {
   const auto capacity = static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0);
   for (const StagePosition& pos : stages) {
-    auto plan = GptStage::forward_uses(pos.shapes);
-    for (auto& use : GptStage::backward_uses(pos.shapes)) plan.push_back(use);
-    const std::int64_t need =
-        ParamCache::min_capacity_bytes(StageCache::units_of(pos.shapes), plan);
+    const std::int64_t need = ParamCache::min_capacity_bytes(
+        StageCache::units_of(pos.shapes), StageCache::layer_major_plan(pos.shapes));
     if (capacity < need) {
       char mib[32], have[32];
       std::snprintf(mib, sizeof(mib), "%.2f", static_cast<double>(need) / 1048576.0);
@@ -181,6 +179,21 @@ Recompute recompute_mode(const Deck& deck) {
   if (deck.train.recompute == "full") return Recompute::full;
   if (deck.train.recompute == "attention") return Recompute::attention;
   return Recompute::none;
+}
+
+StageOrder stage_order(const Deck& deck) {
+  return deck.parallel.order == "layer" ? StageOrder::layer : StageOrder::micro_batch;
+}
+
+int activation_slots(const Deck& deck, const LayoutShape& shape, int pp_rank) {
+  const int m = static_cast<int>(deck.parallel.micro_batches);
+  if (stage_order(deck) == StageOrder::layer) return m;
+  return pipeline_in_flight(*pipeline_kind_from_string(deck.parallel.schedule), shape.pp, pp_rank,
+                            m);
+}
+
+int backward_passes(const Deck& deck) {
+  return stage_order(deck) == StageOrder::layer ? 1 : static_cast<int>(deck.parallel.micro_batches);
 }
 
 std::int64_t micro_batch_size(const Deck& deck, const LayoutShape& shape) {

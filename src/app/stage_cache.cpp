@@ -36,6 +36,12 @@ std::vector<std::vector<int>> StageCache::step_plan(const StageParams& p, Pipeli
   return plan;
 }
 
+std::vector<std::vector<int>> StageCache::layer_major_plan(const StageParams& p) {
+  std::vector<std::vector<int>> plan = GptStage::forward_uses(p);
+  for (std::vector<int>& use : GptStage::backward_uses(p)) plan.push_back(std::move(use));
+  return plan;
+}
+
 std::vector<std::vector<int>> StageCache::eval_plan(const StageParams& p, int forwards) {
   const auto fwd = GptStage::forward_uses(p);
   std::vector<std::vector<int>> plan;

@@ -32,6 +32,7 @@ const float* FixedOrderReducer::reduce_scatter(const float* data,
                                                const std::vector<std::int64_t>& counts) {
   const std::vector<std::int64_t> starts = displacements(counts);
   const std::int64_t mine = counts[rank_];
+  if (size_ == 1) return data;  // nothing to add: no copy
   sum_.resize(static_cast<std::size_t>(mine));
   received_.resize(static_cast<std::size_t>(mine * size_));
   // Peers in turn from the next rank on, so that not every rank sends to rank 0 first.

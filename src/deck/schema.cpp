@@ -121,6 +121,15 @@ std::vector<KeySpec> build_schema() {
       key(&D::parallel, &ParallelConfig::schedule, "parallel.schedule",
           "Pipeline schedule; both give identical losses, 1f1b holds fewer activations.")
           .one_of({"1f1b", "gpipe"}),
+      key(&D::parallel, &ParallelConfig::order, "parallel.order",
+          "Order of a step's micro-batches on a stage. micro_batch: each micro-batch's forward and "
+          "backward in turn. layer (one pipeline stage; as L2L does): every micro-batch through "
+          "a layer before the next layer, so a bounded pd.cache_mb fetches each layer once per "
+          "direction and a PD rank holds one layer's gradient at a time, for every "
+          "micro-batch's activations at once. Losses equal micro_batch's up to the order the "
+          "tied embedding adds its micro-batches' gradients.")
+          .one_of({"micro_batch", "layer"})
+          .with_rule("layer needs parallel.pp = 1"),
 
       key(&D::train, &TrainConfig::batch_size, "train.batch_size",
           "Sequences per optimizer step, over all data-parallel ranks.")

@@ -34,6 +34,13 @@ LayoutShape resolve_layout(const Deck& deck, int world_size) {
       << " layers: every stage needs at least one layer";
     layout_error(deck, "parallel.pp", m.str());
   }
+  if (deck.parallel.order == "layer" && s.pp > 1) {
+    std::ostringstream m;
+    m << "parallel.order = \"layer\" runs every micro-batch through a layer before the next, "
+         "which needs the whole model on one stage, but parallel.pp = "
+      << s.pp << " (use parallel.schedule for pipelines)";
+    layout_error(deck, "parallel.order", m.str());
+  }
   if (s.holders == 0 && deck.pd.staleness > 0)
     layout_error(deck, "pd.staleness",
                  "bounded staleness needs parameter holders (parallel.holders >= 1)");

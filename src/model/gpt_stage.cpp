@@ -10,10 +10,13 @@ namespace pdtrain {
 using Tid = TensorId;
 
 GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
-                   TensorParallelOps& tp, int slots, Recompute recompute, kernels::KernelOps& ops)
+                   TensorParallelOps& tp, int slots, Recompute recompute, kernels::KernelOps& ops,
+                   StageOrder order)
     : p_(params), tp_(tp), k_(ops), dev_(params.device()),
       dims_(dims_of(params.catalog().shape(), params.spec(), micro_batch, seq_len, slots,
-                    recompute, params.bf16())) {
+                    recompute, params.bf16(), order)) {
+  PDT_CHECK(!dims_.layer_major || (dims_.embedding && dims_.head),
+            "layer-major order needs the whole model on one stage");
   // This rank's vocabulary shard as StageParams places it (dims_of derives the same bounds
   // from the spec for memory_bytes; they must agree).
   PDT_CHECK(!(dims_.embedding || dims_.head) ||
@@ -26,8 +29,10 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
 }
 
 GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
-                                 std::int64_t seq_len, int slots, Recompute recompute, bool bf16) {
+                                 std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
+                                 StageOrder order) {
   Dims d;
+  d.layer_major = order == StageOrder::layer;
   d.B = micro_batch;
   d.T = seq_len;
   d.C = m.d_model;
@@ -88,6 +93,7 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
       alloc(s.logits, N * V), alloc(s.probs, N * V), alloc(s.losses, N);
       alloc(s.rowmax, N), alloc(s.ce_stats, 2 * N);
     }
+    if (d.layer_major) alloc(s.dresidual, N * C);
   }
   alloc(a.preatt, att);
   if (d.recompute == Recompute::full) allocate_layer(d, a.recompute_layer, true, alloc);
@@ -102,9 +108,10 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
 
 std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
                                     std::int64_t micro_batch, std::int64_t seq_len, int slots,
-                                    Recompute recompute, Precision precision) {
+                                    Recompute recompute, Precision precision,
+                                    StageOrder order) {
   const Dims d = dims_of(m, s, micro_batch, seq_len, slots, recompute,
-                         precision == Precision::bf16);
+                         precision == Precision::bf16, order);
   Activations plan;  // buffers stay empty: only their sizes are counted
   std::int64_t bytes = 0;
   allocate(d, plan, [&bytes](auto& buffer, std::int64_t n) {
@@ -175,43 +182,86 @@ std::vector<std::vector<int>> GptStage::backward_uses(const StageParams& p) {
   return uses;  // the embedding's backward needs no parameters
 }
 
+// The sections of backward() that add into units' gradients, in order (announced with
+// grads_begin/grads_end): a unit's gradient of a step is final after its last section of the
+// step's last backward. The tied embedding gets the head's part and, on a stage that also
+// embeds, the lookup's part at the very end.
+std::vector<std::vector<int>> GptStage::backward_grad_uses(const StageParams& p) {
+  std::vector<std::vector<int>> uses;
+  const std::int64_t layers = p.spec().layer_end - p.spec().layer_begin;
+  if (p.spec().has_head) uses.push_back({p.lnf_unit(), p.wte_unit()});
+  for (std::int64_t i = layers - 1; i >= 0; --i) uses.push_back({static_cast<int>(i)});
+  if (p.spec().has_embedding) uses.push_back({p.wte_unit(), p.wpe_unit()});
+  return uses;
+}
+
 void GptStage::forward(int slot, const std::int32_t* tokens, const float* input,
                        const std::int32_t* targets) {
   SlotActs& a = acts_.slots[slot];
-  const std::int64_t N = dims_.B * dims_.T, C = dims_.C;
   if (dims_.embedding) {
     p_.need({p_.wte_unit(), p_.wpe_unit()});
-    // Vocabulary-parallel lookup: each shard embeds its own tokens (0 elsewhere), one shard adds
-    // the positions, and the sum over the group is the full embedding.
     copy_in(a.tokens.data(), tokens, a.tokens.bytes());
-    const float* wpe = tp_.rank() == 0 ? p_.param(Tid::wpe) : nullptr;
-    k_.encoder_forward(a.input.data(), a.tokens.data(), p_.param(Tid::wte), wpe,
-                       static_cast<int>(dims_.B), static_cast<int>(dims_.T), static_cast<int>(C),
-                       static_cast<int>(dims_.v0), static_cast<int>(dims_.v1));
-    tp_.allreduce_sum(a.input.data(), N * C);
+    embed(a);
   } else {
     copy_in(a.input.data(), input, a.input.bytes());
   }
-  const float* residual = a.input.data();
   for (std::int64_t i = 0; i < dims_.layers; ++i) {
-    LayerActs& kept = a.layers[i];
     p_.need({static_cast<int>(i)});
-    if (dims_.recompute == Recompute::full) {
-      LayerActs& scratch = acts_.recompute_layer;
-      layer_forward(p_.spec().layer_begin + i, residual, scratch);
-      dev_.copy(kept.residual3.data(), scratch.residual3.data(), kept.residual3.bytes());
-    } else {
-      layer_forward(p_.spec().layer_begin + i, residual, kept);
-    }
-    residual = kept.residual3.data();
+    forward_kept(i, a);
   }
   if (!dims_.head) return;
   copy_in(a.targets.data(), targets, a.targets.bytes());
   p_.need({p_.lnf_unit(), p_.wte_unit()});
-  head_forward(a, residual);
+  head_and_loss(a);
+}
+
+void GptStage::load(int slot, const std::int32_t* tokens, const std::int32_t* targets) {
+  SlotActs& a = acts_.slots[slot];
+  copy_in(a.tokens.data(), tokens, a.tokens.bytes());
+  copy_in(a.targets.data(), targets, a.targets.bytes());
+}
+
+void GptStage::forward_layer_major(int n) {
+  PDT_CHECK(dims_.layer_major && n <= dims_.slots, "layer-major forward of " + std::to_string(n) +
+                                                       " micro-batches on a stage without it");
+  p_.need({p_.wte_unit(), p_.wpe_unit()});
+  for (int j = 0; j < n; ++j) embed(acts_.slots[j]);
+  for (std::int64_t i = 0; i < dims_.layers; ++i) {
+    p_.need({static_cast<int>(i)});
+    for (int j = 0; j < n; ++j) forward_kept(i, acts_.slots[j]);
+  }
+  p_.need({p_.lnf_unit(), p_.wte_unit()});
+  for (int j = 0; j < n; ++j) head_and_loss(acts_.slots[j]);
+}
+
+// Vocabulary-parallel lookup: each shard embeds its own tokens (0 elsewhere), one shard adds the
+// positions, and the sum over the group is the full embedding.
+void GptStage::embed(SlotActs& a) {
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C;
+  const float* wpe = tp_.rank() == 0 ? p_.param(Tid::wpe) : nullptr;
+  k_.encoder_forward(a.input.data(), a.tokens.data(), p_.param(Tid::wte), wpe,
+                     static_cast<int>(dims_.B), static_cast<int>(dims_.T), static_cast<int>(C),
+                     static_cast<int>(dims_.v0), static_cast<int>(dims_.v1));
+  tp_.allreduce_sum(a.input.data(), N * C);
+}
+
+void GptStage::forward_kept(std::int64_t i, SlotActs& a) {
+  LayerActs& kept = a.layers[i];
+  const std::int64_t l = p_.spec().layer_begin + i;
+  if (dims_.recompute == Recompute::full) {
+    LayerActs& scratch = acts_.recompute_layer;
+    layer_forward(l, layer_input(a, i), scratch);
+    dev_.copy(kept.residual3.data(), scratch.residual3.data(), kept.residual3.bytes());
+  } else {
+    layer_forward(l, layer_input(a, i), kept);
+  }
+}
+
+void GptStage::head_and_loss(SlotActs& a) {
+  head_forward(a, dims_.layers > 0 ? a.layers.back().residual3.data() : a.input.data());
   if (ledger_count_ == kLedgerSize) flush_ledger();
   k_.sum_losses(acts_.loss_ledger.data() + ledger_count_++, a.losses.data(),
-                static_cast<int>(N));
+                static_cast<int>(dims_.B * dims_.T));
 }
 
 void GptStage::flush_ledger() {
@@ -279,29 +329,64 @@ void GptStage::head_forward(SlotActs& s, const float* residual) {
 void GptStage::backward(int slot, float dloss, const float* doutput) {
   SlotActs& a = acts_.slots[slot];
   GradScratch& g = acts_.grads;
-  const float* last = output(slot);
   if (dims_.head) {
     p_.need({p_.lnf_unit(), p_.wte_unit()});
-    head_backward(a, last, dloss);  // leaves d(last residual) in g.dresidual
+    p_.grads_begin({p_.lnf_unit(), p_.wte_unit()});
+    head_backward(a, output(slot), dloss);  // leaves d(last residual) in g.dresidual
+    p_.grads_end({p_.lnf_unit(), p_.wte_unit()});
   } else {
     copy_in(g.dresidual.data(), doutput, g.dresidual.bytes());
   }
   for (std::int64_t i = dims_.layers - 1; i >= 0; --i) {
-    const float* residual = i > 0 ? a.layers[i - 1].residual3.data() : a.input.data();
-    const std::int64_t l = p_.spec().layer_begin + i;
     p_.need({static_cast<int>(i)});
-    if (dims_.recompute == Recompute::full) {
-      layer_forward(l, residual, acts_.recompute_layer);  // the same inputs, the same bits
-      layer_backward(l, residual, acts_.recompute_layer);
-    } else {
-      layer_backward(l, residual, a.layers[i]);
-    }
+    p_.grads_begin({static_cast<int>(i)});
+    backward_kept(i, a);
+    p_.grads_end({static_cast<int>(i)});
   }
-  if (dims_.embedding)
-    k_.encoder_backward(p_.grad(Tid::wte), p_.grad(Tid::wpe), g.dresidual.data(),
-                        a.tokens.data(), static_cast<int>(dims_.B), static_cast<int>(dims_.T),
-                        static_cast<int>(dims_.C), static_cast<int>(dims_.v0),
-                        static_cast<int>(dims_.v1));
+  if (dims_.embedding) {
+    p_.grads_begin({p_.wte_unit(), p_.wpe_unit()});
+    encoder_backward(a);
+    p_.grads_end({p_.wte_unit(), p_.wpe_unit()});
+  }
+}
+
+void GptStage::backward_layer_major(int n, float dloss) {
+  PDT_CHECK(dims_.layer_major && n <= dims_.slots, "layer-major backward of " +
+                                                       std::to_string(n) +
+                                                       " micro-batches on a stage without it");
+  p_.need({p_.lnf_unit(), p_.wte_unit()});
+  p_.grads_begin({p_.lnf_unit(), p_.wte_unit()});
+  for (int j = 0; j < n; ++j)
+    with_dresidual_of(acts_.slots[j], [&] { head_backward(acts_.slots[j], output(j), dloss); });
+  p_.grads_end({p_.lnf_unit(), p_.wte_unit()});
+  for (std::int64_t i = dims_.layers - 1; i >= 0; --i) {
+    p_.need({static_cast<int>(i)});
+    p_.grads_begin({static_cast<int>(i)});
+    for (int j = 0; j < n; ++j)
+      with_dresidual_of(acts_.slots[j], [&] { backward_kept(i, acts_.slots[j]); });
+    p_.grads_end({static_cast<int>(i)});
+  }
+  p_.grads_begin({p_.wte_unit(), p_.wpe_unit()});
+  for (int j = 0; j < n; ++j)
+    with_dresidual_of(acts_.slots[j], [&] { encoder_backward(acts_.slots[j]); });
+  p_.grads_end({p_.wte_unit(), p_.wpe_unit()});
+}
+
+void GptStage::backward_kept(std::int64_t i, SlotActs& a) {
+  const std::int64_t l = p_.spec().layer_begin + i;
+  if (dims_.recompute == Recompute::full) {
+    layer_forward(l, layer_input(a, i), acts_.recompute_layer);  // same inputs, same bits
+    layer_backward(l, layer_input(a, i), acts_.recompute_layer);
+  } else {
+    layer_backward(l, layer_input(a, i), a.layers[i]);
+  }
+}
+
+void GptStage::encoder_backward(SlotActs& a) {
+  k_.encoder_backward(p_.grad(Tid::wte), p_.grad(Tid::wpe), acts_.grads.dresidual.data(),
+                      a.tokens.data(), static_cast<int>(dims_.B), static_cast<int>(dims_.T),
+                      static_cast<int>(dims_.C), static_cast<int>(dims_.v0),
+                      static_cast<int>(dims_.v1));
 }
 
 void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {

@@ -60,9 +60,8 @@ StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage
       needed_.push_back(b.id);
       units_[unit_of(b.tensor, b.layer)].blocks.push_back(b.id);
     }
-  if (storage == Storage::shapes_only) return;
+  if (storage == Storage::shapes_only || storage == Storage::streamed) return;
   grads_ = Mirrored<float>(device_, numel_);
-  if (storage == Storage::streamed) return;
   params_ = Mirrored<float>(device_, numel_);
   if (bf16()) params_bf16_ = Mirrored<pdtrain::bf16>(device_, numel_);
 }
@@ -103,6 +102,52 @@ int StageParams::unit_of_param(TensorId id, std::int64_t layer) const {
             "parameter unit " + (u >= 0 && u < num_units() ? units_[u].name : std::string("?")) +
                 " used while not resident (a use the parameter cache was not told of)");
   return u;
+}
+
+void StageParams::bind_unit_grads(int u, float* storage, float* host) {
+  units_[u].grad = storage;
+  units_[u].grad_host = host;
+}
+
+int StageParams::unit_of_grad(TensorId id, std::int64_t layer) const {
+  const int u = unit_of(id, cat_.tensor(id).per_layer ? layer : spec_.layer_begin);
+  PDT_CHECK(u >= 0 && u < num_units() && units_[u].grad != nullptr,
+            "gradients of unit " + (u >= 0 && u < num_units() ? units_[u].name : std::string("?")) +
+                " written while not bound (a backward section the GradUser was not told of)");
+  return u;
+}
+
+float* StageParams::grad(TensorId id, std::int64_t layer) {
+  if (!grads_.empty()) return grads_.device() + where(id, layer);
+  return units_[unit_of_grad(id, layer)].grad + local_[static_cast<int>(id)].unit_offset;
+}
+
+const float* StageParams::host_grad(TensorId id, std::int64_t layer) const {
+  if (!grads_.empty()) return grads_.host() + where(id, layer);
+  return units_[unit_of_grad(id, layer)].grad_host + local_[static_cast<int>(id)].unit_offset;
+}
+
+void StageParams::download_unit_grads(int u) {
+  PDT_CHECK(units_[u].grad != nullptr, "gradients of unit " + units_[u].name + " not bound");
+  if (units_[u].grad_host == units_[u].grad) return;
+  device_.copy(units_[u].grad_host, units_[u].grad,
+               static_cast<std::size_t>(units_[u].numel) * sizeof(float));
+  device_.synchronize();
+}
+
+bool StageParams::unit_is_packed(int u, const std::vector<int>& blocks) const {
+  std::int64_t next = 0;
+  for (int id : blocks) {
+    const BlockInfo& b = cat_.block(id);
+    const LocalTensor& lt = local_[static_cast<int>(b.tensor)];
+    std::int64_t r0, c0;
+    block_origin(b, &r0, &c0);
+    if (unit_of(b.tensor, b.layer) != u || c0 != 0 || b.cols != lt.cols ||
+        lt.unit_offset + r0 * lt.cols != next)
+      return false;
+    next += b.numel();
+  }
+  return next == units_[u].numel;
 }
 
 float* StageParams::param(TensorId id, std::int64_t layer) {
@@ -185,7 +230,7 @@ void StageParams::pack_grad(const BlockInfo& b, float* packed) const {
   std::int64_t r0, c0;
   block_origin(b, &r0, &c0);
   const std::int64_t ld = local_[static_cast<int>(b.tensor)].cols;
-  const float* base = grads_.host() + where(b.tensor, b.layer);
+  const float* base = host_grad(b.tensor, b.layer);
   for (std::int64_t r = 0; r < b.rows; ++r)
     std::copy_n(base + (r0 + r) * ld + c0, b.cols, packed + r * b.cols);
 }
@@ -213,6 +258,7 @@ std::int64_t StageParams::vocab_end() const {
 }
 
 void StageParams::zero_grads() {
+  if (grads_.empty()) return;  // streamed: zeroed when bound
   device_.zero(grads_.device(), static_cast<std::size_t>(numel_) * sizeof(float));
 }
 

@@ -351,6 +351,12 @@ std::optional<UpdateInfo> FetchClient::update_info(std::int64_t version) const {
 }
 
 void FetchClient::push(std::int64_t step, const std::vector<int>& blocks, const float* grads) {
+  wait_push(start_push(step, blocks, grads));
+}
+
+ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
+                                                     const std::vector<int>& blocks,
+                                                     const float* grads) {
   const auto groups = by_holder(blocks);
   // Offsets of each block's gradient inside `grads` (packed in the order of `blocks`).
   std::vector<const float*> where(table_.blocks.size(), nullptr);
@@ -361,25 +367,22 @@ void FetchClient::push(std::int64_t step, const std::vector<int>& blocks, const 
   }
   // One message per holder: headers, then each block's payload. Raw payloads are sent from
   // where they are (an hindexed datatype); other codecs encode into the message.
-  struct Message {
-    std::vector<char> bytes;
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-  };
-  std::vector<Message> msgs(groups.size());
-  std::vector<MPI_Request> reqs;
+  const PushTicket ticket = next_push_ticket_++;
+  Pushing& out = pushes_[ticket];
+  out.ticket = ticket;
   for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
     if (groups[h].empty()) continue;
     const std::size_t head =
         sizeof(wire::PushHeader) + groups[h].size() * sizeof(wire::BlockHeader);
-    Message& m = msgs[h];
+    std::vector<char>& m = out.bytes.emplace_back();
     std::vector<MPI_Aint> at;
     std::vector<int> len;
     std::int64_t numel = 0;
     for (int b : groups[h]) numel += table_.blocks[b].numel;
-    m.bytes.reserve(head + (push_codec_ == WireCodec::raw ? 0 : static_cast<std::size_t>(numel) * 4));
-    m.bytes.resize(head);
+    m.reserve(head + (push_codec_ == WireCodec::raw ? 0 : static_cast<std::size_t>(numel) * 4));
+    m.resize(head);
     const wire::PushHeader ph{step, static_cast<std::int64_t>(groups[h].size())};
-    std::memcpy(m.bytes.data(), &ph, sizeof(ph));
+    std::memcpy(m.data(), &ph, sizeof(ph));
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       const int b = groups[h][i];
       wire::BlockHeader bh{b, 0, step, 0};
@@ -390,27 +393,52 @@ void FetchClient::push(std::int64_t step, const std::vector<int>& blocks, const 
         MPI_CHECK(MPI_Get_address(where[b], &at.back()));
         len.push_back(static_cast<int>(bh.bytes));
       } else {
-        const std::size_t from = m.bytes.size();
+        const std::size_t from = m.size();
         bh.bytes = static_cast<std::int64_t>(
-            wire_encode(push_codec_, where[b], table_.blocks[b].numel, m.bytes));
-        bh.crc = crc32c(m.bytes.data() + from, static_cast<std::size_t>(bh.bytes));
+            wire_encode(push_codec_, where[b], table_.blocks[b].numel, m));
+        bh.crc = crc32c(m.data() + from, static_cast<std::size_t>(bh.bytes));
       }
-      std::memcpy(m.bytes.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
+      std::memcpy(m.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
       pushed_ += bh.bytes;
     }
     at.insert(at.begin(), 0);
-    MPI_CHECK(MPI_Get_address(m.bytes.data(), &at.front()));
-    len.insert(len.begin(), static_cast<int>(m.bytes.size()));
+    MPI_CHECK(MPI_Get_address(m.data(), &at.front()));
+    len.insert(len.begin(), static_cast<int>(m.size()));
+    MPI_Datatype& type = out.types.emplace_back();
     MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(at.size()), len.data(), at.data(),
-                                       MPI_BYTE, &m.type));
-    MPI_CHECK(MPI_Type_commit(&m.type));
-    reqs.emplace_back();
-    MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, m.type, layout_.holder_world_rank(h), wire::kPush,
-                        layout_.world(), &reqs.back()));
+                                       MPI_BYTE, &type));
+    MPI_CHECK(MPI_Type_commit(&type));
+    MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, type, layout_.holder_world_rank(h), wire::kPush,
+                        layout_.world(), &out.requests.emplace_back()));
   }
-  wait_all_quietly(static_cast<int>(reqs.size()), reqs.data());
-  for (Message& m : msgs)
-    if (m.type != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&m.type));
+  return ticket;
+}
+
+std::map<ParameterService::PushTicket, FetchClient::Pushing>::iterator FetchClient::pushing(
+    PushTicket ticket) {
+  auto it = pushes_.find(ticket);
+  PDT_CHECK(it != pushes_.end(), "unknown push " + std::to_string(ticket));
+  return it;
+}
+
+void FetchClient::free_push(std::map<PushTicket, Pushing>::iterator it) {
+  for (MPI_Datatype& t : it->second.types) MPI_CHECK(MPI_Type_free(&t));
+  pushes_.erase(it);
+}
+
+bool FetchClient::push_done(PushTicket ticket) {
+  auto it = pushing(ticket);
+  int done = 0;
+  MPI_CHECK(MPI_Testall(static_cast<int>(it->second.requests.size()), it->second.requests.data(),
+                        &done, MPI_STATUSES_IGNORE));
+  if (done) free_push(it);
+  return done != 0;
+}
+
+void FetchClient::wait_push(PushTicket ticket) {
+  auto it = pushing(ticket);
+  wait_all_quietly(static_cast<int>(it->second.requests.size()), it->second.requests.data());
+  free_push(it);
 }
 
 std::uint32_t FetchClient::finish() {

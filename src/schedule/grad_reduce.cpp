@@ -8,16 +8,36 @@ namespace pdtrain {
 
 GradReducer::GradReducer(MPI_Comm dp_comm, std::vector<int> blocks,
                          std::vector<std::int64_t> numel)
-    : comm_(dp_comm), blocks_(std::move(blocks)), reduce_(dp_comm) {
+    : comm_(dp_comm), reduce_(dp_comm) {
   me_ = reduce_.rank();
   dp_ = reduce_.size();
-  const std::vector<int> seg = place_blocks(numel, dp_);  // contiguous, balanced
-  counts_.assign(dp_, 0);
-  for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    counts_[seg[i]] += numel[i];
-    total_ += numel[i];
-    if (seg[i] == me_) my_blocks_.push_back(blocks_[i]);
+  groups_.push_back(make_group(std::move(blocks), numel));
+}
+
+GradReducer::GradReducer(MPI_Comm dp_comm, const std::vector<std::vector<int>>& groups,
+                         const std::vector<std::int64_t>& numel_by_block)
+    : comm_(dp_comm), reduce_(dp_comm) {
+  me_ = reduce_.rank();
+  dp_ = reduce_.size();
+  for (const std::vector<int>& blocks : groups) {
+    std::vector<std::int64_t> numel;
+    for (int b : blocks) numel.push_back(numel_by_block[b]);
+    groups_.push_back(make_group(blocks, numel));
   }
+}
+
+GradReducer::Group GradReducer::make_group(std::vector<int> blocks,
+                                           const std::vector<std::int64_t>& numel) const {
+  Group g;
+  g.blocks = std::move(blocks);
+  g.counts.assign(dp_, 0);
+  const std::vector<int> seg = place_blocks(numel, dp_);  // contiguous, balanced
+  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
+    g.counts[seg[i]] += numel[i];
+    g.total += numel[i];
+    if (seg[i] == me_) g.mine.push_back(g.blocks[i]);
+  }
+  return g;
 }
 
 double GradReducer::sum(double local) {

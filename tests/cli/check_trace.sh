@@ -12,7 +12,7 @@ for ((r = 0; r < ranks; r++)); do
   grep -q "\"pid\":$r," "$out/trace/trace.json" || { echo "FAIL: merged trace lacks rank $r"; fail=1; }
 done
 for what in '"name":"forward mb0"' '"name":"backward mb3"' '"cat":"p2p"' '"name":"fetch wte v1"' \
-            '"name":"push"' '"name":"update v1"'; do
+            '"name":"push"' '"name":"push layer0"' '"name":"update v1"'; do
   grep -q "$what" "$out/trace/trace.json" || { echo "FAIL: merged trace lacks $what"; fail=1; }
 done
 # The merged file is one JSON object whose event list closes properly.

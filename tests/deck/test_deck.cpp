@@ -87,41 +87,42 @@ const std::vector<std::string> kFullDeck = {
     "pp = 3",                            // 29
     "micro_batches = 4",                 // 30
     "schedule = \"gpipe\"",              // 31
-    "[train]",                           // 32
-    "batch_size = 64",                   // 33
-    "eval_every = 0",                    // 34
-    "eval_batches = 10",                 // 35
-    "recompute = \"full\"",               // 36
-    "precision = \"bf16\"",               // 37
-    "[optimizer]",                       // 38
-    "lr = 6e-4",                         // 39
-    "min_lr = 6e-5",                     // 40
-    "warmup_steps = 700",                // 41
-    "weight_decay = 0.0",                // 42
-    "grad_clip = 0.5",                   // 43
-    "beta1 = 0.85",                      // 44
-    "beta2 = 0.999",                     // 45
-    "eps = 1e-6",                        // 46
-    "[pd]",                              // 47
-    "fetch_codec = \"bf16\"",             // 48
-    "push_codec = \"zstd\"",              // 49
-    "staleness = 2",                     // 50
-    "prefetch_depth = 3",                // 51
-    "cache_mb = 64.5",                   // 52
-    "fetch_thread = true",               // 53
-    "holder_threads = 2",                // 54
-    "[checkpoint]",                      // 55
-    "every = 100",                       // 56
-    "codec = \"xor\"",                   // 57
-    "anchor_every = 5",                  // 58
-    "keep = 2",                          // 59
-    "async = true",                      // 60
-    "dir = \"/scratch/ckpt\"",           // 61
-    "[output]",                          // 62
-    "trace = true",                      // 63
-    "[compute]",                         // 64
-    "device = \"cuda\"",                 // 65
-    "tf32 = true",                       // 66
+    "order = \"layer\"",                 // 32
+    "[train]",                           // 33
+    "batch_size = 64",                   // 34
+    "eval_every = 0",                    // 35
+    "eval_batches = 10",                 // 36
+    "recompute = \"full\"",               // 37
+    "precision = \"bf16\"",               // 38
+    "[optimizer]",                       // 39
+    "lr = 6e-4",                         // 40
+    "min_lr = 6e-5",                     // 41
+    "warmup_steps = 700",                // 42
+    "weight_decay = 0.0",                // 43
+    "grad_clip = 0.5",                   // 44
+    "beta1 = 0.85",                      // 45
+    "beta2 = 0.999",                     // 46
+    "eps = 1e-6",                        // 47
+    "[pd]",                              // 48
+    "fetch_codec = \"bf16\"",             // 49
+    "push_codec = \"zstd\"",              // 50
+    "staleness = 2",                     // 51
+    "prefetch_depth = 3",                // 52
+    "cache_mb = 64.5",                   // 53
+    "fetch_thread = true",               // 54
+    "holder_threads = 2",                // 55
+    "[checkpoint]",                      // 56
+    "every = 100",                       // 57
+    "codec = \"xor\"",                   // 58
+    "anchor_every = 5",                  // 59
+    "keep = 2",                          // 60
+    "async = true",                      // 61
+    "dir = \"/scratch/ckpt\"",           // 62
+    "[output]",                          // 63
+    "trace = true",                      // 64
+    "[compute]",                         // 65
+    "device = \"cuda\"",                 // 66
+    "tf32 = true",                       // 67
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -187,11 +188,12 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:46");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:47");
   EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
+  EXPECT_EQ(d.parallel.order, "layer");
   EXPECT_TRUE(d.output.trace);
   EXPECT_EQ(d.pd.fetch_codec, "bf16");
   EXPECT_EQ(d.pd.push_codec, "zstd");
@@ -553,9 +555,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 6 parallel + 5 train + 2 compute + 8 optimizer + 7 pd +
+  // 5 run + 9 model + 6 data + 7 parallel + 5 train + 2 compute + 8 optimizer + 7 pd +
   // 6 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 55u);
+  EXPECT_EQ(deck::schema().size(), 56u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -141,6 +141,43 @@ TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
   }
 }
 
+// Layer-major order runs every micro-batch through a layer before the next: with a cache that
+// holds one layer, a step fetches each layer once per direction (micro-batch order: once per
+// micro-batch and direction). The numbers differ from micro-batch order only in the order the
+// tied embedding adds its micro-batches' gradients; PD and the baseline in layer-major order
+// are bit-identical.
+TEST(Equivalence, LayerMajorOrderFetchesEachLayerOncePerDirection) {
+  ASSERT_GE(world_size(), 4);
+  const std::vector<std::string> layer = {"parallel.micro_batches=2", "parallel.order=layer"};
+  auto with = [&](std::vector<std::string> sets, const std::vector<std::string>& more) {
+    sets.insert(sets.end(), more.begin(), more.end());
+    return sets;
+  };
+  const std::vector<std::string> pd = {"parallel.holders=1", "pd.cache_mb=0.02",
+                                       "pd.prefetch_depth=2"};
+  RunOutcome base1 = first_group_run(kDeck, 1, with(layer, {"parallel.holders=0"}),
+                                     out_dir("lm-base1"));
+  RunOutcome pd1 = run_groups(2, with(layer, pd), "lm-pd1");
+  RunOutcome mb1 = run_groups(2, with(pd, {"parallel.micro_batches=2"}), "lm-mb1");
+  if (!pd1.losses.empty()) {
+    EXPECT_EQ(pd1.losses, base1.losses);
+    EXPECT_EQ(pd1.crc, base1.crc);
+    expect_same_losses(pd1, 1e-5);
+  }
+  RunOutcome base3 = run_groups(3, with(layer, {"parallel.holders=0"}), "lm-base3");
+  RunOutcome pd3 = run_groups(4, with(layer, pd), "lm-pd3");
+  if (!pd3.losses.empty() && !base3.losses.empty()) {
+    EXPECT_EQ(pd3.losses, base3.losses);
+    EXPECT_EQ(pd3.crc, base3.crc);
+  }
+  if (world_rank() == 1) {  // the dp-1 runs' compute rank; 20 steps and a final evaluation
+    const std::int64_t layer_major = layer0_fetches(out_dir("lm-pd1-0"), 1);
+    const std::int64_t micro_batch = layer0_fetches(out_dir("lm-mb1-0"), 1);
+    EXPECT_LE(layer_major, 2 * 20 + 2);  // forward and backward, and the evaluation's 2
+    EXPECT_GE(micro_batch, 3 * 20);      // about 2 per micro-batch
+  }
+}
+
 // On several nodes the holders move to other ranks and blocks to holders near their fetchers;
 // the numbers (losses, canonical CRC) must not notice. Nodes are faked: 2 ranks per node.
 TEST(Equivalence, HoldersSpreadOverNodesChangeNothing) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "pdtrain/app/grad_stream.hpp"
 #include "pdtrain/app/setup.hpp"
 #include "pdtrain/app/stage_cache.hpp"
 #include "pdtrain/app/stage_runner.hpp"
@@ -87,9 +88,12 @@ class ComputeLoop {
   DeviceReplica* replica_ = nullptr;         // baseline only (service_ itself)
   std::vector<kernels::KernelOps::Tile> tiles_;  // baseline: every block in the stage's buffers
   std::unique_ptr<StageCache> cache_;        // PD only
+  std::unique_ptr<GradStreamer> grads_;      // PD only: gradients pushed during backward
+  double streamed_before_ = 0.0;             // grads_->stream_seconds() at the step's start
+  std::int64_t train_fetched_bytes_ = 0;     // PD: fetched by training passes (not evaluation)
   std::vector<std::vector<int>> step_plan_;  // the cache's uses in one step
   std::int64_t pass_version_ = 0;            // the version the next pass computes on
-  std::vector<float> packed_;
+  std::vector<float> packed_;  // baseline with dp > 1: the stage's gradients, packed
   std::unique_ptr<MetricsWriter> metrics_;
   PhaseTimers timers_;
   std::int64_t have_version_ = -1;  // baseline: parameter version published to stage_params_

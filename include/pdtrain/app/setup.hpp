@@ -56,6 +56,13 @@ AdamWConfig adamw_config(const Deck& deck);
 WireCodec fetch_codec(const Deck& deck);
 Precision precision(const Deck& deck);
 Recompute recompute_mode(const Deck& deck);
+StageOrder stage_order(const Deck& deck);
+// Activation sets a stage keeps: the micro-batches in flight under the pipeline schedule, or
+// every micro-batch in layer-major order.
+int activation_slots(const Deck& deck, const LayoutShape& shape, int pp_rank);
+// Backward passes of a stage per step, as gradient writes go: one per micro-batch, or one in
+// layer-major order (all micro-batches per section).
+int backward_passes(const Deck& deck);
 std::int64_t micro_batch_size(const Deck& deck, const LayoutShape& shape);
 // How many gradient pushes of each block make up one step: the tied embedding is used (and
 // pushed) by both the first and the last pipeline stage; every other block by one stage.

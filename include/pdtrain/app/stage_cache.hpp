@@ -23,6 +23,9 @@ class StageCache final : public UnitStore, public UnitUser {
   // every backward's, in the order the schedule runs them.
   static std::vector<std::vector<int>> step_plan(const StageParams& params, PipelineKind kind,
                                                  int stages, int stage, int micro_batches);
+  // One optimizer step in layer-major order (StageOrder::layer): one forward's uses, then one
+  // backward's, whatever the micro-batch count.
+  static std::vector<std::vector<int>> layer_major_plan(const StageParams& params);
   // `forwards` forward passes (evaluation).
   static std::vector<std::vector<int>> eval_plan(const StageParams& params, int forwards);
 

@@ -29,6 +29,8 @@ class StageRunner final : public PipelineStageOps {
   void eval(int micro_batches, std::int64_t batch_size) {
     val_batches_per_pass_ = micro_batches, val_batch_size_ = batch_size;
   }
+  // The step's micro-batches 0..n-1 in layer-major order (StageOrder::layer, one stage).
+  void train_layer_major(int n);
   // The pass's summed token losses (0 off the last stage): once per pass, after it.
   double loss_sum() { return stage_.take_loss_sum(); }
 

@@ -30,7 +30,8 @@ class FixedOrderReducer {
 
   // `data` holds this rank's copy of every segment, back to back in rank order (counts[r]
   // floats for rank r, the same counts on every rank). Returns the sum over the ranks of this
-  // rank's segment, added in rank order; valid until the next call.
+  // rank's segment, added in rank order; valid until the next call (on one rank: `data`
+  // itself, nothing copied).
   const float* reduce_scatter(const float* data, const std::vector<std::int64_t>& counts);
   // Puts every rank's `segment` (counts[rank] floats) at its place in `out`: an all-gather.
   // `segment` may be this rank's place in `out`, but no other rank's.

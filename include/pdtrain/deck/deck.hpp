@@ -52,6 +52,7 @@ struct ParallelConfig {
   std::int64_t pp = 1;
   std::int64_t micro_batches = 1;  // per replica and step; the pipeline fills with these
   std::string schedule = "1f1b";   // pipeline schedule: 1f1b | gpipe
+  std::string order = "micro_batch";  // micro_batch | layer (one stage: each unit once per pass)
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };

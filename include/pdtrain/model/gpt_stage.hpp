@@ -29,14 +29,25 @@ namespace pdtrain {
 // gradients (and losses) are bit-identical to `none`.
 enum class Recompute { none, attention, full };
 
+// The order a step runs its micro-batches in. `micro_batch`: each micro-batch's forward and
+// backward through the whole stage in turn (what the pipeline schedules interleave). `layer`
+// (one stage only, as L2L does): every micro-batch through a unit before the next unit, forward
+// then backward, so a step uses each parameter unit once per direction (a bounded PD cache
+// fetches the stage twice per step, whatever the micro-batch count) and writes each unit's
+// gradient in one section (GradStreamer frees it before the next), for all micro-batches'
+// activations and residual gradients kept at once.
+enum class StageOrder { micro_batch, layer };
+
 class GptStage {
  public:
   // `micro_batch` sequences of `seq_len` tokens per forward; `slots` activation sets kept for
   // micro-batches whose backward is still pending (1 without pipelining). `ops` must run on
   // params.device() (the default: the CPU's kernels).
+  // `order` layer: `slots` is the micro-batch count of a step (see forward_layer_major).
   GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
            TensorParallelOps& tp, int slots = 1, Recompute recompute = Recompute::none,
-           kernels::KernelOps& ops = kernels::cpu_kernel_ops());
+           kernels::KernelOps& ops = kernels::cpu_kernel_ops(),
+           StageOrder order = StageOrder::micro_batch);
 
   // Forward of one micro-batch into activation slot `slot`. The first stage reads `tokens`
   // [B*T]; other stages read `input` [B*T*C]. The last stage also needs `targets` and adds the
@@ -47,6 +58,16 @@ class GptStage {
   // seeds d(loss_i)/d(logits) with `dloss` per token (1 / tokens in the global batch); other
   // stages receive `doutput` [B*T*C] (host or device memory) from the next stage.
   void backward(int slot, float dloss, const float* doutput);
+  // Layer-major order (StageOrder::layer; a stage with the embedding and the head): load()
+  // each micro-batch's tokens into slots 0..n-1, then forward_layer_major(n) runs the embedding
+  // of every micro-batch, then layer 0 of every micro-batch, ..., then the head (losses added to
+  // the ledger in micro-batch order), and backward_layer_major(n) the reverse. Each unit is
+  // announced once (the same forward_uses()/backward_uses()/backward_grad_uses() lists as one
+  // micro-batch's pass). Every parameter's gradient adds its micro-batches in the same order as
+  // micro-batch-major, except the tied embedding's: all head parts, then all lookup parts.
+  void load(int slot, const std::int32_t* tokens, const std::int32_t* targets);
+  void forward_layer_major(int n);
+  void backward_layer_major(int n, float dloss);
   // The sum of the losses of every forward since the last call, added micro-batch by
   // micro-batch in forward order (each micro-batch's tokens in order, in double): one device
   // read. 0 on stages without the head.
@@ -56,6 +77,9 @@ class GptStage {
   // StageParams::need().
   static std::vector<std::vector<int>> forward_uses(const StageParams& p);
   static std::vector<std::vector<int>> backward_uses(const StageParams& p);
+  // The units whose gradients each section of one backward adds into, in the order it announces
+  // them through StageParams::grads_begin()/grads_end().
+  static std::vector<std::vector<int>> backward_grad_uses(const StageParams& p);
 
   // Device memory: the residual stream after the last layer [B*T*C], d(input) after backward.
   const float* output(int slot) const;
@@ -66,7 +90,8 @@ class GptStage {
   static std::int64_t memory_bytes(const ModelShape& m, const StageSpec& s,
                                    std::int64_t micro_batch, std::int64_t seq_len, int slots,
                                    Recompute recompute = Recompute::none,
-                                   Precision precision = Precision::fp32);
+                                   Precision precision = Precision::fp32,
+                                   StageOrder order = StageOrder::micro_batch);
 
  private:
   template <class T>
@@ -85,6 +110,7 @@ class GptStage {
     Buf<float> lnf, lnf_mean, lnf_rstd, logits, probs, losses;
     Buf<bf16> lnf_h;
     Buf<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp)
+    Buf<float> dresidual;  // layer-major: this micro-batch's residual gradient between units
   };
   struct GradScratch {
     Buf<float> dresidual, dln, dqkv, datty, dpreatt, datt, dfch, dfch_gelu, dlogits, dlosses;
@@ -102,14 +128,15 @@ class GptStage {
   struct Dims {
     std::int64_t B = 0, T = 0, C = 0, Cl = 0, NHl = 0, layers = 0;
     std::int64_t v0 = 0, v1 = 0, V = 0;  // vocabulary shard rows, real-token logits here
-    bool embedding = false, head = false, bf16 = false;
+    bool embedding = false, head = false, bf16 = false, layer_major = false;
     int slots = 1;
     Recompute recompute = Recompute::none;
   };
   static constexpr std::int64_t kLedgerSize = 64;  // forwards between two device reads
 
   static Dims dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
-                      std::int64_t seq_len, int slots, Recompute recompute, bool bf16);
+                      std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
+                      StageOrder order);
   // Sizes every buffer of `a` with alloc(buffer, elements): the constructor allocates,
   // memory_bytes() counts.
   template <class Alloc>
@@ -129,6 +156,22 @@ class GptStage {
 
   float* att_of(LayerActs& a) {
     return a.att.empty() ? acts_.att_scratch.data() : a.att.data();
+  }
+  void embed(SlotActs& a);
+  // Layer i (of the stage) of the micro-batch in `a`, keeping what its backward needs.
+  void forward_kept(std::int64_t i, SlotActs& a);
+  void backward_kept(std::int64_t i, SlotActs& a);
+  const float* layer_input(const SlotActs& a, std::int64_t i) const {
+    return i > 0 ? a.layers[i - 1].residual3.data() : a.input.data();
+  }
+  void head_and_loss(SlotActs& a);
+  void encoder_backward(SlotActs& a);
+  // Runs f with the micro-batch's own residual gradient as the backward's (layer-major).
+  template <class F>
+  void with_dresidual_of(SlotActs& a, F&& f) {
+    std::swap(acts_.grads.dresidual, a.dresidual);
+    f();
+    std::swap(acts_.grads.dresidual, a.dresidual);
   }
   void layer_forward(std::int64_t l, const float* residual, LayerActs& a);
   void layer_backward(std::int64_t l, const float* residual, LayerActs& a);

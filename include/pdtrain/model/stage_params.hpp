@@ -39,6 +39,17 @@ class UnitUser {
   virtual void need(const std::vector<int>& units) = 0;
 };
 
+// Told by the model around each backward section that adds into units' gradients (see
+// GptStage::backward_grad_uses()): before, so their gradient memory can be bound (and zeroed) when
+// a step first writes it; after, so a unit whose last write of the step is done can be reduced
+// and pushed while backward goes on (Storage::streamed).
+class GradUser {
+ public:
+  virtual ~GradUser() = default;
+  virtual void grads_begin(const std::vector<int>& units) = 0;
+  virtual void grads_end(const std::vector<int>& units) = 0;
+};
+
 // fp32: parameters as the holders keep them. bf16 (mixed precision): compute ranks see every
 // parameter rounded to bf16 (the copies holders serve) and keep a bf16 copy beside the fp32
 // values for the matmuls; gradients stay fp32.
@@ -49,7 +60,8 @@ class StageParams {
   enum class Storage {
     shapes_only,  // the shard's blocks and sizes only (for --dry-run)
     resident,     // every parameter in one buffer
-    streamed,     // units bound by a cache (bind_unit); gradients still in one buffer
+    streamed,     // units bound by a cache (bind_unit), and their gradients by a GradUser
+                  // (bind_unit_grads) only while a step writes and pushes them
   };
   StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage = Storage::resident,
               Precision precision = Precision::fp32, Device& device = cpu_device());
@@ -65,7 +77,7 @@ class StageParams {
   // Local tensor of `id` for global layer `layer` (ignored for non-layered tensors), in device
   // memory. A param's unit must be resident.
   float* param(TensorId id, std::int64_t layer = 0);
-  float* grad(TensorId id, std::int64_t layer = 0) { return grads_.device() + where(id, layer); }
+  float* grad(TensorId id, std::int64_t layer = 0);
   // bf16 precision: the bf16 copy of a parameter (same layout as param()).
   const pdtrain::bf16* param_bf16(TensorId id, std::int64_t layer = 0);
   // Storage::resident, host view: same layout as grads().
@@ -96,6 +108,24 @@ class StageParams {
   void need(const std::vector<int>& units) {
     if (user_) user_->need(units);
   }
+  // Streamed storage: gives unit u's gradients device memory (unit_numel floats, laid out like
+  // the unit's parameters) and its host view for packing (the same pointer on the CPU), or
+  // takes them away (nullptr). The model announces its gradient writes to the GradUser.
+  void bind_unit_grads(int u, float* storage, float* host);
+  bool grads_resident(int u) const { return units_[u].grad != nullptr; }
+  void set_grad_user(GradUser* user) { grad_user_ = user; }
+  void grads_begin(const std::vector<int>& units) {
+    if (grad_user_) grad_user_->grads_begin(units);
+  }
+  void grads_end(const std::vector<int>& units) {
+    if (grad_user_) grad_user_->grads_end(units);
+  }
+  // Streamed storage: unit u's gradients to their host view (then synchronizes), for pack_grad.
+  void download_unit_grads(int u);
+  // Whether `blocks` of unit u, packed back to back in this order, are exactly the unit's
+  // storage (every block whole rows, in storage order, covering it): then its gradients can be
+  // pushed from where they are, without packing.
+  bool unit_is_packed(int u, const std::vector<int>& blocks) const;
   // Local rows/cols of one layer's slice of `id` on this rank.
   std::int64_t local_rows(TensorId id) const { return local_[static_cast<int>(id)].rows; }
   std::int64_t local_cols(TensorId id) const { return local_[static_cast<int>(id)].cols; }
@@ -112,10 +142,13 @@ class StageParams {
   void unpack_param(const BlockInfo& b, const float* packed);
   // Storage::resident: the unpacked parameters to the device (queued on the compute queue).
   void upload_params();
-  // The gradients to the host view (then synchronizes), for pack_grad.
+  // Resident storage: the gradients to the host view (then synchronizes), for pack_grad.
   void download_grads();
-  // Block b's gradient from the host view, packed row-major.
+  // Block b's gradient from the host view (the whole buffer's, or its unit's), packed
+  // row-major.
   void pack_grad(const BlockInfo& b, float* packed) const;
+  // The unit a block belongs to.
+  int unit_of_block(const BlockInfo& b) const { return unit_of(b.tensor, b.layer); }
   // Where blocks live in the resident parameter buffer and in the gradient buffer (both have
   // this layout), for device kernels that pack and unpack them (KernelOps::gather_tiles).
   std::vector<kernels::KernelOps::Tile> tiles(const std::vector<int>& blocks) const;
@@ -123,6 +156,7 @@ class StageParams {
   float* params_device() { return params_.device(); }
   float* grads_device() { return grads_.device(); }
   pdtrain::bf16* params_bf16_device() { return bf16() ? params_bf16_.device() : nullptr; }
+  // Resident storage: zero the gradients (streamed gradients are zeroed when bound).
   void zero_grads();
 
  private:
@@ -138,10 +172,14 @@ class StageParams {
     std::vector<int> blocks;
     float* storage = nullptr;  // device memory
     float* staging = nullptr;  // its host view
+    float* grad = nullptr;       // streamed gradients: device memory
+    float* grad_host = nullptr;  // ... and its host view
   };
   std::int64_t where(TensorId id, std::int64_t layer) const;
   int unit_of(TensorId id, std::int64_t layer) const;
   int unit_of_param(TensorId id, std::int64_t layer) const;  // checked to be resident
+  int unit_of_grad(TensorId id, std::int64_t layer) const;   // checked to be bound
+  const float* host_grad(TensorId id, std::int64_t layer) const;
   // The host view of a parameter and of its bf16 copy (where unpack_param writes).
   float* host_param(TensorId id, std::int64_t layer);
   pdtrain::bf16* host_param_bf16(TensorId id, std::int64_t layer);
@@ -160,6 +198,7 @@ class StageParams {
   Precision precision_ = Precision::fp32;
   std::vector<Unit> units_;
   UnitUser* user_ = nullptr;
+  GradUser* grad_user_ = nullptr;
 };
 
 }  // namespace pdtrain

@@ -37,6 +37,10 @@ class FetchClient final : public ParameterService {
   void progress() override;
   UpdateInfo finish_fetch(Ticket ticket) override;
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
+  PushTicket start_push(std::int64_t step, const std::vector<int>& blocks,
+                        const float* grads) override;
+  bool push_done(PushTicket ticket) override;
+  void wait_push(PushTicket ticket) override;
   std::uint32_t finish() override;
   std::optional<UpdateInfo> update_info(std::int64_t version) const override;
   bool holders_asked_to_stop() const override { return stop_; }
@@ -81,6 +85,16 @@ class FetchClient final : public ParameterService {
     UpdateInfo info;
   };
   using Job = std::shared_ptr<InFlight>;
+  // One push on its way: a message per holder (headers, then payloads sent from where they are
+  // for raw, or encoded into the message), kept until the sends complete.
+  struct Pushing {
+    PushTicket ticket = 0;
+    std::vector<std::vector<char>> bytes;  // per holder with blocks
+    std::vector<MPI_Datatype> types;
+    std::vector<MPI_Request> requests;
+  };
+  std::map<PushTicket, Pushing>::iterator pushing(PushTicket ticket);
+  void free_push(std::map<PushTicket, Pushing>::iterator it);
 
   // Block ids of `blocks` grouped by owning holder, keeping their order.
   std::vector<std::vector<int>> by_holder(const std::vector<int>& blocks) const;
@@ -113,6 +127,8 @@ class FetchClient final : public ParameterService {
   std::atomic<bool> stop_{false};
   std::atomic<std::int64_t> fetched_{0}, from_holders_{0};
   std::int64_t pushed_ = 0;
+  std::map<PushTicket, Pushing> pushes_;  // on their way (compute thread only)
+  PushTicket next_push_ticket_ = 0;
   std::int64_t flip_at_version_ = -1;  // test_hooks::flip_fetch_bit_at_version()
 };
 

@@ -45,6 +45,18 @@ class ParameterService {
   // Gives the gradients of 1-based step `step` (summed over data-parallel replicas) for
   // `blocks`, packed back to back in block order.
   virtual void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) = 0;
+  // The same push without waiting, so a compute rank can push a unit's gradients while its
+  // backward goes on: `grads` must stay valid and unchanged until push_done() has said true or
+  // wait_push() has returned. Pushes of one step may come in any number of parts (each block
+  // once). This default pushes at once, which suits a service with the parameters at hand.
+  using PushTicket = std::int64_t;
+  virtual PushTicket start_push(std::int64_t step, const std::vector<int>& blocks,
+                                const float* grads) {
+    push(step, blocks, grads);
+    return next_push_++;
+  }
+  virtual bool push_done(PushTicket) { return true; }  // also frees it when done
+  virtual void wait_push(PushTicket) {}
   // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.
   virtual std::uint32_t finish() = 0;
   // True once a holder has said it was asked to stop (a signal reached it).
@@ -62,6 +74,7 @@ class ParameterService {
   };
   std::deque<Queued> queued_;  // the default start_fetch()'s requests
   Ticket next_ticket_ = 0;
+  PushTicket next_push_ = 0;
 };
 
 }  // namespace pdtrain

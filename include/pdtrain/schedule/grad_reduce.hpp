@@ -1,9 +1,11 @@
 #pragma once
-// Data-parallel gradient reduction in a fixed order. The blocks a replica group shares are cut
-// into dp contiguous segments (balanced by size); replica r receives every replica's copy of
-// segment r and adds them in replica order 0, 1, ..., dp-1 (core/fixed_order_reduce). The
-// result is bitwise the same on every run whatever the message timing, and replica r then
-// pushes (or, in the replicated baseline, all-gathers) its segment.
+// Data-parallel gradient reduction in a fixed order. The blocks a replica group shares come in
+// groups reduced one at a time (the whole stage at once, or one parameter unit as soon as its
+// gradient is final); each group is cut into dp contiguous segments (balanced by size), and
+// replica r receives every replica's copy of its segment and adds them in replica order
+// 0, 1, ..., dp-1 (core/fixed_order_reduce). Every element is added in the same order however
+// the blocks are grouped, so the result is bitwise the same for any grouping and any message
+// timing; replica r then pushes (or, in the replicated baseline, all-gathers) its segment.
 #include <mpi.h>
 
 #include <cstdint>
@@ -15,31 +17,43 @@ namespace pdtrain {
 
 class GradReducer {
  public:
-  // `blocks` in a fixed order, `numel[i]` the size of blocks[i]. Collective over dp_comm.
+  // One group: `blocks` in a fixed order, `numel[i]` the size of blocks[i]. Collective over
+  // dp_comm.
   GradReducer(MPI_Comm dp_comm, std::vector<int> blocks, std::vector<std::int64_t> numel);
+  // Several groups of blocks, each in a fixed order; `numel_by_block[b]` the size of block b.
+  GradReducer(MPI_Comm dp_comm, const std::vector<std::vector<int>>& groups,
+              const std::vector<std::int64_t>& numel_by_block);
 
-  const std::vector<int>& blocks() const { return blocks_; }
-  // Blocks whose reduced gradient this replica owns, and their total size.
-  const std::vector<int>& my_blocks() const { return my_blocks_; }
-  std::int64_t my_numel() const { return counts_[me_]; }
-  std::int64_t total_numel() const { return total_; }
+  int groups() const { return static_cast<int>(groups_.size()); }
+  const std::vector<int>& blocks(int g = 0) const { return groups_[g].blocks; }
+  // Blocks of group g whose reduced gradient this replica owns, and their total size.
+  const std::vector<int>& my_blocks(int g = 0) const { return groups_[g].mine; }
+  std::int64_t my_numel(int g = 0) const { return groups_[g].counts[me_]; }
+  std::int64_t total_numel(int g = 0) const { return groups_[g].total; }
 
-  // `packed` holds this replica's gradients of blocks() back to back. Returns the sum over
+  // `packed` holds this replica's gradients of blocks(g) back to back. Returns the sum over
   // replicas of this replica's segment (valid until the next call).
-  const float* reduce_scatter(const float* packed) { return reduce_.reduce_scatter(packed, counts_); }
-  // Every replica's reduced segment into `packed_out` (all blocks, blocks() order).
-  void allgather(const float* my_segment, float* packed_out) {
-    reduce_.allgather(my_segment, packed_out, counts_);
+  const float* reduce_scatter(const float* packed, int g = 0) {
+    return reduce_.reduce_scatter(packed, groups_[g].counts);
+  }
+  // Every replica's reduced segment into `packed_out` (all blocks of group g, in order).
+  void allgather(const float* my_segment, float* packed_out, int g = 0) {
+    reduce_.allgather(my_segment, packed_out, groups_[g].counts);
   }
   // Sum over replicas of one value per replica, added in replica order.
   double sum(double local);
 
  private:
+  struct Group {
+    std::vector<int> blocks, mine;
+    std::vector<std::int64_t> counts;  // per replica segment, in floats
+    std::int64_t total = 0;
+  };
+  Group make_group(std::vector<int> blocks, const std::vector<std::int64_t>& numel) const;
+
   MPI_Comm comm_;
   int me_ = 0, dp_ = 1;
-  std::vector<int> blocks_, my_blocks_;
-  std::vector<std::int64_t> counts_;  // per replica segment, in floats
-  std::int64_t total_ = 0;
+  std::vector<Group> groups_;
   FixedOrderReducer reduce_;
 };
 

@@ -1,0 +1,264 @@
+#include "pdtrain/app/grad_stream.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/model/gpt_stage.hpp"
+
+namespace pdtrain {
+
+namespace {
+
+// grads_end() calls per unit in one backward pass.
+std::vector<int> writes_per_pass(const StageParams& p) {
+  std::vector<int> n(static_cast<std::size_t>(p.num_units()), 0);
+  for (const std::vector<int>& use : GptStage::backward_grad_uses(p))
+    for (int u : use) ++n[u];
+  return n;
+}
+
+// The blocks of unit u whose gradient this rank pushes (after the data-parallel reduce), in
+// catalogue order.
+std::vector<int> pushed_blocks_of(const StageParams& p, int u) {
+  std::vector<int> out;
+  for (int b : p.unit_blocks(u))
+    if (p.pushes(p.catalog().block(b))) out.push_back(b);
+  return out;
+}
+
+std::int64_t pushed_numel(const StageParams& p, int u) {
+  std::int64_t n = 0;
+  for (int b : pushed_blocks_of(p, u)) n += p.catalog().block(b).numel();
+  return n;
+}
+
+}  // namespace
+
+std::int64_t GradStreamer::PoolCounts::take(std::int64_t n) {
+  auto it = free_.find(n);
+  if (it == free_.end() || it->second == 0) return n;
+  --it->second;
+  return 0;
+}
+
+// Replays one step's backward with the rank's own pool arithmetic, assuming no push finishes
+// before it must (the worst case): gradient memory bound at a unit's first write; at its last,
+// a packed unit takes a packed buffer and gives its gradient memory back, an in-place one keeps
+// it until its push is retired, which happens when a push beyond kPushesInFlight needs room.
+// Pools never shrink and every step repeats the same order, so the first step's peak is the
+// run's.
+std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes) {
+  const std::vector<int> per_pass = writes_per_pass(p);
+  std::vector<int> written(per_pass.size(), 0);
+  std::vector<bool> bound(per_pass.size(), false);
+  PoolCounts grads, packed;
+  struct OnWire {
+    bool in_place;
+    std::int64_t n;
+  };
+  std::deque<OnWire> in_flight;
+  std::int64_t held = 0, peak = 0;
+  const auto add = [&](std::int64_t floats) {
+    held += 4 * floats;
+    peak = std::max(peak, held);
+  };
+  for (int pass = 0; pass < passes; ++pass)
+    for (const std::vector<int>& use : GptStage::backward_grad_uses(p)) {
+      for (int u : use)
+        if (!bound[u]) {
+          bound[u] = true;
+          add(grads.take(p.unit_numel(u)));
+        }
+      for (int u : use) {
+        if (++written[u] < passes * per_pass[u]) continue;
+        const std::vector<int> blocks = pushed_blocks_of(p, u);
+        if (blocks.empty()) {
+          grads.give(p.unit_numel(u));
+          continue;
+        }
+        if (in_flight.size() == kPushesInFlight) {
+          const OnWire& old = in_flight.front();
+          (old.in_place ? grads : packed).give(old.n);
+          in_flight.pop_front();
+        }
+        if (p.unit_is_packed(u, blocks)) {
+          in_flight.push_back({true, p.unit_numel(u)});
+        } else {
+          const std::int64_t n = pushed_numel(p, u);
+          add(packed.take(n));
+          grads.give(p.unit_numel(u));
+          in_flight.push_back({false, n});
+        }
+      }
+    }
+  return peak;
+}
+
+GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
+                           int passes, TraceRecorder* trace)
+    : params_(params), service_(service), device_(params.device()), trace_(trace),
+      passes_(passes), bound_bytes_(bound_bytes(params, passes)),
+      writes_per_pass_(writes_per_pass(params)),
+      group_of_unit_(static_cast<std::size_t>(params.num_units()), -1),
+      in_place_(static_cast<std::size_t>(params.num_units()), false),
+      reducer_(dp_comm,
+               [&] {
+                 std::vector<std::vector<int>> groups;
+                 for (int u = 0; u < params.num_units(); ++u) {
+                   std::vector<int> blocks = pushed_blocks_of(params, u);
+                   if (blocks.empty()) continue;
+                   group_of_unit_[u] = static_cast<int>(groups.size());
+                   in_place_[u] = params.unit_is_packed(u, blocks);
+                   groups.push_back(std::move(blocks));
+                 }
+                 return groups;
+               }(),
+               [&] {
+                 std::vector<std::int64_t> numel;
+                 for (const BlockInfo& b : params.catalog().blocks()) numel.push_back(b.numel());
+                 return numel;
+               }()),
+      written_(static_cast<std::size_t>(params.num_units()), 0),
+      final_(static_cast<std::size_t>(params.num_units()), false),
+      bound_(static_cast<std::size_t>(params.num_units())) {
+  PDT_CHECK(passes >= 1, "a step has at least one backward pass");
+  params_.set_grad_user(this);
+}
+
+GradStreamer::~GradStreamer() {
+  params_.set_grad_user(nullptr);
+  for (int u = 0; u < params_.num_units(); ++u) params_.bind_unit_grads(u, nullptr, nullptr);
+}
+
+void GradStreamer::begin_step(std::int64_t step) {
+  step_ = step;
+  std::fill(written_.begin(), written_.end(), 0);
+  std::fill(final_.begin(), final_.end(), false);
+}
+
+void GradStreamer::grads_begin(const std::vector<int>& units) {
+  for (int u : units)
+    if (bound_[u].empty()) bind(u);
+}
+
+void GradStreamer::grads_end(const std::vector<int>& units) {
+  for (int u : units) {
+    PDT_CHECK(!final_[u], "gradients of unit " + params_.unit_name(u) +
+                              " written after its last backward of step " +
+                              std::to_string(step_));
+    if (++written_[u] == passes_ * writes_per_pass_[u]) release(u);
+  }
+}
+
+double GradStreamer::end_step() {
+  for (int u = 0; u < params_.num_units(); ++u)
+    PDT_CHECK(final_[u] || writes_per_pass_[u] == 0,
+              "step " + std::to_string(step_) + " ended before the last backward of unit " +
+                  params_.unit_name(u));
+  const double t0 = now_seconds();
+  retire_pushes(0);
+  return now_seconds() - t0;
+}
+
+// Zeroed gradient memory for unit u, from the pool when one of its size is free.
+void GradStreamer::bind(int u) {
+  const std::int64_t n = params_.unit_numel(u);
+  count(4 * pool_counts_.take(n));
+  std::vector<Mirrored<float>>& free = free_[n];
+  if (!free.empty()) {
+    bound_[u] = std::move(free.back());
+    free.pop_back();
+    device_.zero(bound_[u].device(), static_cast<std::size_t>(n) * sizeof(float));
+  } else {
+    bound_[u] = Mirrored<float>(device_, n);  // zero-filled
+  }
+  params_.bind_unit_grads(u, bound_[u].device(), bound_[u].host());
+}
+
+void GradStreamer::release(int u) {
+  const double t0 = now_seconds();
+  TraceSpan span(trace_, "push " + params_.unit_name(u), "pd");
+  final_[u] = true;
+  const int g = group_of_unit_[u];
+  Push push;
+  if (g >= 0) {
+    params_.download_unit_grads(u);
+    retire_pushes(kPushesInFlight - 1);  // room for this unit's push
+    if (!in_place_[u]) {
+      push.packed = take_packed(reducer_.total_numel(g));
+      float* p = push.packed.data();
+      for (int b : reducer_.blocks(g)) {
+        params_.pack_grad(params_.catalog().block(b), p);
+        p += params_.catalog().block(b).numel();
+      }
+    }
+  }
+  params_.bind_unit_grads(u, nullptr, nullptr);
+  push.grads = std::move(bound_[u]);
+  // A packed unit's gradient memory is free for the next unit at once; nothing of a unit with
+  // no group is this rank's to push (it is replicated over the tp group).
+  if (g < 0 || !in_place_[u]) give_grads(std::move(push.grads));
+  if (g >= 0) {
+    float* data = in_place_[u] ? push.grads.host() : push.packed.data();
+    if (reduce_and_start_push(g, data, &push.ticket))
+      pushes_.push_back(std::move(push));
+    else
+      recycle(push);
+  }
+  stream_seconds_ += now_seconds() - t0;
+}
+
+// Collective over the replicas: every replica releases its units in the same order. This
+// replica's reduced segment is copied to the front of `data`, which the push is sent from.
+bool GradStreamer::reduce_and_start_push(int g, float* data,
+                                         ParameterService::PushTicket* ticket) {
+  const float* mine = reducer_.reduce_scatter(data, g);
+  if (mine != data) std::copy_n(mine, reducer_.my_numel(g), data);
+  if (reducer_.my_blocks(g).empty()) return false;
+  *ticket = service_.start_push(step_, reducer_.my_blocks(g), data);
+  return true;
+}
+
+// Waits until at most `keep` pushes are on their way (those done already are freed first).
+void GradStreamer::retire_pushes(std::size_t keep) {
+  while (!pushes_.empty() &&
+         (pushes_.size() > keep || service_.push_done(pushes_.front().ticket))) {
+    if (pushes_.size() > keep) service_.wait_push(pushes_.front().ticket);
+    recycle(pushes_.front());
+    pushes_.pop_front();
+  }
+}
+
+void GradStreamer::recycle(Push& push) {
+  if (!push.grads.empty()) give_grads(std::move(push.grads));
+  if (!push.packed.empty()) {
+    packed_counts_.give(static_cast<std::int64_t>(push.packed.size()));
+    spare_packed_.push_back(std::move(push.packed));
+  }
+}
+
+void GradStreamer::give_grads(Mirrored<float> grads) {
+  const std::int64_t n = grads.size();
+  pool_counts_.give(n);
+  free_[n].push_back(std::move(grads));
+}
+
+// A packed buffer of exactly n floats: a spare one of that size, or a new one.
+std::vector<float> GradStreamer::take_packed(std::int64_t n) {
+  count(4 * packed_counts_.take(n));
+  for (std::size_t i = 0; i < spare_packed_.size(); ++i)
+    if (static_cast<std::int64_t>(spare_packed_[i].size()) == n) {
+      std::vector<float> v = std::move(spare_packed_[i]);
+      spare_packed_.erase(spare_packed_.begin() + static_cast<std::ptrdiff_t>(i));
+      return v;
+    }
+  return std::vector<float>(static_cast<std::size_t>(n));
+}
+
+void GradStreamer::count(std::int64_t delta_bytes) {
+  held_ += delta_bytes;
+  peak_ = std::max(peak_, held_);
+}
+
+}  // namespace pdtrain
