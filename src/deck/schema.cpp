@@ -223,9 +223,9 @@ std::vector<KeySpec> build_schema() {
       key(&D::pd, &PdConfig::holder_threads, "pd.holder_threads",
           "Threads of each holder's update (gradient sums and sums of squares as pushes arrive, "
           "then AdamW, wire encoding and CRC fused per slice); 0: the cores the holder process "
-          "may run on (its CPU affinity, e.g. from mpirun --bind-to or Slurm), at most 32. "
-          "Exact: any count gives the same numbers. Give holders their own cores (one holder "
-          "per node or socket) and set this to their count.")
+          "is bound to (mpirun --bind-to, Slurm), or, unbound, its share of the node's cores "
+          "among the job's ranks there; at most 32. Exact: any count gives the same numbers. "
+          "Give holders their own cores (one holder per node or socket) and bind them.")
           .at_least(0)
           .at_most(256),
 

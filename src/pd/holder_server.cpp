@@ -97,7 +97,8 @@ HolderHooks::OwnedBlocks HolderServer::owned_blocks() const {
 
 void HolderServer::run() {
   const int n_compute = layout_.shape().compute();
-  pool_ = std::make_unique<WorkerPool>(resolve_holder_threads(threads_configured_));
+  const int threads = resolve_holder_threads(threads_configured_, ranks_on_node_);
+  pool_ = std::make_unique<WorkerPool>(threads);
   Backoff backoff;
   while (done_ranks_ < n_compute) {
     retire_sent_replies();

@@ -1,6 +1,7 @@
 #include "pdtrain/pd/holder_update.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -28,10 +29,13 @@ int usable_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-int resolve_holder_threads(int configured) {
+int resolve_holder_threads(int configured, int ranks_on_node) {
   PDT_CHECK(configured >= 0, "pd.holder_threads must be >= 0");
   if (configured > 0) return configured;
-  return std::min(usable_cores(), kMaxAutoHolderThreads);
+  const int cores = usable_cores();
+  const bool bound = cores < sysconf(_SC_NPROCESSORS_ONLN);
+  const int share = bound ? cores : cores / std::max(1, ranks_on_node);
+  return std::clamp(share, 1, kMaxAutoHolderThreads);
 }
 
 // --- WorkerPool --------------------------------------------------------------------------------

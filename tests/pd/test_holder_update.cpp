@@ -3,7 +3,9 @@
 // adamw_update + wire_encode + crc32c, and the gradient reduction exactly those of summing in
 // source order + sum_of_squares, for any thread count and any block size.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -155,10 +157,15 @@ TEST(WorkerPool, RunsEveryTaskOnceAndCanBeReused) {
   pool.run(0, [](std::int64_t) { ADD_FAILURE() << "no task expected"; });
 }
 
+// 0: the cores this process is bound to, or unbound its share among the node's ranks.
 TEST(HolderThreads, ZeroMeansTheCoresThisProcessMayUse) {
   EXPECT_GE(usable_cores(), 1);
   EXPECT_EQ(resolve_holder_threads(0), std::min(usable_cores(), kMaxAutoHolderThreads));
-  EXPECT_EQ(resolve_holder_threads(3), 3);
+  const bool bound = usable_cores() < sysconf(_SC_NPROCESSORS_ONLN);
+  const int shared = bound ? usable_cores() : usable_cores() / 4;
+  EXPECT_EQ(resolve_holder_threads(0, 4), std::clamp(shared, 1, kMaxAutoHolderThreads));
+  EXPECT_EQ(resolve_holder_threads(0, 1000), bound ? resolve_holder_threads(0) : 1);
+  EXPECT_EQ(resolve_holder_threads(3, 4), 3);  // what the deck says
 }
 
 }  // namespace

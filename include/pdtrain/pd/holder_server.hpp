@@ -64,8 +64,12 @@ class HolderServer {
   void restore(std::int64_t version, std::map<int, BlockState> blocks);
   HolderHooks::OwnedBlocks owned_blocks() const;
   void set_verbose(bool v) { verbose_ = v; }  // print a traffic line at the end
-  // Threads of the update (pd.holder_threads; 0: the cores this process may run on); before run().
-  void set_update_threads(int configured) { threads_configured_ = configured; }
+  // Threads of the update (pd.holder_threads; 0: see resolve_holder_threads, with the number of
+  // the job's ranks on this node); before run().
+  void set_update_threads(int configured, int ranks_on_node) {
+    threads_configured_ = configured;
+    ranks_on_node_ = ranks_on_node;
+  }
   const PhaseTimers& timers() const { return timers_; }
 
  private:
@@ -127,7 +131,7 @@ class HolderServer {
   std::map<std::int64_t, std::int64_t> missing_;   // step -> gradients still expected
   std::map<std::int64_t, UpdateInfo> recent_;      // the updates of the versions kept
   std::deque<Pending> deferred_;
-  int threads_configured_ = 0;
+  int threads_configured_ = 0, ranks_on_node_ = 1;
   std::unique_ptr<WorkerPool> pool_;       // created by run()
   bool updating_ = false;                  // a step's update is running on the pool
   std::vector<char> inbox_;                // the message being handled (grows, never shrinks)

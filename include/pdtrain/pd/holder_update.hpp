@@ -36,8 +36,11 @@ constexpr int kMaxAutoHolderThreads = 32;
 
 // The cores this process may run on (sched_getaffinity), at least 1.
 int usable_cores();
-// `configured` threads, or with 0 usable_cores() capped at kMaxAutoHolderThreads.
-int resolve_holder_threads(int configured);
+// `configured` threads, or with 0: the cores this process is bound to; unbound (its affinity is
+// every online CPU, e.g. mpirun --bind-to none), its share of them among the `ranks_on_node`
+// ranks of its node, so that a holder does not take compute ranks' cores. At least 1, at most
+// kMaxAutoHolderThreads.
+int resolve_holder_threads(int configured, int ranks_on_node = 1);
 
 // A fixed set of threads running one batch of numbered tasks at a time; tasks are taken in
 // increasing order, so earlier work (earlier blocks) finishes first. Idle workers sleep.
