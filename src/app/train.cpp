@@ -155,6 +155,9 @@ void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                       fetch_codec(deck), *wire_codec_from_string(deck.pd.push_codec),
                       static_cast<int>(deck.pd.staleness), trace);
   server.set_verbose(opts.verbose && training);
+  server.set_update_threads(static_cast<int>(deck.pd.holder_threads),
+                            static_cast<int>(std::count(setup.node.begin(), setup.node.end(),
+                                                        setup.node[layout.world_rank()])));
   setup.table.init = nullptr;  // frees an llm.c file read for initialization
   restore_collectively(restart, *setup.catalog, layout.holders_comm(), layout.world(), &server);
   std::unique_ptr<ckpt::CheckpointWriter> writer;

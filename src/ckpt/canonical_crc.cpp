@@ -1,59 +1,14 @@
 #include "pdtrain/ckpt/canonical_crc.hpp"
 
 #include <algorithm>
-#include <array>
 
 #include "pdtrain/core/crc32c.hpp"
 
 namespace pdtrain::ckpt {
-namespace {
 
-// CRC32C's polynomial, bit-reflected (the CRC is computed LSB first).
-constexpr std::uint32_t kPoly = 0x82F63B78u;
-
-// a * b modulo the polynomial, in the reflected representation (x^0 is the top bit).
-std::uint32_t multmodp(std::uint32_t a, std::uint32_t b) {
-  std::uint32_t m = 1u << 31, p = 0;
-  for (;;) {
-    if (a & m) {
-      p ^= b;
-      if ((a & (m - 1)) == 0) break;
-    }
-    m >>= 1;
-    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
-  }
-  return p;
-}
-
-// x^(2^k) modulo the polynomial, k = 0..31.
-const std::array<std::uint32_t, 32>& x2n_table() {
-  static const std::array<std::uint32_t, 32> table = [] {
-    std::array<std::uint32_t, 32> t{};
-    std::uint32_t p = 1u << 30;  // x^1
-    t[0] = p;
-    for (int n = 1; n < 32; ++n) t[n] = p = multmodp(p, p);
-    return t;
-  }();
-  return table;
-}
-
-// x^(n * 2^k) modulo the polynomial.
-std::uint32_t x2nmodp(std::uint64_t n, unsigned k) {
-  std::uint32_t p = 1u << 31;  // x^0
-  while (n) {
-    if (n & 1) p = multmodp(x2n_table()[k & 31], p);
-    n >>= 1;
-    ++k;
-  }
-  return p;
-}
-
-}  // namespace
-
+// One implementation, in core/ (the holders assemble block CRCs from slices with it too).
 std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b) {
-  // Shifting A's CRC over len_b zero bytes (x^(8 len_b)) and adding B's: the pre- and
-  // post-inversion of the standard CRC cancel out as in zlib's crc32_combine.
-  return multmodp(x2nmodp(len_b, 3), crc_a) ^ crc_b;
+  return pdtrain::crc32c_combine(crc_a, crc_b, static_cast<std::size_t>(len_b));
 }
 
 void append_crc_pieces(const ParamCatalog& catalog, const BlockInfo& b, const float* packed,

@@ -22,4 +22,51 @@ std::uint32_t crc32c_extend(std::uint32_t crc, const void* data, std::size_t n) 
 
 std::uint32_t crc32c(const void* data, std::size_t n) { return crc32c_extend(0u, data, n); }
 
+namespace {
+
+// Arithmetic on polynomials over GF(2) modulo the Castagnoli polynomial, bit-reflected as the
+// CRC is (bit 31 is x^0), after zlib's crc32_combine.
+constexpr std::uint32_t kCastagnoli = 0x82F63B78u;
+
+// a * b mod P.
+constexpr std::uint32_t multiply_mod_p(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kCastagnoli : b >> 1;
+  }
+  return p;
+}
+
+// x^(2^k) mod P for k = 0..31.
+struct PowersOfX {
+  std::uint32_t x2k[32]{};
+  constexpr PowersOfX() {
+    std::uint32_t p = 1u << 30;  // x^1
+    for (auto& x : x2k) {
+      x = p;
+      p = multiply_mod_p(p, p);
+    }
+  }
+};
+constexpr PowersOfX kPowers;
+
+// x^(8 * bytes) mod P: appending `bytes` zero bytes multiplies a CRC register by it.
+std::uint32_t shift_for_bytes(std::size_t bytes) {
+  std::uint32_t p = 1u << 31;  // x^0
+  for (unsigned k = 3; bytes != 0; bytes >>= 1, ++k)
+    if (bytes & 1) p = multiply_mod_p(kPowers.x2k[k & 31], p);
+  return p;
+}
+
+}  // namespace
+
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::size_t bytes_b) {
+  return multiply_mod_p(shift_for_bytes(bytes_b), crc_a) ^ crc_b;
+}
+
 }  // namespace pdtrain

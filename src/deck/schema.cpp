@@ -228,6 +228,14 @@ std::vector<KeySpec> build_schema() {
           "needs MPI_THREAD_MULTIPLE, else the compute thread does it between layers. Off by "
           "default: it pays only with a spare core per compute rank, and it drives the MPI "
           "library from two threads at once."),
+      key(&D::pd, &PdConfig::holder_threads, "pd.holder_threads",
+          "Threads of each holder's update (gradient sums and sums of squares as pushes arrive, "
+          "then AdamW, wire encoding and CRC fused per slice); 0: the cores the holder process "
+          "is bound to (mpirun --bind-to, Slurm), or, unbound, its share of the node's cores "
+          "among the job's ranks there; at most 32. Exact: any count gives the same numbers. "
+          "Give holders their own cores (one holder per node or socket) and bind them.")
+          .at_least(0)
+          .at_most(256),
 
       key(&D::checkpoint, &CheckpointConfig::every, "checkpoint.every",
           "Write a checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGUSR1).")

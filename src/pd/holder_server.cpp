@@ -1,6 +1,7 @@
 #include "pdtrain/pd/holder_server.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <span>
@@ -37,15 +38,37 @@ HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::v
   }
 }
 
+// Raw blocks at staleness 0 are sent straight from the parameters: only one version is ever
+// served, replies are drained before an update starts, and during it a block is unavailable
+// until it is published, so the parameters never change under a reply. Saves a copy per step.
+bool HolderServer::serves_in_place() const {
+  return fetch_codec_ == WireCodec::raw && staleness_ == 0;
+}
+
 // A block is encoded once per version, however many ranks fetch it; the last staleness+1
-// versions stay available.
+// versions stay available. (Initial and restored state; updates encode in update_blocks.)
 void HolderServer::encode(Owned& o) {
-  Encoded& e = o.versions[version_];
-  e.bytes.clear();
-  wire_encode(fetch_codec_, o.state.param.data(), static_cast<std::int64_t>(o.state.param.size()),
-              e.bytes);
-  e.crc = crc32c(e.bytes.data(), e.bytes.size());
-  o.versions.erase(o.versions.begin(), o.versions.lower_bound(version_ - staleness_));
+  Encoded e;
+  const auto n = static_cast<std::int64_t>(o.state.param.size());
+  if (!serves_in_place()) wire_encode(fetch_codec_, o.state.param.data(), n, e.storage);
+  const std::uint32_t crc = serves_in_place()
+                                ? crc32c(o.state.param.data(), static_cast<std::size_t>(n) * 4)
+                                : crc32c(e.storage.data(), e.storage.size());
+  publish(o, version_, std::move(e), crc);
+}
+
+// Makes `fresh` the block's bytes of `step` and forgets versions older than the window.
+void HolderServer::publish(Owned& o, std::int64_t step, Encoded fresh, std::uint32_t crc) {
+  Encoded& e = o.versions[step] = std::move(fresh);
+  if (serves_in_place()) {
+    e.data = reinterpret_cast<const char*>(o.state.param.data());
+    e.size = o.state.param.size() * sizeof(float);
+  } else {
+    e.data = e.storage.data();
+    e.size = e.storage.size();
+  }
+  e.crc = crc;
+  o.versions.erase(o.versions.begin(), o.versions.lower_bound(step - staleness_));
 }
 
 void HolderServer::restore(std::int64_t version, std::map<int, BlockState> blocks) {
@@ -74,31 +97,37 @@ HolderHooks::OwnedBlocks HolderServer::owned_blocks() const {
 
 void HolderServer::run() {
   const int n_compute = layout_.shape().compute();
+  const int threads = resolve_holder_threads(threads_configured_, ranks_on_node_);
+  pool_ = std::make_unique<WorkerPool>(threads);
   Backoff backoff;
-  std::vector<char> msg;
   while (done_ranks_ < n_compute) {
     retire_sent_replies();
-    int flag = 0;
-    MPI_Status st;
-    MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, layout_.world(), &flag, &st));
-    if (!flag) {
+    if (poll_once())
+      backoff.reset();
+    else
       backoff.pause();
-      continue;
-    }
-    backoff.reset();
-    int bytes = 0;
-    MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-    // Grows, never shrinks: a push is hundreds of MiB and must not be zero-filled every step.
-    if (msg.size() < static_cast<std::size_t>(bytes)) msg.resize(static_cast<std::size_t>(bytes));
-    MPI_CHECK(MPI_Recv(msg.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, layout_.world(),
-                       MPI_STATUS_IGNORE));
-    received_ += bytes;
-    handle(st.MPI_SOURCE, st.MPI_TAG, std::span<const char>(msg.data(), static_cast<std::size_t>(bytes)));
   }
   drain_sent_replies();
   if (hooks_.at_end) hooks_.at_end(version_, [this] { return owned_blocks(); });
   if (verbose_) print_traffic();
   send_final_crc();
+}
+
+bool HolderServer::poll_once() {
+  int flag = 0;
+  MPI_Status st;
+  MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, layout_.world(), &flag, &st));
+  if (!flag) return false;
+  int bytes = 0;
+  MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+  // Grows, never shrinks: a push is hundreds of MiB and must not be zero-filled every step.
+  const auto size = static_cast<std::size_t>(bytes);
+  if (inbox_.size() < size) inbox_.resize(size);
+  MPI_CHECK(MPI_Recv(inbox_.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, layout_.world(),
+                     MPI_STATUS_IGNORE));
+  received_ += bytes;
+  handle(st.MPI_SOURCE, st.MPI_TAG, std::span<const char>(inbox_.data(), size));
+  return true;
 }
 
 void HolderServer::handle(int source, int tag, std::span<const char> msg) {
@@ -156,13 +185,13 @@ void HolderServer::serve_fetch(int source, std::span<const char> msg) {
   std::int64_t total = static_cast<std::int64_t>(s.bytes.size());
   for (std::int64_t i = 0; i < req.n; ++i) {
     const Encoded& e = owned_.at(ids[i]).versions.at(v);
-    const wire::BlockHeader bh{ids[i], e.crc, v, static_cast<std::int64_t>(e.bytes.size())};
+    const wire::BlockHeader bh{ids[i], e.crc, v, static_cast<std::int64_t>(e.size)};
     std::memcpy(s.bytes.data() + sizeof(rh) + i * sizeof(bh), &bh, sizeof(bh));
-    if (e.bytes.empty()) continue;
+    if (e.size == 0) continue;
     where.emplace_back();
-    MPI_CHECK(MPI_Get_address(e.bytes.data(), &where.back()));
-    lengths.push_back(static_cast<int>(e.bytes.size()));
-    total += static_cast<std::int64_t>(e.bytes.size());
+    MPI_CHECK(MPI_Get_address(e.data, &where.back()));
+    lengths.push_back(static_cast<int>(e.size));
+    total += static_cast<std::int64_t>(e.size);
   }
   MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(where.size()), lengths.data(),
                                      where.data(), MPI_BYTE, &s.type));
@@ -203,31 +232,67 @@ void HolderServer::take_push(int source, std::span<const char> msg) {
                 std::to_string(staleness_) + ")");
   const char* hdr = msg.data() + sizeof(ph);
   const char* data = hdr + ph.n * sizeof(wire::BlockHeader);
-  auto [missing, fresh] = missing_.try_emplace(ph.step, pushes_per_step_);
+  // A step's gradients may come in several messages (one per group of blocks); blocks count.
+  auto missing = missing_.try_emplace(ph.step, pushes_per_step_).first;
   for (std::int64_t i = 0; i < ph.n; ++i) {
     wire::BlockHeader bh;
     std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
-    auto it = owned_.find(bh.id);
-    PDT_CHECK(it != owned_.end(), "rank " + std::to_string(source) + " pushed block " +
-                                      std::to_string(bh.id) + " to a holder that does not own it");
-    const auto n = static_cast<std::size_t>(table_.blocks[bh.id].numel);
-    const std::string what = "the gradient of block " + table_.blocks[bh.id].name +
-                             " pushed by rank " + std::to_string(source) + " for step " +
-                             std::to_string(ph.step);
-    PDT_CHECK(crc32c(data, static_cast<std::size_t>(bh.bytes)) == bh.crc, "CRC mismatch in " + what);
-    auto& slot = it->second.pushes[ph.step][source];
-    PDT_CHECK(slot.empty(), "rank " + std::to_string(source) + " pushed block " +
-                                table_.blocks[bh.id].name + " twice in step " +
-                                std::to_string(ph.step));
-    slot.resize(n);
-    PDT_CHECK(wire_decode(push_codec_, data, static_cast<std::size_t>(bh.bytes), slot.data(),
-                          static_cast<std::int64_t>(n)),
-              std::string("cannot decode (") + to_string(push_codec_) + ") " + what);
+    take_contribution(bh.id, source, ph.step, data, bh.bytes, bh.crc);
     data += bh.bytes;
     --missing->second;
   }
-  (void)fresh;
-  // Steps complete in order: a later step's gradients may already be here.
+  // An update running now (this push arrived while it served fetches) finishes its step first.
+  if (!updating_) finish_completed_steps();
+}
+
+// Stores one pushed gradient block; with its last contribution the block's gradient is summed
+// in source-rank order and its sum of squares taken now, while other pushes are still on their
+// way, so that a step's end leaves only the norm agreement and the update. A raw block is
+// copied, checked and (if it is the only contribution) squared in one pass on the pool.
+void HolderServer::take_contribution(int id, int source, std::int64_t step, const char* data,
+                                     std::int64_t bytes, std::uint32_t crc) {
+  auto it = owned_.find(id);
+  PDT_CHECK(it != owned_.end(), "rank " + std::to_string(source) + " pushed block " +
+                                    std::to_string(id) + " to a holder that does not own it");
+  const std::string& name = table_.blocks[id].name;
+  const auto n = static_cast<std::int64_t>(table_.blocks[id].numel);
+  const std::string what = "the gradient of block " + name + " pushed by rank " +
+                           std::to_string(source) + " for step " + std::to_string(step);
+  StepGradient& g = it->second.grads[step];
+  auto [slot, fresh] = g.by_source.try_emplace(source);
+  PDT_CHECK(fresh && !g.complete, "rank " + std::to_string(source) + " pushed block " + name +
+                                      " twice in step " + std::to_string(step));
+  slot->second = take_buffer(static_cast<std::size_t>(n));
+  WorkerPool* pool = updating_ ? nullptr : pool_.get();  // busy while an update runs
+  const bool last = static_cast<int>(g.by_source.size()) == contributions_[id];
+  const bool alone = last && g.by_source.size() == 1;
+  if (push_codec_ == WireCodec::raw) {
+    PDT_CHECK(bytes == n * static_cast<std::int64_t>(sizeof(float)), "cannot decode (raw) " + what);
+    const std::uint32_t got =
+        ingest_raw_gradient(pool, data, slot->second.data(), n, alone ? &g.sumsq : nullptr);
+    PDT_CHECK(got == crc, "CRC mismatch in " + what);
+  } else {
+    PDT_CHECK(crc32c(data, static_cast<std::size_t>(bytes)) == crc, "CRC mismatch in " + what);
+    PDT_CHECK(wire_decode(push_codec_, data, static_cast<std::size_t>(bytes), slot->second.data(),
+                          n),
+              std::string("cannot decode (") + to_string(push_codec_) + ") " + what);
+  }
+  if (!last) return;
+  g.sum = std::move(g.by_source.begin()->second);
+  if (!alone || push_codec_ != WireCodec::raw) {
+    std::vector<const float*> others;
+    for (auto s = std::next(g.by_source.begin()); s != g.by_source.end(); ++s)
+      others.push_back(s->second.data());
+    g.sumsq = reduce_gradient(pool, g.sum.data(), others, n);
+  }
+  for (auto s = std::next(g.by_source.begin()); s != g.by_source.end(); ++s)
+    give_buffer(std::move(s->second));
+  g.by_source.clear();
+  g.complete = true;
+}
+
+// Steps complete in order: a later step's gradients may already be here.
+void HolderServer::finish_completed_steps() {
   for (auto next = missing_.find(version_ + 1); next != missing_.end() && next->second == 0;
        next = missing_.find(version_ + 1)) {
     missing_.erase(next);
@@ -235,27 +300,45 @@ void HolderServer::take_push(int source, std::span<const char> msg) {
   }
 }
 
-// All holders reach this point once per step; they agree on the global gradient norm by
-// exchanging per-block sums of squares and adding them in block order, so the norm (and the
-// clip) is the same for any number of holders.
+// Gradient buffers are reused: a fresh multi-MiB allocation costs a page fault per 4 KiB on
+// first touch, every step.
+std::vector<float> HolderServer::take_buffer(std::size_t n) {
+  auto it = spare_.find(n);
+  if (it == spare_.end()) return std::vector<float>(n);
+  std::vector<float> b = std::move(it->second);
+  spare_.erase(it);
+  return b;
+}
+
+void HolderServer::give_buffer(std::vector<float> buffer) {
+  if (!buffer.empty()) spare_.emplace(buffer.size(), std::move(buffer));
+}
+
+// All holders reach this point once per step; they agree on the global gradient norm, then
+// update their blocks.
 void HolderServer::finish_step() {
   // Every fetch of the version being replaced was answered before its step's gradients came;
-  // waiting for the sends to finish lets encode() reuse the blocks' bytes safely.
+  // waiting for the sends to finish lets the update reuse (or overwrite) the bytes they send.
   drain_sent_replies();
   ScopedPhase t(timers_, "update");
   TraceSpan span(trace_, "update v" + std::to_string(version_ + 1), "holder");
   const std::int64_t step = version_ + 1;
-  std::vector<std::vector<float>> grads;  // per owned block, contributions summed by source rank
+  const double norm = agree_on_norm(step);
+  const double lr = learning_rate(opt_, step);
+  const auto scale = static_cast<float>(clip_factor(opt_, norm));
+  version_ = step;
+  update_blocks(step, lr, scale);
+  recent_[version_] = UpdateInfo{version_, norm, lr};
+  recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
+  if (hooks_.after_update) hooks_.after_update(version_, [this] { return owned_blocks(); });
+  serve_deferred();
+}
+
+// The holders exchange per-block sums of squares and add them in block order, so the norm (and
+// the clip) is the same for any number of holders.
+double HolderServer::agree_on_norm(std::int64_t step) {
   std::vector<double> my_sumsq;
-  for (auto& [id, o] : owned_) {
-    auto& by_source = o.pushes.at(step);
-    std::vector<float> g = std::move(by_source.begin()->second);
-    for (auto it = std::next(by_source.begin()); it != by_source.end(); ++it)
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] += it->second[i];
-    o.pushes.erase(step);
-    my_sumsq.push_back(sum_of_squares(g.data(), static_cast<std::int64_t>(g.size())));
-    grads.push_back(std::move(g));
-  }
+  for (auto& [id, o] : owned_) my_sumsq.push_back(o.grads.at(step).sumsq);
   // Gather every holder's per-block sums into block order.
   const int H = layout_.shape().holders;
   std::vector<int> counts(H, 0);
@@ -272,20 +355,50 @@ void HolderServer::finish_step() {
   std::vector<double> by_block(owner_.size());
   std::vector<int> next(displs);
   for (std::size_t b = 0; b < owner_.size(); ++b) by_block[b] = all[next[owner_[b]]++];
-  const double norm = global_norm(by_block);
-  const double lr = learning_rate(opt_, step);
-  const auto scale = static_cast<float>(clip_factor(opt_, norm));
-  version_ = step;
+  return global_norm(by_block);
+}
+
+// The fused update of every owned block on the pool. Meanwhile this thread publishes blocks in
+// block order (the order the next forward needs them) as they complete, serves the fetches
+// waiting for them, and keeps taking messages: the next step starts while this one updates.
+void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
+  std::vector<FusedUpdate::Block> blocks;
+  std::vector<Encoded> fresh(owned_.size());
   std::size_t i = 0;
   for (auto& [id, o] : owned_) {
-    adamw_update(opt_, step, lr, scale, grads[i++].data(), o.state);
-    encode(o);
-    if (!deferred_.empty()) serve_deferred();  // the next step starts while this one updates
+    // The version leaving the window lends its buffer (no reply can still be sending it).
+    auto oldest = o.versions.begin();
+    if (oldest != o.versions.end() && oldest->first < step - staleness_)
+      fresh[i].storage = std::move(oldest->second.storage);
+    o.versions.erase(o.versions.begin(), o.versions.lower_bound(step - staleness_));
+    FusedUpdate::Block b;
+    b.state = &o.state;
+    b.grad = o.grads.at(step).sum.data();
+    b.step = adamw_step(opt_, step, lr, scale, o.state.decay);
+    b.encoded = serves_in_place() ? nullptr : &fresh[i].storage;
+    blocks.push_back(b);
+    ++i;
   }
-  recent_[version_] = UpdateInfo{version_, norm, lr};
-  recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
-  if (hooks_.after_update) hooks_.after_update(version_, [this] { return owned_blocks(); });
-  serve_deferred();
+  FusedUpdate update(fetch_codec_, std::move(blocks));
+  updating_ = true;
+  update.start(*pool_);
+  auto next = owned_.begin();
+  for (std::size_t b = 0; b < update.size();) {
+    const std::int64_t seen = update.completed();
+    const std::size_t first = b;
+    for (; b < update.size() && update.done(b); ++b, ++next)
+      publish(next->second, step, std::move(fresh[b]), update.block(b).crc);
+    if (b > first && !deferred_.empty()) serve_deferred();
+    if (b == update.size()) break;
+    retire_sent_replies();
+    if (!poll_once()) update.wait_for_progress(seen, std::chrono::microseconds(200));
+  }
+  pool_->wait();
+  updating_ = false;
+  for (auto& [id, o] : owned_) {
+    give_buffer(std::move(o.grads.at(step).sum));
+    o.grads.erase(step);
+  }
 }
 
 // Whether every block a fetch request names exists at the requested version. During an update

@@ -39,5 +39,24 @@ TEST(Crc32c, ExtendContinuesARunningCrcAtEverySplit) {
         << "split at " << k;
 }
 
+// Slices checksummed apart (by different threads) combine into the whole's CRC, at every split
+// and for lengths past the 2^k boundaries of the shift table.
+TEST(Crc32c, CombineEqualsTheCrcOfTheConcatenation) {
+  const std::string s = "123456789";
+  for (std::size_t k = 0; k <= s.size(); ++k)
+    EXPECT_EQ(crc32c_combine(crc32c(s.data(), k), crc32c(s.data() + k, s.size() - k), s.size() - k),
+              0xE3069283u)
+        << "split at " << k;
+  std::vector<std::uint8_t> big(300000);
+  for (std::size_t i = 0; i < big.size(); ++i)
+    big[i] = static_cast<std::uint8_t>(i * 131 + (i >> 9));
+  const std::uint32_t whole = crc32c(big.data(), big.size());
+  for (std::size_t k : {std::size_t{1}, std::size_t{4096}, std::size_t{65537}, std::size_t{299999}})
+    EXPECT_EQ(crc32c_combine(crc32c(big.data(), k), crc32c(big.data() + k, big.size() - k),
+                             big.size() - k),
+              whole)
+        << "split at " << k;
+}
+
 }  // namespace
 }  // namespace pdtrain

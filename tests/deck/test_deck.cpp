@@ -111,18 +111,19 @@ const std::vector<std::string> kFullDeck = {
     "cache_mb = 64.5",                   // 53
     "fetch_thread = true",               // 54
     "cache_warm_steps = 7",              // 55
-    "[checkpoint]",                      // 56
-    "every = 100",                       // 57
-    "codec = \"xor\"",                   // 58
-    "anchor_every = 5",                  // 59
-    "keep = 2",                          // 60
-    "async = true",                      // 61
-    "dir = \"/scratch/ckpt\"",           // 62
-    "[output]",                          // 63
-    "trace = true",                      // 64
-    "[compute]",                         // 65
-    "device = \"cuda\"",                 // 66
-    "tf32 = true",                       // 67
+    "holder_threads = 2",                // 56
+    "[checkpoint]",                      // 57
+    "every = 100",                       // 58
+    "codec = \"xor\"",                   // 59
+    "anchor_every = 5",                  // 60
+    "keep = 2",                          // 61
+    "async = true",                      // 62
+    "dir = \"/scratch/ckpt\"",           // 63
+    "[output]",                          // 64
+    "trace = true",                      // 65
+    "[compute]",                         // 66
+    "device = \"cuda\"",                 // 67
+    "tf32 = true",                       // 68
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -202,6 +203,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.cache_mb, 64.5);
   EXPECT_EQ(d.pd.cache_warm_steps, 7);
   EXPECT_TRUE(d.pd.fetch_thread);
+  EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.train.precision, "bf16");
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
@@ -555,9 +557,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 5 train + 2 compute + 8 optimizer + 7 pd +
+  // 5 run + 9 model + 6 data + 7 parallel + 5 train + 2 compute + 8 optimizer + 8 pd +
   // 6 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 56u);
+  EXPECT_EQ(deck::schema().size(), 57u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -198,6 +198,46 @@ TEST(Equivalence, HoldersSpreadOverNodesChangeNothing) {
   EXPECT_EQ(four_nodes.crc, one_node.crc);
 }
 
+// A holder's threads change how its update is spread over cores, never a bit. The model is
+// wider than the tiny deck's so that blocks span several update slices (a wte block is 4), for
+// each way a holder encodes (raw in place, raw copies kept for staleness, bf16, lz4), and with
+// the tied embedding pushed by two pipeline stages to two holders.
+TEST(Equivalence, HolderThreadsAreBitIdentical) {
+  ASSERT_GE(world_size(), 4);
+  const std::string wide =
+      tiny_deck({"model.d_model=128", "model.vocab_size=512", "run.steps=6"});
+  const std::vector<std::vector<std::string>> variants = {
+      {"parallel.holders=1"},
+      {"parallel.holders=1", "pd.staleness=1"},
+      {"parallel.holders=1", "pd.fetch_codec=bf16"},
+      {"parallel.holders=1", "pd.fetch_codec=lz4"}};
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    RunOutcome by_threads[3];
+    for (int t = 1; t <= 3; ++t) {
+      std::vector<std::string> sets = variants[i];
+      sets.push_back("pd.holder_threads=" + std::to_string(t));
+      by_threads[t - 1] = run_on_groups(wide, 2, sets,
+                                        out_dir("threads" + std::to_string(i) + std::to_string(t)));
+    }
+    if (by_threads[0].losses.empty()) continue;
+    ASSERT_EQ(by_threads[0].losses.size(), 6u);
+    for (int t = 2; t <= 3; ++t) {
+      EXPECT_EQ(by_threads[t - 1].losses, by_threads[0].losses) << i << " threads " << t;
+      EXPECT_EQ(by_threads[t - 1].crc, by_threads[0].crc) << i << " threads " << t;
+    }
+  }
+  const std::vector<std::string> tied = {"parallel.holders=2", "parallel.pp=2",
+                                         "parallel.micro_batches=2"};
+  std::vector<std::string> one = tied, two = tied;
+  one.push_back("pd.holder_threads=1");
+  two.push_back("pd.holder_threads=2");
+  RunOutcome a = run_on_groups(wide, 4, one, out_dir("threads-tied1"));
+  RunOutcome b = run_on_groups(wide, 4, two, out_dir("threads-tied2"));
+  if (a.losses.empty()) return;
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.crc, b.crc);
+}
+
 TEST(Reproducibility, BoundedStalenessIsReproducible) {
   // Step k always computes on version max(0, k-1-s) whatever the message timing, so a stale
   // run is as reproducible as a synchronous one, and still learns.

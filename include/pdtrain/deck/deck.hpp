@@ -94,6 +94,7 @@ struct PdConfig {
   double cache_mb = 0.0;            // parameter bytes resident per compute rank; 0: no limit
   std::int64_t cache_warm_steps = 0;  // cold start: no limit for the first N steps' versions
   bool fetch_thread = false;        // a background thread moves fetches (MPI_THREAD_MULTIPLE)
+  std::int64_t holder_threads = 0;  // threads of a holder's update; 0: the cores it may run on
   friend bool operator==(const PdConfig&, const PdConfig&) = default;
 };
 

@@ -8,10 +8,16 @@
 // Bounded staleness s: step k computes on version max(0, k-1-s), so compute ranks run up to s
 // steps ahead of the updates. The holder keeps the last s+1 versions of each block (encoded for
 // the wire) and buffers pushes of up to s+1 future steps; s = 0 is exact synchronous training.
+//
+// The arithmetic runs on a pool of threads (holder_update.hpp): a block's gradient is summed and
+// its sum of squares taken as soon as its last contribution arrives; after the norm agreement
+// the fused update (AdamW + encoding + CRC per cache-sized slice) runs on the workers while this
+// thread publishes blocks in block order and serves fetches as soon as their blocks are ready.
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -20,6 +26,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/holder_update.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
@@ -57,6 +64,12 @@ class HolderServer {
   void restore(std::int64_t version, std::map<int, BlockState> blocks);
   HolderHooks::OwnedBlocks owned_blocks() const;
   void set_verbose(bool v) { verbose_ = v; }  // print a traffic line at the end
+  // Threads of the update (pd.holder_threads; 0: see resolve_holder_threads, with the number of
+  // the job's ranks on this node); before run().
+  void set_update_threads(int configured, int ranks_on_node) {
+    threads_configured_ = configured;
+    ranks_on_node_ = ranks_on_node;
+  }
   const PhaseTimers& timers() const { return timers_; }
 
  private:
@@ -65,22 +78,40 @@ class HolderServer {
     std::vector<char> msg;
   };
   struct Encoded {
-    std::vector<char> bytes;  // the block's parameters in the fetch codec, encoded once
-    std::uint32_t crc = 0;    // of `bytes`
+    std::vector<char> storage;   // the block's parameters in the fetch codec, encoded once...
+    const char* data = nullptr;  // ...and what is sent: `storage`, or the parameters themselves
+    std::size_t size = 0;        // (raw at staleness 0: no copy is needed, see serves_in_place)
+    std::uint32_t crc = 0;       // of the bytes sent
+  };
+  // One block's gradient of one step.
+  struct StepGradient {
+    std::map<int, std::vector<float>> by_source;  // contributions until all have arrived
+    std::vector<float> sum;                       // then their sum, in source-rank order,
+    double sumsq = 0.0;                           // and its sum of squares
+    bool complete = false;
   };
   struct Owned {
     BlockState state;
-    std::map<std::int64_t, Encoded> versions;  // the last staleness+1 versions
-    // step -> source world rank -> gradient; summed in source order when the step completes
-    std::map<std::int64_t, std::map<int, std::vector<float>>> pushes;
+    std::map<std::int64_t, Encoded> versions;      // the last staleness+1 versions
+    std::map<std::int64_t, StepGradient> grads;    // by step
   };
 
+  bool poll_once();  // receives and handles one message, if one is waiting
   void handle(int source, int tag, std::span<const char> msg);
   void serve_fetch(int source, std::span<const char> msg);
   bool ready(std::span<const char> fetch_request) const;
   void take_push(int source, std::span<const char> msg);
+  void take_contribution(int id, int source, std::int64_t step, const char* data,
+                         std::int64_t bytes, std::uint32_t crc);
+  void finish_completed_steps();
   void finish_step();
+  double agree_on_norm(std::int64_t step);
+  void update_blocks(std::int64_t step, double lr, float scale);
+  void publish(Owned& o, std::int64_t step, Encoded fresh, std::uint32_t crc);
+  bool serves_in_place() const;
   void encode(Owned& o);
+  std::vector<float> take_buffer(std::size_t n);
+  void give_buffer(std::vector<float> buffer);
   void serve_deferred();
   void retire_sent_replies();  // frees replies the network has taken, in order
   void drain_sent_replies();   // waits for every reply on its way
@@ -100,6 +131,11 @@ class HolderServer {
   std::map<std::int64_t, std::int64_t> missing_;   // step -> gradients still expected
   std::map<std::int64_t, UpdateInfo> recent_;      // the updates of the versions kept
   std::deque<Pending> deferred_;
+  int threads_configured_ = 0, ranks_on_node_ = 1;
+  std::unique_ptr<WorkerPool> pool_;       // created by run()
+  bool updating_ = false;                  // a step's update is running on the pool
+  std::vector<char> inbox_;                // the message being handled (grows, never shrinks)
+  std::multimap<std::size_t, std::vector<float>> spare_;  // gradient buffers for reuse, by size
   struct Sending {
     std::vector<char> bytes;  // the headers; the payload is the blocks' encoded bytes
     MPI_Datatype type = MPI_DATATYPE_NULL;
