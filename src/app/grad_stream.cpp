@@ -89,7 +89,7 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
       (old.in_place ? grads : packed).give(old.n);
       in_flight.pop_front();
     }
-    if (replicas == 1 || p.unit_is_packed(u, pushed_blocks_of(p, u))) {
+    if (p.unit_is_packed(u, pushed_blocks_of(p, u))) {
       in_flight.push_back({true, p.unit_numel(u)});
     } else {
       const std::int64_t n = pushed_numel(p, u);
@@ -133,13 +133,12 @@ GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_C
       final_(static_cast<std::size_t>(params.num_units()), false),
       bound_(static_cast<std::size_t>(params.num_units())) {
   PDT_CHECK(passes >= 1, "a step has at least one backward pass");
-  // With one replica there is nothing to reduce: every unit's blocks are pushed where they lie.
   int group = 0;
   for (int u = 0; u < params.num_units(); ++u) {
     const std::vector<int> blocks = pushed_blocks_of(params, u);
     if (blocks.empty()) continue;
     group_of_unit_[u] = group++;  // push_groups' order
-    in_place_[u] = replicas_ == 1 || params.unit_is_packed(u, blocks);
+    in_place_[u] = params.unit_is_packed(u, blocks);
   }
   params_.set_grad_user(this);
 }
@@ -233,25 +232,21 @@ void GradStreamer::push_unit(int u, Mirrored<float> grads) {
   TraceSpan span(trace_, "push " + params_.unit_name(u), "pd");
   const int g = group_of_unit_[u];
   retire_pushes(kPushesInFlight - 1);  // room for this unit's push
-  std::vector<ConstBlockPlace> places;  // the blocks where they lie, in order
-  for (int b : reducer_.blocks(g))
-    places.push_back(params_.grad_place(params_.catalog().block(b), grads.host()));
+  // The push (and the reduction) needs the blocks back to back: a unit whose storage is its
+  // blocks in order goes as it is, a layer is packed and its gradient memory is free at once.
   Push push;
-  bool started = true;
-  if (replicas_ == 1) {
-    push.ticket = service_.start_push_tiles(step_, reducer_.blocks(g), places);
+  float* data = grads.host();
+  if (in_place_[u]) {
     push.grads = std::move(grads);
-  } else if (in_place_[u]) {
-    started = reduce_and_start_push(g, grads.host(), &push.ticket);
-    push.grads = std::move(grads);
-  } else {  // the reduction needs the blocks back to back; the gradient memory is free at once
+  } else {
     push.packed = take_packed(reducer_.total_numel(g));
     char* p = reinterpret_cast<char*>(push.packed.data());
-    for (const ConstBlockPlace& t : places) p = pack_rows(t, p);
+    for (int b : reducer_.blocks(g))
+      p = pack_rows(params_.grad_place(params_.catalog().block(b), data), p);
     give_grads(std::move(grads));
-    started = reduce_and_start_push(g, push.packed.data(), &push.ticket);
+    data = push.packed.data();
   }
-  if (started)
+  if (reduce_and_start_push(g, data, &push.ticket))
     pushes_.push_back(std::move(push));
   else
     recycle(push);
@@ -259,8 +254,13 @@ void GradStreamer::push_unit(int u, Mirrored<float> grads) {
 
 // Collective over the replicas: every replica releases its units in the same order. This
 // replica's reduced segment is copied to the front of `data`, which the push is sent from.
+// With one replica there is nothing to add.
 bool GradStreamer::reduce_and_start_push(int g, float* data,
                                          ParameterService::PushTicket* ticket) {
+  if (replicas_ == 1) {
+    *ticket = service_.start_push(step_, reducer_.blocks(g), data);
+    return true;
+  }
   const float* mine = reducer_.reduce_scatter(data, g);
   if (mine != data) std::copy_n(mine, reducer_.my_numel(g), data);
   if (reducer_.my_blocks(g).empty()) return false;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
@@ -551,7 +552,7 @@ ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
     places.push_back(ConstBlockPlace{reinterpret_cast<const char*>(grads), 1, bytes, bytes});
     grads += table_.blocks[b].numel;
   }
-  return start_push_tiles(step, blocks, places);
+  return send_push(step, blocks, places);
 }
 
 namespace {
@@ -566,12 +567,13 @@ std::uint32_t place_crc(const ConstBlockPlace& t) {
 
 }  // namespace
 
-// One message per holder: headers, then each block's payload. Raw payloads are sent from where
-// they lie (a struct datatype: contiguous blocks as bytes, strided ones as a vector of rows);
-// other codecs encode into the message from the block packed.
-ParameterService::PushTicket FetchClient::start_push_tiles(std::int64_t step,
-                                                           const std::vector<int>& blocks,
-                                                           const std::vector<ConstBlockPlace>& places) {
+// Per holder: a header message, then the payloads back to back in one contiguous message, so
+// the holder copies it in itself (MPI moves a contiguous message between ranks of a node in one
+// copy by the receiver, and over RDMA without the sender's CPU) while this rank computes. Raw
+// gradients that lie back to back are sent from where they are; others are packed or encoded.
+ParameterService::PushTicket FetchClient::send_push(std::int64_t step,
+                                                    const std::vector<int>& blocks,
+                                                    const std::vector<ConstBlockPlace>& places) {
   PDT_CHECK(places.size() == blocks.size(), "a push needs one place per block");
   std::vector<const ConstBlockPlace*> place_of(table_.blocks.size(), nullptr);
   for (std::size_t i = 0; i < blocks.size(); ++i) place_of[blocks[i]] = &places[i];
@@ -582,18 +584,20 @@ ParameterService::PushTicket FetchClient::start_push_tiles(std::int64_t step,
   std::vector<float> packed;  // one block, for encoding
   for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
     if (groups[h].empty()) continue;
-    const std::size_t head =
-        sizeof(wire::PushHeader) + groups[h].size() * sizeof(wire::BlockHeader);
-    std::vector<char>& m = out.bytes.emplace_back();
-    std::vector<MPI_Aint> at;
-    std::vector<int> len;
-    std::vector<MPI_Datatype> types, rows_types;
-    std::int64_t numel = 0;
-    for (int b : groups[h]) numel += table_.blocks[b].numel;
-    m.reserve(head + (push_codec_ == WireCodec::raw ? 0 : static_cast<std::size_t>(numel) * 4));
-    m.resize(head);
+    std::vector<char>& head = out.headers.emplace_back();
+    std::vector<char>& payload = out.payloads.emplace_back();
+    head.resize(sizeof(wire::PushHeader) + groups[h].size() * sizeof(wire::BlockHeader));
     const wire::PushHeader ph{step, static_cast<std::int64_t>(groups[h].size())};
-    std::memcpy(m.data(), &ph, sizeof(ph));
+    std::memcpy(head.data(), &ph, sizeof(ph));
+    // Raw and back to back in memory: the payload is the gradients themselves.
+    const char* direct = push_codec_ == WireCodec::raw ? place_of[groups[h].front()]->data : nullptr;
+    for (int b : groups[h]) {
+      const ConstBlockPlace& t = *place_of[b];
+      if (!t.contiguous() || t.data != direct) direct = nullptr;
+      if (direct != nullptr) direct += t.bytes();
+    }
+    const char* from = direct != nullptr ? place_of[groups[h].front()]->data : nullptr;
+    std::int64_t total = 0;
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       const int b = groups[h][i];
       const ConstBlockPlace& t = *place_of[b];
@@ -601,43 +605,31 @@ ParameterService::PushTicket FetchClient::start_push_tiles(std::int64_t step,
                 "the gradient of block " + table_.blocks[b].name + " has the wrong size");
       wire::BlockHeader bh{b, 0, step, 0};
       if (push_codec_ == WireCodec::raw) {
-        bh.bytes = table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float));
+        bh.bytes = t.bytes();
         bh.crc = place_crc(t);
-        at.emplace_back();
-        MPI_CHECK(MPI_Get_address(t.data, &at.back()));
-        if (t.contiguous()) {
-          len.push_back(static_cast<int>(bh.bytes));
-          types.push_back(MPI_BYTE);
-        } else {
-          MPI_Datatype rows;
-          MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(t.rows), static_cast<int>(t.row_bytes),
-                                            static_cast<MPI_Aint>(t.stride_bytes), MPI_BYTE,
-                                            &rows));
-          len.push_back(1);
-          types.push_back(rows);
-          rows_types.push_back(rows);
+        if (from == nullptr) {
+          payload.resize(payload.size() + static_cast<std::size_t>(t.bytes()));
+          pack_rows(t, payload.data() + payload.size() - static_cast<std::size_t>(t.bytes()));
         }
       } else {
         packed.resize(static_cast<std::size_t>(table_.blocks[b].numel));
         pack_rows(t, reinterpret_cast<char*>(packed.data()));
-        const std::size_t from = m.size();
+        const std::size_t at = payload.size();
         bh.bytes = static_cast<std::int64_t>(
-            wire_encode(push_codec_, packed.data(), table_.blocks[b].numel, m));
-        bh.crc = crc32c(m.data() + from, static_cast<std::size_t>(bh.bytes));
+            wire_encode(push_codec_, packed.data(), table_.blocks[b].numel, payload));
+        bh.crc = crc32c(payload.data() + at, static_cast<std::size_t>(bh.bytes));
       }
-      std::memcpy(m.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
+      std::memcpy(head.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
+      total += bh.bytes;
       pushed_ += bh.bytes;
     }
-    at.insert(at.begin(), 0);
-    MPI_CHECK(MPI_Get_address(m.data(), &at.front()));
-    len.insert(len.begin(), static_cast<int>(m.size()));
-    types.insert(types.begin(), MPI_BYTE);
-    MPI_Datatype& type = out.types.emplace_back();
-    MPI_CHECK(MPI_Type_create_struct(static_cast<int>(at.size()), len.data(), at.data(),
-                                     types.data(), &type));
-    MPI_CHECK(MPI_Type_commit(&type));
-    for (MPI_Datatype& r : rows_types) MPI_CHECK(MPI_Type_free(&r));  // the struct keeps them
-    MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, type, layout_.holder_world_rank(h), wire::kPush,
+    if (from == nullptr) from = payload.data();
+    const int holder = layout_.holder_world_rank(h);
+    MPI_CHECK(MPI_Isend(head.data(), static_cast<int>(head.size()), MPI_BYTE, holder, wire::kPush,
+                        layout_.world(), &out.requests.emplace_back()));
+    PDT_CHECK(total <= std::numeric_limits<int>::max(),
+              "a push of " + std::to_string(total) + " bytes to one holder exceeds an MPI count");
+    MPI_CHECK(MPI_Isend(from, static_cast<int>(total), MPI_BYTE, holder, wire::kPushPayload,
                         layout_.world(), &out.requests.emplace_back()));
   }
   return ticket;
@@ -650,10 +642,7 @@ std::map<ParameterService::PushTicket, FetchClient::Pushing>::iterator FetchClie
   return it;
 }
 
-void FetchClient::free_push(std::map<PushTicket, Pushing>::iterator it) {
-  for (MPI_Datatype& t : it->second.types) MPI_CHECK(MPI_Type_free(&t));
-  pushes_.erase(it);
-}
+void FetchClient::free_push(std::map<PushTicket, Pushing>::iterator it) { pushes_.erase(it); }
 
 bool FetchClient::push_done(PushTicket ticket) {
   auto it = pushing(ticket);

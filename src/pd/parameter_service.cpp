@@ -1,7 +1,5 @@
 #include "pdtrain/pd/parameter_service.hpp"
 
-#include <algorithm>
-
 #include "pdtrain/core/error.hpp"
 
 namespace pdtrain {
@@ -12,17 +10,6 @@ UpdateInfo ParameterService::finish_fetch(Ticket ticket) {
   const Queued q = std::move(queued_.front());
   queued_.pop_front();
   return fetch(q.version, q.blocks, q.sink);
-}
-
-ParameterService::PushTicket ParameterService::start_push_tiles(
-    std::int64_t step, const std::vector<int>& blocks, const std::vector<ConstBlockPlace>& places) {
-  std::int64_t bytes = 0;
-  for (const ConstBlockPlace& t : places) bytes += t.bytes();
-  std::vector<float> packed(static_cast<std::size_t>(bytes) / sizeof(float));
-  char* to = reinterpret_cast<char*>(packed.data());
-  for (const ConstBlockPlace& t : places) to = pack_rows(t, to);
-  push(step, blocks, packed.data());
-  return next_push_++;
 }
 
 }  // namespace pdtrain

@@ -3,8 +3,7 @@
 // segments of the whole-stage reduction, and the rank's own accounting of the gradient memory
 // it held stays within the bound, which is far below the stage's gradients with one
 // micro-batch, or with several in layer-major order. Runs under mpiexec with 2 ranks: two
-// data-parallel replicas (packed, reduced, pushed), or each rank its own (pushed where the
-// gradients lie, strided rows included).
+// data-parallel replicas (reduced, then pushed), or each rank its own (pushed).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -227,7 +226,7 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
   // The bound, unit by unit: with one micro-batch the tied embedding (from the head's backward
   // to the lookup's), the small units, the layer being done and the previous one on the wire
   // (also with several in layer-major order); with several micro-batch by micro-batch, every
-  // unit from the first backward to the last, and with replicas the packed layer. Staged, a
+  // unit from the first backward to the last, and the packed layer. Staged, a
   // unit waits for its download until the next one is final: one layer more.
   const StageParams shapes(cat, StageSpec{0, 4, true, true, 1, 0},
                            StageParams::Storage::shapes_only);
@@ -239,7 +238,7 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
     EXPECT_EQ(got.bound, 4 * (small + (c.staged ? 3 : 2) * layer));
     EXPECT_LT(got.bound, got.stage_grad_bytes * (c.staged ? 8 : 6) / 10);
   } else {
-    EXPECT_EQ(got.bound, got.stage_grad_bytes + (c.replicas ? 4 * layer : 0));
+    EXPECT_EQ(got.bound, got.stage_grad_bytes + 4 * layer);
   }
 }
 

@@ -49,8 +49,6 @@ class FetchClient final : public ParameterService {
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   PushTicket start_push(std::int64_t step, const std::vector<int>& blocks,
                         const float* grads) override;
-  PushTicket start_push_tiles(std::int64_t step, const std::vector<int>& blocks,
-                              const std::vector<ConstBlockPlace>& places) override;
   bool push_done(PushTicket ticket) override;
   void wait_push(PushTicket ticket) override;
   std::uint32_t finish() override;
@@ -113,14 +111,17 @@ class FetchClient final : public ParameterService {
     UpdateInfo info;
   };
   using Job = std::shared_ptr<InFlight>;
-  // One push on its way: a message per holder (headers, then payloads sent from where they are
-  // for raw, or encoded into the message), kept until the sends complete.
+  // One push on its way: per holder with blocks, a header message and a contiguous payload
+  // message (sent from where the gradients lie when they are back to back raw, else packed or
+  // encoded here), kept until the sends complete.
   struct Pushing {
     PushTicket ticket = 0;
-    std::vector<std::vector<char>> bytes;  // per holder with blocks
-    std::vector<MPI_Datatype> types;
+    std::vector<std::vector<char>> headers, payloads;
     std::vector<MPI_Request> requests;
   };
+  // The push of blocks[i]'s gradient (fp32) from places[i].
+  PushTicket send_push(std::int64_t step, const std::vector<int>& blocks,
+                       const std::vector<ConstBlockPlace>& places);
   std::map<PushTicket, Pushing>::iterator pushing(PushTicket ticket);
   void free_push(std::map<PushTicket, Pushing>::iterator it);
 

@@ -100,7 +100,8 @@ class HolderServer {
   void handle(int source, int tag, std::span<const char> msg);
   void serve_fetch(int source, std::span<const char> msg);
   bool ready(std::span<const char> fetch_request) const;
-  void take_push(int source, std::span<const char> msg);
+  std::span<const char> receive_push_payload(int source, std::span<const char> header);
+  void take_push(int source, std::span<const char> header, std::span<const char> payload);
   void take_contribution(int id, int source, std::int64_t step, const char* data,
                          std::int64_t bytes, std::uint32_t crc);
   void finish_completed_steps();
@@ -135,6 +136,7 @@ class HolderServer {
   std::unique_ptr<WorkerPool> pool_;       // created by run()
   bool updating_ = false;                  // a step's update is running on the pool
   std::vector<char> inbox_;                // the message being handled (grows, never shrinks)
+  std::vector<char> payload_;              // a push's payloads (grows, never shrinks)
   std::multimap<std::size_t, std::vector<float>> spare_;  // gradient buffers for reuse, by size
   struct Sending {
     std::vector<char> bytes;  // the headers; the payload is the blocks' encoded bytes

@@ -10,6 +10,7 @@
 
 #include "pdtrain/core/block_place.hpp"
 
+
 namespace pdtrain {
 
 // What the compute side learns with each fetched version: the update that produced it.
@@ -76,11 +77,6 @@ class ParameterService {
     push(step, blocks, grads);
     return next_push_++;
   }
-  // start_push with each block's gradient (fp32) where it lies (places[i] for blocks[i]), so
-  // nothing has to be packed first; that memory is held to the same contract. This default
-  // packs them and pushes at once.
-  virtual PushTicket start_push_tiles(std::int64_t step, const std::vector<int>& blocks,
-                                      const std::vector<ConstBlockPlace>& places);
   virtual bool push_done(PushTicket) { return true; }  // also frees it when done
   virtual void wait_push(PushTicket) {}
   // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.

@@ -8,7 +8,9 @@ namespace pdtrain::wire {
 enum Tag : int {
   kFetchRequest = 101,  // compute -> holder: FetchRequest + int32 ids[n]
   kFetchReply = 102,    // holder -> compute: ReplyHeader + BlockHeader[n] + encoded payloads
-  kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n] + encoded payloads
+  kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n], then a kPushPayload
+  kPushPayload = 107,   // compute -> holder: the n encoded payloads back to back, contiguous,
+                        // so the holder copies it in without the pushing rank's help
   kDone = 104,          // compute -> holder: this rank has finished the run
   kFinalCrc = 105,      // holder 0 -> reporter: uint32 canonical CRC
   kRelay = 106,         // replica -> replica (data-parallel tree): one holder's fetch reply
