@@ -97,12 +97,22 @@ void StageParams::bind_unit(int u, float* storage, float* staging) {
   units_[u].staging = staging;
 }
 
-int StageParams::unit_of_param(TensorId id, std::int64_t layer) const {
+// The unit of tensor `id` at `layer`, checked to have memory bound: its parameters (a use the
+// parameter cache was told of) or, `grads`, its gradients (a section the GradUser was told of).
+int StageParams::bound_unit(TensorId id, std::int64_t layer, bool grads) const {
   const int u = unit_of(id, cat_.tensor(id).per_layer ? layer : spec_.layer_begin);
-  PDT_CHECK(u >= 0 && u < num_units() && units_[u].storage != nullptr,
-            "parameter unit " + (u >= 0 && u < num_units() ? units_[u].name : std::string("?")) +
-                " used while not resident (a use the parameter cache was not told of)");
+  const bool known = u >= 0 && u < num_units();
+  PDT_CHECK(known && (grads ? units_[u].grad : units_[u].storage) != nullptr,
+            (grads ? "gradients of unit " : "parameter unit ") +
+                (known ? units_[u].name : std::string("?")) +
+                (grads ? " written while not bound (a backward section the GradUser was not "
+                         "told of)"
+                       : " used while not resident (a use the parameter cache was not told of)"));
   return u;
+}
+
+int StageParams::unit_of_param(TensorId id, std::int64_t layer) const {
+  return bound_unit(id, layer, false);
 }
 
 void StageParams::bind_unit_grads(int u, float* storage, float* host) {
@@ -111,11 +121,7 @@ void StageParams::bind_unit_grads(int u, float* storage, float* host) {
 }
 
 int StageParams::unit_of_grad(TensorId id, std::int64_t layer) const {
-  const int u = unit_of(id, cat_.tensor(id).per_layer ? layer : spec_.layer_begin);
-  PDT_CHECK(u >= 0 && u < num_units() && units_[u].grad != nullptr,
-            "gradients of unit " + (u >= 0 && u < num_units() ? units_[u].name : std::string("?")) +
-                " written while not bound (a backward section the GradUser was not told of)");
-  return u;
+  return bound_unit(id, layer, true);
 }
 
 float* StageParams::grad(TensorId id, std::int64_t layer) {

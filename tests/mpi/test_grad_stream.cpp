@@ -2,7 +2,8 @@
 // data-parallel replicas and pushed as soon as its gradient is final gives bitwise the
 // segments of the whole-stage reduction, and the rank's own accounting of the gradient memory
 // it held stays within the bound, which is far below the stage's gradients with one
-// micro-batch, or with several in layer-major order. Runs under mpiexec with 2 ranks: two
+// micro-batch, or with several in layer-major order; the parameters meanwhile stay within the
+// cache's bound (a cache of two layers). Runs under mpiexec with 2 ranks: two
 // data-parallel replicas (reduced, then pushed), or each rank its own (pushed).
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -138,6 +139,7 @@ std::map<int, std::vector<float>> whole_stage_segment(const ParamCatalog& cat, c
 struct Streamed {
   std::map<int, std::vector<float>> pushed;  // every block this replica pushed
   std::int64_t peak = 0, bound = 0, stage_grad_bytes = 0;
+  std::int64_t cache_peak = 0, cache_capacity = 0;  // the parameters' side, same rank
 };
 
 Streamed streamed(const ParamCatalog& cat, const Case& c, int steps) {
@@ -148,7 +150,9 @@ Streamed streamed(const ParamCatalog& cat, const Case& c, int steps) {
   StageParams params(cat, StageSpec{0, s.n_layer, true, true, 1, 0},
                      StageParams::Storage::streamed, Precision::fp32, device);
   RecordingService service(cat);
-  StageCache cache(params, service, 0, 2, nullptr);
+  // Parameters through a cache of two layers: evictions and re-fetches within each step.
+  const std::int64_t capacity = 2 * 4 * params.unit_storage(0);
+  StageCache cache(params, service, capacity, 2, nullptr);
   GradStreamer grads(params, service, c.dp_comm(), layer_major ? 1 : c.micro_batches, nullptr);
   NoTensorParallel tp;
   GptStage stage(params, kMicroBatch, s.seq_len, tp, slots(c), Recompute::none,
@@ -168,6 +172,8 @@ Streamed streamed(const ParamCatalog& cat, const Case& c, int steps) {
   }
   out.pushed = service.pushed;
   out.peak = grads.peak_bytes();
+  out.cache_peak = cache.stats().peak_bytes;
+  out.cache_capacity = capacity;
   out.bound = grads.bound();
   out.stage_grad_bytes = 4 * params.numel();
   return out;
@@ -223,6 +229,10 @@ TEST_P(GradStream, PushesTheWholeStageReductionBitwiseWithinTheMemoryBound) {
   }
   EXPECT_GT(got.peak, 0);
   EXPECT_LE(got.peak, got.bound);
+  // Resident parameters and gradients together stay within the two bounds.
+  EXPECT_GT(got.cache_peak, 0);
+  EXPECT_LE(got.cache_peak, got.cache_capacity);
+  EXPECT_LE(got.cache_peak + got.peak, got.cache_capacity + got.bound);
   // The bound, unit by unit: with one micro-batch the tied embedding (from the head's backward
   // to the lookup's), the small units, the layer being done and the previous one on the wire
   // (also with several in layer-major order); with several micro-batch by micro-batch, every

@@ -191,6 +191,7 @@ class StageParams {
   };
   std::int64_t where(TensorId id, std::int64_t layer) const;
   int unit_of(TensorId id, std::int64_t layer) const;
+  int bound_unit(TensorId id, std::int64_t layer, bool grads) const;
   int unit_of_param(TensorId id, std::int64_t layer) const;  // checked to be resident
   int unit_of_grad(TensorId id, std::int64_t layer) const;   // checked to be bound
   const float* host_grad(TensorId id, std::int64_t layer) const;
