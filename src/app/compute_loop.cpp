@@ -59,7 +59,12 @@ TrainResult ComputeLoop::run() {
   }
   result.final_step = k;
   learn_updates(k);  // every update is known now
-  if (result.reporter) report_known(0.0);
+  if (result.reporter) {
+    report_known(0.0);
+    PDT_CHECK(pending_.empty(), "step " + std::to_string(pending_.empty() ? 0 : pending_.front().step) +
+                                    " never learnt its update (gradient norm, lr) from the holders: "
+                                    "its metrics.csv row would be lost");
+  }
   result.params_crc32c = service_->finish();
   result.wall_seconds = now_seconds() - t_start;
   if (cache_) write_heat_map();

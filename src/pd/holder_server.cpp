@@ -362,9 +362,11 @@ void HolderServer::finish_step() {
   const double lr = learning_rate(opt_, step);
   const auto scale = static_cast<float>(clip_factor(opt_, norm));
   version_ = step;
-  update_blocks(step, lr, scale);
+  // Known before any block of the new version is served: every reply carries it, including the
+  // ones served while the update runs (the reporting rank may see no other reply of this step).
   recent_[version_] = UpdateInfo{version_, norm, lr};
   recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
+  update_blocks(step, lr, scale);
   if (hooks_.after_update) hooks_.after_update(version_, [this] { return owned_blocks(); });
   serve_deferred();
 }

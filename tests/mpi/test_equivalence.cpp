@@ -59,7 +59,19 @@ TEST(Equivalence, OneHolderOneCompute) {
   EXPECT_EQ(r.crc, reference().crc);
 }
 
+// metrics.csv of a run: its rows after the header, and whether the last has a validation loss.
+std::pair<int, bool> metrics_rows(const std::string& dir) {
+  std::ifstream f(dir + "/metrics.csv");
+  std::string line, last;
+  int rows = -1;  // the header
+  while (std::getline(f, line)) ++rows, last = line;
+  const std::size_t a = last.find(','), b = last.find(',', a + 1);  // step,loss,val_loss,...
+  return {rows, a != std::string::npos && b != std::string::npos && b > a + 1};
+}
+
 // Two holders and two compute ranks, one holder and three, the replicated baseline on four.
+// Every step's row reaches metrics.csv, whatever layout: the reporter learns each update's
+// figures from the replies it gets (relayed ones included).
 TEST(Equivalence, FourRankLayoutsFollowTheReference) {
   ASSERT_GE(world_size(), 4);
   for (const auto& [holders, tag] : {std::pair{"parallel.holders=2", "h2dp2"},
@@ -68,6 +80,11 @@ TEST(Equivalence, FourRankLayoutsFollowTheReference) {
     SCOPED_TRACE(tag);
     RunOutcome r = run_groups(4, {holders}, tag);
     if (!r.losses.empty()) expect_same_losses(r, 1e-5);
+    if (world_rank() == 0) {
+      const auto [rows, last_has_val] = metrics_rows(out_dir(tag) + "-0");
+      EXPECT_EQ(rows, 20);
+      EXPECT_TRUE(last_has_val);
+    }
   }
 }
 
