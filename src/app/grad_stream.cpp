@@ -229,7 +229,8 @@ void GradStreamer::finish_download() {
 }
 
 void GradStreamer::push_unit(int u, Mirrored<float> grads) {
-  TraceSpan span(trace_, "push " + params_.unit_name(u), "pd");
+  // The name is built only when a trace is written (this runs once per unit and step).
+  TraceSpan span(trace_, trace_ ? "push " + params_.unit_name(u) : std::string(), "pd");
   const int g = group_of_unit_[u];
   retire_pushes(kPushesInFlight - 1);  // room for this unit's push
   // The push (and the reduction) needs the blocks back to back: a unit whose storage is its
