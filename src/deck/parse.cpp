@@ -62,7 +62,47 @@ std::string syntax_message(const std::string& file, const toml::exception& e) {
   return at(file, e.location().line()) + ": TOML syntax error: " + first + snippet;
 }
 
+// The deepest nesting of arrays and inline tables in `text` (brackets outside strings and
+// comments). toml11 parses nested values by recursion, so a deck nested a few thousand deep
+// would overflow the stack; this scan runs first and never recurses. Table headers ([a],
+// [[a]]) count as one or two levels, which only makes the bound a little stricter.
+struct Nesting {
+  int depth = 0;
+  std::uint_least32_t line = 1;  // where `depth` was first reached
+};
+
+Nesting deepest_nesting(std::string_view text) {
+  Nesting deepest;
+  int depth = 0;
+  std::uint_least32_t line = 1;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+    } else if (c == '#') {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {
+      const bool multi = text.substr(i, 3) == std::string(3, c);
+      const std::string close(multi ? 3 : 1, c);
+      for (i += close.size(); i < text.size() && text.substr(i, close.size()) != close; ++i) {
+        if (text[i] == '\n') ++line;
+        if (c == '"' && text[i] == '\\') ++i;  // an escape: the next character is literal
+      }
+      i += close.size() - 1;
+    } else if (c == '[' || c == '{') {
+      if (++depth > deepest.depth) deepest = {depth, line};
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 toml::value parse_toml(const std::string& text, const std::string& file) {
+  if (const Nesting n = deepest_nesting(text); n.depth > deck::kMaxDeckNesting)
+    fail(at(file, n.line) + ": values nested " + std::to_string(n.depth) +
+         " deep (arrays and inline tables); a deck may nest at most " +
+         std::to_string(deck::kMaxDeckNesting));
   std::istringstream in(text);
   try {
     return toml::parse(in, file);
@@ -342,6 +382,27 @@ void check_cross_rules(const Deck& d) {
   }
 }
 
+// The resolved deck must fit where a checkpoint keeps it (deck::kMaxResolvedDeckBytes); only
+// string values can make it long, so the message names the longest one the user set (a
+// default out_dir merely repeats run.name).
+void check_resolved_size(const Deck& d) {
+  const std::size_t size = d.resolved_toml().size();
+  if (size <= deck::kMaxResolvedDeckBytes) return;
+  const KeySpec* longest = nullptr;
+  std::size_t longest_size = 0;
+  for (const auto& k : deck::schema()) {
+    const Value v = k.get(d);
+    const auto* s = std::get_if<std::string>(&v);
+    if (s && setting_rank(d, k.key) > 0 && s->size() >= longest_size)
+      longest = &k, longest_size = s->size();
+  }
+  if (!longest) fail(d.source_name + ": the resolved deck is " + std::to_string(size) + " bytes, more than the " + std::to_string(deck::kMaxResolvedDeckBytes) + " a checkpoint can store");
+  fail(d.where(longest->key) + ": its value is " + std::to_string(longest_size) +
+       " bytes long, which makes the resolved deck " + std::to_string(size) +
+       " bytes; a checkpoint stores it in one HDF5 attribute of at most " +
+       std::to_string(deck::kMaxResolvedDeckBytes) + " bytes");
+}
+
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
 };
@@ -360,6 +421,7 @@ Deck parse_deck(const std::string& text, const std::string& source_name,
   check_cross_rules(deck);
   if (deck.run.out_dir.empty()) deck.run.out_dir = "runs/" + deck.run.name;
   if (deck.checkpoint.dir.empty()) deck.checkpoint.dir = deck.run.out_dir + "/checkpoints";
+  check_resolved_size(deck);
   return deck;
 }
 
@@ -374,7 +436,13 @@ std::string read_deck_text(const std::string& path) {
   std::string text;
   char buf[1 << 16];
   std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  // Bounded: a deck that is an endless stream (/dev/zero, a pipe) must not exhaust memory.
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) {
+    text.append(buf, n);
+    if (text.size() > deck::kMaxDeckBytes)
+      fail("deck file '" + path + "' is larger than " + std::to_string(deck::kMaxDeckBytes) +
+           " bytes (the most a deck may be); is it the right file?");
+  }
   // A directory opens fine on Linux and fails here with EISDIR.
   if (std::ferror(f.get())) fail("cannot read deck file '" + path + "': " + std::strerror(errno));
   return text;

@@ -39,6 +39,11 @@ KeySpec key(S Deck::*section, T S::*field, std::string dotted, std::string doc) 
   return k;
 }
 
+// Upper bounds of integer keys, powers of two far above any real run, chosen so that every
+// size derived from them (parameters, tokens, ranks) stays inside 64 bits before
+// app/setup checks what a rank would need (core/checked_int).
+constexpr double kMaxCount(int log2) { return static_cast<double>(std::int64_t{1} << log2); }
+
 std::vector<KeySpec> build_schema() {
   using D = Deck;
   return {
@@ -47,33 +52,42 @@ std::vector<KeySpec> build_schema() {
           .required(),
       key(&D::run, &RunConfig::seed, "run.seed",
           "Seed of every random stream (initialization, data order, synthetic data)."),
-      key(&D::run, &RunConfig::steps, "run.steps", "Optimizer steps to train.").at_least(1),
+      key(&D::run, &RunConfig::steps, "run.steps", "Optimizer steps to train.").at_least(1)
+          .at_most(kMaxCount(40)),
       key(&D::run, &RunConfig::out_dir, "run.out_dir",
           "Directory for logs, checkpoints and the resolved deck; empty: runs/<run.name>."),
       key(&D::run, &RunConfig::log_every, "run.log_every",
           "Log the training loss every N steps.")
-          .at_least(1),
+          .at_least(1)
+          .at_most(kMaxCount(40)),
 
-      key(&D::model, &ModelConfig::n_layer, "model.n_layer", "Transformer blocks.").at_least(1),
+      key(&D::model, &ModelConfig::n_layer, "model.n_layer", "Transformer blocks.").at_least(1)
+          .at_most(kMaxCount(16)),
       key(&D::model, &ModelConfig::n_head, "model.n_head", "Attention heads per block.")
-          .at_least(1),
+          .at_least(1)
+          .at_most(kMaxCount(16)),
       key(&D::model, &ModelConfig::d_model, "model.d_model",
           "Width of the residual stream (embedding size).")
           .at_least(1)
+          .at_most(kMaxCount(20))
           .with_rule("divisible by model.n_head"),
       key(&D::model, &ModelConfig::vocab_size, "model.vocab_size",
           "Number of token ids the data may use (0 .. vocab_size-1).")
-          .at_least(2),
+          .at_least(2)
+          .at_most(kMaxCount(24)),
       key(&D::model, &ModelConfig::padded_vocab_size, "model.padded_vocab_size",
           "Rows of the token embedding; 0: vocab_size rounded up to a multiple of 128.")
           .at_least(0)
+          .at_most(kMaxCount(24))
           .with_rule("0 or >= model.vocab_size"),
       key(&D::model, &ModelConfig::seq_len, "model.seq_len",
           "Tokens per training sequence (context length).")
-          .at_least(2),
+          .at_least(2)
+          .at_most(kMaxCount(24)),
       key(&D::model, &ModelConfig::max_seq_len, "model.max_seq_len",
           "Rows of the position table; 0: model.seq_len.")
           .at_least(0)
+          .at_most(kMaxCount(24))
           .with_rule("0 or >= model.seq_len"),
       key(&D::model, &ModelConfig::init_std, "model.init_std",
           "Standard deviation of the normal weight initialization.")
@@ -98,6 +112,7 @@ std::vector<KeySpec> build_schema() {
       key(&D::data, &DataConfig::copy_lag, "data.copy_lag",
           "Synthetic data: distance back of the token that is copied.")
           .at_least(1)
+          .at_most(kMaxCount(24))
           .with_rule("< model.seq_len when data.source is synthetic"),
       key(&D::data, &DataConfig::copy_prob, "data.copy_prob",
           "Synthetic data: probability that a token copies the one data.copy_lag back.")
@@ -106,17 +121,22 @@ std::vector<KeySpec> build_schema() {
 
       key(&D::parallel, &ParallelConfig::holders, "parallel.holders",
           "Parameter-holder ranks; 0: replicated data-parallel baseline.")
-          .at_least(0),
+          .at_least(0)
+          .at_most(kMaxCount(20)),
       key(&D::parallel, &ParallelConfig::dp, "parallel.dp",
           "Data-parallel groups; 0: every compute rank left after holders, / (tp*pp).")
-          .at_least(0),
+          .at_least(0)
+          .at_most(kMaxCount(20)),
       key(&D::parallel, &ParallelConfig::tp, "parallel.tp", "Tensor-parallel ranks per group.")
-          .at_least(1),
+          .at_least(1)
+          .at_most(kMaxCount(16)),
       key(&D::parallel, &ParallelConfig::pp, "parallel.pp", "Pipeline stages per group.")
-          .at_least(1),
+          .at_least(1)
+          .at_most(kMaxCount(16)),
       key(&D::parallel, &ParallelConfig::micro_batches, "parallel.micro_batches",
           "Micro-batches each replica splits its share of the batch into (pipeline fill).")
           .at_least(1)
+          .at_most(kMaxCount(20))
           .with_rule("divides train.batch_size / dp"),
       key(&D::parallel, &ParallelConfig::schedule, "parallel.schedule",
           "Pipeline schedule; both give identical losses, 1f1b holds fewer activations.")
@@ -133,13 +153,16 @@ std::vector<KeySpec> build_schema() {
 
       key(&D::train, &TrainConfig::batch_size, "train.batch_size",
           "Sequences per optimizer step, over all data-parallel ranks.")
-          .at_least(1),
+          .at_least(1)
+          .at_most(kMaxCount(30)),
       key(&D::train, &TrainConfig::eval_every, "train.eval_every",
           "Validate every N steps and at the end; 0: at the end only.")
-          .at_least(0),
+          .at_least(0)
+          .at_most(kMaxCount(40)),
       key(&D::train, &TrainConfig::eval_batches, "train.eval_batches",
           "Validation batches of train.batch_size sequences each.")
-          .at_least(1),
+          .at_least(1)
+          .at_most(kMaxCount(30)),
       key(&D::train, &TrainConfig::recompute, "train.recompute",
           "Activation recomputation in backward: attention (drop the T x T probabilities) or "
           "full (keep only layer outputs); losses are identical to none.")
@@ -169,7 +192,8 @@ std::vector<KeySpec> build_schema() {
           .with_rule("<= optimizer.lr"),
       key(&D::optimizer, &OptimizerConfig::warmup_steps, "optimizer.warmup_steps",
           "Steps of linear warmup from 0 to optimizer.lr.")
-          .at_least(0),
+          .at_least(0)
+          .at_most(kMaxCount(40)),
       key(&D::optimizer, &OptimizerConfig::weight_decay, "optimizer.weight_decay",
           "Decoupled AdamW weight decay, applied to matrices only.")
           .at_least(0),
@@ -221,7 +245,8 @@ std::vector<KeySpec> build_schema() {
           "optimizer.warmup_steps: while the learning rate ramps up, full-parameter steps "
           "fetch each layer once; the decoupling grows afterwards. Exact: the same numbers as "
           "without. 0: bounded from the first step.")
-          .at_least(0),
+          .at_least(0)
+          .at_most(kMaxCount(40)),
       key(&D::pd, &PdConfig::fetch_thread, "pd.fetch_thread",
           "Move fetches (requests, replies, relays, CRC checks, unpacking) on a background thread "
           "of each compute rank, so they overlap compute even without asynchronous MPI progress; "
@@ -239,17 +264,20 @@ std::vector<KeySpec> build_schema() {
 
       key(&D::checkpoint, &CheckpointConfig::every, "checkpoint.every",
           "Write a checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGUSR1).")
-          .at_least(0),
+          .at_least(0)
+          .at_most(kMaxCount(40)),
       key(&D::checkpoint, &CheckpointConfig::codec, "checkpoint.codec",
           "raw, zstd (lossless), xor (lossless delta to the last anchor), bitdelta (1 bit per "
           "weight + a scale per block, lossy for parameters; Adam state as xor).")
           .one_of({"raw", "zstd", "xor", "bitdelta"}),
       key(&D::checkpoint, &CheckpointConfig::anchor_every, "checkpoint.anchor_every",
           "Delta codecs: every N-th checkpoint is a full (zstd) anchor.")
-          .at_least(1),
+          .at_least(1)
+          .at_most(kMaxCount(20)),
       key(&D::checkpoint, &CheckpointConfig::keep, "checkpoint.keep",
           "Newest checkpoints kept (never an anchor a kept delta needs); 0 keeps all.")
-          .at_least(0),
+          .at_least(0)
+          .at_most(kMaxCount(20)),
       key(&D::checkpoint, &CheckpointConfig::async, "checkpoint.async",
           "Copy the state and encode it in the background while training continues."),
       key(&D::checkpoint, &CheckpointConfig::dir, "checkpoint.dir",

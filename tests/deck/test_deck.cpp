@@ -323,19 +323,70 @@ TEST(DeckErrors, WrongTypes) {
             "t.toml:2: parallel.tp: expected an integer, got an array");
 }
 
+// Sizes that would wrap a parameter count or a rank count are refused by the key's range,
+// naming the file, line and key (each was accepted before, then crashed or printed garbage).
+TEST(DeckErrors, SizesBeyondTheirRangesNameTheKey) {
+  EXPECT_EQ(deck_error(lines({"[model]", "d_model = 4611686018427387904"})),
+            "t.toml:2: model.d_model: must be in [1, 1048576], got 4611686018427387904");
+  EXPECT_EQ(deck_error(lines({"[model]", "padded_vocab_size = 4611686018427387904"})),
+            "t.toml:2: model.padded_vocab_size: must be in [0, 16777216], got 4611686018427387904");
+  EXPECT_EQ(deck_error(lines({"[model]", "d_model = 1073741824"})),
+            "t.toml:2: model.d_model: must be in [1, 1048576], got 1073741824");
+  EXPECT_EQ(deck_error(lines({"[model]", "n_layer = 2147483648"})),
+            "t.toml:2: model.n_layer: must be in [1, 65536], got 2147483648");
+  EXPECT_EQ(deck_error(lines({"[parallel]", "holders = 2147483648"})),
+            "t.toml:2: parallel.holders: must be in [0, 1048576], got 2147483648");
+}
+
+// toml11 parses nested arrays by recursion: a deck nested thousands deep overflowed the stack.
+TEST(DeckErrors, DeepNestingIsRefusedBeforeParsing) {
+  const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  EXPECT_EQ(deck_error(lines({"[run]", "name = \"x\"", "", "seed = " + deep})),
+            "t.toml:4: values nested 5000 deep (arrays and inline tables); a deck may nest at most 64");
+  // Brackets inside strings and comments are not nesting.
+  const std::string brackets(200, '[');
+  const Deck d = parse_deck(lines({"[run]", "name = \"" + brackets + "\"  # " + brackets,
+                                   "out_dir = \"\"\"\\\"" + brackets + "\"\"\"",
+                                   "[data]", "path = \'\'\'" + brackets + "\'\'\'"}),
+                            "t.toml", {});
+  EXPECT_EQ(d.run.name, brackets);
+  EXPECT_EQ(d.run.out_dir, "\"" + brackets);
+  EXPECT_EQ(d.data.path, brackets);
+}
+
+TEST(DeckErrors, EndlessDeckFileIsRefusedBySize) {
+  try {
+    read_deck_text("/dev/zero");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::deck);
+    EXPECT_EQ(std::string(e.what()),
+              "deck file '/dev/zero' is larger than 1048576 bytes (the most a deck may be); is it "
+              "the right file?");
+  }
+}
+
+// A checkpoint keeps the resolved deck in one HDF5 attribute (at most 64 KiB).
+TEST(DeckErrors, ResolvedDeckTooLargeForACheckpointNamesTheLongestValue) {
+  const std::string name(70000, 'n');
+  const std::string msg = deck_error(lines({"[run]", "name = \"" + name + "\""}));
+  EXPECT_NE(msg.find("t.toml:2: run.name: its value is 70000 bytes long"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("one HDF5 attribute of at most 60000 bytes"), std::string::npos) << msg;
+}
+
 TEST(DeckErrors, OutOfRange) {
   EXPECT_EQ(deck_error(lines({"[optimizer]", "beta1 = 0.9", "lr = -0.001"})),
             "t.toml:3: optimizer.lr: must be > 0, got -0.001");
   EXPECT_EQ(deck_error(lines({"[optimizer]", "beta2 = 1.0"})),
             "t.toml:2: optimizer.beta2: must be in [0, 1), got 1");
-  EXPECT_EQ(deck_error(lines({"[run]", "steps = 0"})), "t.toml:2: run.steps: must be >= 1, got 0");
+  EXPECT_EQ(deck_error(lines({"[run]", "steps = 0"})), "t.toml:2: run.steps: must be in [1, 1099511627776], got 0");
   EXPECT_EQ(deck_error(lines({"[data]", "val_fraction = 0"})),
             "t.toml:2: data.val_fraction: must be in (0, 1), got 0");
   EXPECT_EQ(deck_error(lines({"[data]", "copy_prob = 1.5"})),
             "t.toml:2: data.copy_prob: must be in [0, 1], got 1.5");
-  EXPECT_EQ(deck_error(lines({"[parallel]", "tp = 0"})), "t.toml:2: parallel.tp: must be >= 1, got 0");
+  EXPECT_EQ(deck_error(lines({"[parallel]", "tp = 0"})), "t.toml:2: parallel.tp: must be in [1, 65536], got 0");
   EXPECT_EQ(deck_error(lines({"[model]", "vocab_size = 1"})),
-            "t.toml:2: model.vocab_size: must be >= 2, got 1");
+            "t.toml:2: model.vocab_size: must be in [2, 16777216], got 1");
   EXPECT_EQ(deck_error(lines({"[optimizer]", "eps = 0"})), "t.toml:2: optimizer.eps: must be > 0, got 0");
 }
 

@@ -2,6 +2,7 @@
 // The deck schema: one table that names every key with its type, range, documentation and
 // where it lives in the Deck struct. Parsing, --set, the resolved deck and docs/deck.md are all
 // driven by this table, so a key added here is automatically parsed, checked and documented.
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -15,6 +16,17 @@
 namespace pdtrain::deck {
 
 enum class KeyType { integer, floating, boolean, string, choice };
+
+// Limits on a deck as text, checked before toml11 sees it: its size (read in full into
+// memory; an endless stream such as /dev/zero must end in an error, not std::bad_alloc) and
+// how deep arrays and inline tables nest (toml11 parses them by recursion).
+inline constexpr std::size_t kMaxDeckBytes = std::size_t{1} << 20;
+inline constexpr int kMaxDeckNesting = 64;
+// A checkpoint keeps the resolved deck in one HDF5 attribute of the root group, an object
+// header message, which HDF5 caps at 64 KiB; the rest of the header holds a few small
+// attributes besides. A deck whose resolved form is longer (a megabyte-long run.name) is
+// refused when it is read, not at the first checkpoint.
+inline constexpr std::size_t kMaxResolvedDeckBytes = 60000;
 
 // A typed key value; the alternative always matches the key's type (choice keys hold strings).
 using Value = std::variant<std::int64_t, double, bool, std::string>;
