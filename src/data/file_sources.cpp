@@ -1,13 +1,16 @@
 // Text (one token per byte) and llm.c token shards. Both become a training span and a
-// validation span of memory-mapped files; training sequences start at counter-based random
-// offsets, validation sequences are llm.c's consecutive non-overlapping windows.
+// validation span of data files (read with pread: data_file.hpp); training sequences start at
+// counter-based random offsets, validation sequences are llm.c's consecutive non-overlapping
+// windows.
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/rng.hpp"
-#include "pdtrain/data/mapped_file.hpp"
+#include "pdtrain/data/data_file.hpp"
 #include "pdtrain/data/sources.hpp"
 #include "pdtrain/data/token_shard.hpp"
 
@@ -18,47 +21,60 @@ namespace {
   throw Error(ExitCode::data, file + ": " + what);
 }
 
-// Tokens of width 1 (bytes) or 2 (little-endian uint16) inside a mapped file. Read byte by
-// byte so shards load the same on any host and no unaligned or aliased load is needed.
+// Tokens of width 1 (bytes) or 2 (little-endian uint16) in a data file, from byte `offset`.
+// Decoded byte by byte so shards load the same on any host.
 struct TokenView {
-  const std::uint8_t* p = nullptr;
+  std::shared_ptr<const DataFile> file;
+  std::int64_t offset = 0;
   std::int64_t n = 0;
   int width = 1;
 
-  std::int32_t at(std::int64_t i) const {
-    if (width == 1) return p[i];
-    return static_cast<std::int32_t>(p[2 * i] | (p[2 * i + 1] << 8));
+  // Tokens [first, first + count) into `out`: one read of the file.
+  void read(std::int64_t first, std::int64_t count, std::int32_t* out) const {
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(count * width));
+    file->read(offset + first * width, bytes.size(), bytes.data());
+    for (std::int64_t i = 0; i < count; ++i)
+      out[i] = width == 1 ? bytes[i] : static_cast<std::int32_t>(bytes[2 * i] | (bytes[2 * i + 1] << 8));
   }
   TokenView sub(std::int64_t first, std::int64_t len) const {
-    return {p + first * width, len, width};
+    return {file, offset + first * width, len, width};
   }
 };
 
-// Every token must index the embedding table; name the first one that does not.
+std::string token_position(const TokenView& v, std::int64_t i) {
+  return (v.width == 1 ? "byte offset " : "token index ") + std::to_string(i);
+}
+
+// Every token must index the embedding table; name the first one that does not. Read a
+// chunk at a time, so a large file is never held in memory whole.
 void check_vocab(const TokenView& v, std::int64_t vocab, const std::string& file) {
   if (vocab >= (std::int64_t{1} << (8 * v.width))) return;  // no value can be out of range
-  for (std::int64_t i = 0; i < v.n; ++i) {
-    if (v.at(i) < vocab) continue;
-    const std::string where = v.width == 1 ? "byte offset " : "token index ";
-    fail(file, where + std::to_string(i) + " holds value " + std::to_string(v.at(i)) +
-                   ", not below vocab_size " + std::to_string(vocab));
+  constexpr std::int64_t kChunk = std::int64_t{1} << 18;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(std::min(kChunk, v.n)));
+  for (std::int64_t first = 0; first < v.n; first += kChunk) {
+    const std::int64_t count = std::min(kChunk, v.n - first);
+    v.read(first, count, tokens.data());
+    for (std::int64_t i = 0; i < count; ++i)
+      if (tokens[i] >= vocab)
+        fail(file, token_position(v, first + i) + " holds value " + std::to_string(tokens[i]) +
+                       ", not below vocab_size " + std::to_string(vocab));
   }
 }
 
-std::int32_t header_int(const MappedFile& f, int index) {
-  const std::uint8_t* b = f.data() + 4 * index;
+std::int32_t header_int(const DataFile& f, int index) {
+  std::uint8_t b[4];
+  f.read(4 * index, 4, b);
   return static_cast<std::int32_t>(std::uint32_t{b[0]} | std::uint32_t{b[1]} << 8 |
                                    std::uint32_t{b[2]} << 16 | std::uint32_t{b[3]} << 24);
 }
 
-TokenView text_tokens(const MappedFile& f) {
-  return {f.data(), static_cast<std::int64_t>(f.size()), 1};
-}
+TokenView text_tokens(const std::shared_ptr<const DataFile>& f) { return {f, 0, f->size(), 1}; }
 
 // Checks the llm.c header against the file and returns the tokens after it.
-TokenView shard_tokens(const MappedFile& f) {
+TokenView shard_tokens(const std::shared_ptr<const DataFile>& shared) {
+  const DataFile& f = *shared;
   const std::string& file = f.path();
-  const auto size = static_cast<std::int64_t>(f.size());
+  const std::int64_t size = f.size();
   if (size < kShardHeaderBytes)
     fail(file, "file is " + std::to_string(size) + " bytes, shorter than the " +
                    std::to_string(kShardHeaderBytes) + "-byte llm.c token shard header");
@@ -76,7 +92,7 @@ TokenView shard_tokens(const MappedFile& f) {
                    "(int 2) is " + std::to_string(count) + ", which needs " +
                    std::to_string(kShardHeaderBytes) + " + 2*" + std::to_string(count) + " = " +
                    std::to_string(expect) + " bytes (truncated or corrupt shard)");
-  return {f.data() + kShardHeaderBytes, count, 2};
+  return {shared, kShardHeaderBytes, count, 2};
 }
 
 void check_split(const TokenView& v, std::int64_t seq_len, const std::string& file,
@@ -93,13 +109,12 @@ std::string percent(double fraction) {
 
 class WindowSource final : public TokenSource {
  public:
-  WindowSource(std::vector<MappedFile> maps, TokenView train, TokenView val,
-               const SourceSpec& s, std::string description)
-      : maps_(std::move(maps)),
-        train_(train),
+  WindowSource(TokenView train, TokenView val, const SourceSpec& s, std::string description)
+      : train_(train),
         val_(val),
         seed_(static_cast<std::uint64_t>(s.seed)),
         seq_len_(s.seq_len),
+        vocab_(s.vocab_size),
         description_(std::move(description)) {}
 
   void train_sequences(std::int64_t step, std::int64_t first, std::int64_t count,
@@ -130,23 +145,29 @@ class WindowSource final : public TokenSource {
   std::int64_t val_windows() const { return (val_.n - 1) / seq_len_; }
 
  private:
+  // A token out of the vocabulary here means the file was rewritten in place since
+  // check_vocab() passed (DataFile::read checks size and time, not the bytes); it would index
+  // past the embedding table.
   void copy_window(const TokenView& v, std::int64_t start, std::int32_t* out) const {
-    for (std::int64_t t = 0; t <= seq_len_; ++t) out[t] = v.at(start + t);
+    v.read(start, seq_len_ + 1, out);
+    for (std::int64_t t = 0; t <= seq_len_; ++t)
+      if (out[t] < 0 || out[t] >= vocab_)
+        fail(v.file->path(), token_position(v, start + t) + " now holds value " +
+                                 std::to_string(out[t]) + ", not below vocab_size " +
+                                 std::to_string(vocab_) + ": the file changed while the job ran");
   }
 
-  std::vector<MappedFile> maps_;  // keep the views' memory alive
   TokenView train_, val_;
   std::uint64_t seed_;
   std::int64_t seq_len_;
+  std::int64_t vocab_;
   std::string description_;
 };
 
 // Splits, checks and describes a source whose files `tokens_of` turns into token views.
 template <class TokensOf>
 std::unique_ptr<TokenSource> open_windows(const SourceSpec& s, TokensOf tokens_of) {
-  std::vector<MappedFile> maps;
-  maps.emplace_back(s.path);
-  const TokenView all = tokens_of(maps[0]);
+  const TokenView all = tokens_of(std::make_shared<const DataFile>(s.path));
   check_vocab(all, s.vocab_size, s.path);
   TokenView train = all, val;
   std::string split;
@@ -166,8 +187,7 @@ std::unique_ptr<TokenSource> open_windows(const SourceSpec& s, TokensOf tokens_o
             percent(1.0 - s.val_fraction) + "), val " + std::to_string(val.n) + " (last " +
             percent(s.val_fraction) + ")";
   } else {
-    maps.emplace_back(s.val_path);
-    val = tokens_of(maps[1]);
+    val = tokens_of(std::make_shared<const DataFile>(s.val_path));
     check_vocab(val, s.vocab_size, s.val_path);
     check_split(train, s.seq_len, s.path, "training split (the whole file)");
     check_split(val, s.seq_len, s.val_path, "validation split (the whole file)");
@@ -178,7 +198,7 @@ std::unique_ptr<TokenSource> open_windows(const SourceSpec& s, TokensOf tokens_o
                            ", " + std::to_string((val.n - 1) / s.seq_len) +
                            " validation windows of " + std::to_string(s.seq_len) + ", vocab " +
                            std::to_string(s.vocab_size);
-  return std::make_unique<WindowSource>(std::move(maps), train, val, s, text);
+  return std::make_unique<WindowSource>(train, val, s, text);
 }
 
 }  // namespace

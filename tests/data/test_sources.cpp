@@ -2,6 +2,7 @@
 // synthetic task has the structure and entropy floor it claims, and file sources read exactly
 // the bytes/tokens of their files and reject malformed ones with a data error.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -15,7 +16,7 @@
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/rng.hpp"
-#include "pdtrain/data/mapped_file.hpp"
+#include "pdtrain/data/data_file.hpp"
 #include "pdtrain/data/sources.hpp"
 #include "pdtrain/data/token_shard.hpp"
 #include "pdtrain/data/token_source.hpp"
@@ -586,15 +587,51 @@ TEST(SplitInputsTargets, TargetsAreTheInputsShiftedByOneToken) {
   EXPECT_EQ(targets, (Tokens{11, 12, 13, 21, 22, 23}));
 }
 
-TEST(MappedFile, MapsAndMoves) {
+TEST(DataFile, ReadsAndMoves) {
   const std::string path = temp_path("m.bin");
   write_bytes(path, {1, 2, 3});
-  MappedFile a(path);
-  ASSERT_EQ(a.size(), 3u);
-  MappedFile b(std::move(a));
-  EXPECT_EQ(a.size(), 0u);
-  EXPECT_EQ(b.data()[2], 3);
+  DataFile a(path);
+  ASSERT_EQ(a.size(), 3);
+  DataFile b(std::move(a));
+  std::uint8_t byte = 0;
+  b.read(2, 1, &byte);
+  EXPECT_EQ(byte, 3);
   EXPECT_EQ(b.path(), path);
+}
+
+// A FIFO would block open() until a writer came; it is refused before it is opened.
+TEST(DataFile, RefusesAFifoWithoutBlocking) {
+  const std::string path = temp_path("fifo");
+  std::remove(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  expect_data_error([&] { DataFile f(path); }, {path, "FIFO", "not a regular file"});
+  expect_data_error([&] { DataFile f(testing::TempDir()); }, {"a directory"});
+}
+
+// A file that shrinks under a running job is an error naming it, not SIGBUS.
+TEST(DataFile, TruncatedWhileOpenIsAnErrorNamingTheFile) {
+  const std::string path = temp_path("shrinks.bin");
+  write_bytes(path, std::vector<std::uint8_t>(4096, 7));
+  DataFile f(path);
+  ASSERT_EQ(::truncate(path.c_str(), 100), 0);
+  std::vector<std::uint8_t> out(16);
+  expect_data_error([&] { f.read(4000, out.size(), out.data()); },
+                    {path, "changed while the job was running", "4096 bytes, now 100 bytes"});
+}
+
+TEST(WindowSource, FileTruncatedAfterOpeningEndsTheReadNamingTheFile) {
+  const std::string path = temp_path("corpus_shrinks.txt");
+  write_bytes(path, std::vector<std::uint8_t>(10000, 5));
+  SourceSpec spec;
+  spec.kind = SourceKind::text;
+  spec.path = path;
+  spec.vocab_size = 64;
+  spec.seq_len = 8;
+  const auto source = make_token_source(spec);
+  ASSERT_EQ(::truncate(path.c_str(), 50), 0);
+  std::vector<std::int32_t> seq(9);
+  expect_data_error([&] { source->train_sequences(1, 0, 1, seq.data()); },
+                    {path, "changed while the job was running"});
 }
 
 }  // namespace
