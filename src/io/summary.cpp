@@ -1,11 +1,13 @@
 #include "pdtrain/io/summary.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "pdtrain/core/error.hpp"
 
@@ -23,6 +25,34 @@ std::vector<std::string> split_csv(const std::string& line) {
   if (!line.empty() && line.back() == ',') out.emplace_back();
   return out;
 }
+
+// One row of metrics.csv, read with its place in the file so a bad cell is reported as
+// FILE:LINE:COLUMN (the character column where the cell starts) with the column's name.
+struct CsvRow {
+  const std::string& file;
+  long long line;
+  const std::vector<std::string>& head;
+  std::vector<std::string> cells;
+
+  std::size_t char_column(std::size_t index) const {
+    std::size_t col = 1;
+    for (std::size_t i = 0; i < index; ++i) col += cells[i].size() + 1;
+    return col;
+  }
+
+  template <class T>
+  T number(std::size_t index) const {
+    const std::string& cell = cells[index];
+    T v{};
+    const auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), v);
+    if (ec == std::errc() && end == cell.data() + cell.size() && !cell.empty()) return v;
+    throw Error(ExitCode::data, file + ":" + std::to_string(line) + ":" +
+                                    std::to_string(char_column(index)) + ": column '" +
+                                    head[index] + "': expected " +
+                                    (std::is_integral_v<T> ? "an integer" : "a number") +
+                                    ", got '" + cell + "'");
+  }
+};
 
 std::string fmt(double v, const char* f = "%.4f") {
   if (std::isnan(v)) return "";
@@ -93,21 +123,23 @@ RunSummary read_run_summary(const std::string& metrics_csv, const std::string& n
   r.final_val = r.best_val = NAN;
   double tokens = 0.0, ms = 0.0;
   for (long long row = 2; std::getline(in, line); ++row) {
-    const std::vector<std::string> cells = split_csv(line);
-    if (cells.size() < head.size())
-      throw Error(ExitCode::data, metrics_csv + ":" + std::to_string(row) + ": short row");
-    const long long step = std::stoll(cells[c_step]);
+    const CsvRow cells{metrics_csv, row, head, split_csv(line)};
+    if (cells.cells.size() < head.size())
+      throw Error(ExitCode::data, metrics_csv + ":" + std::to_string(row) + ": short row (" +
+                                      std::to_string(cells.cells.size()) + " of " +
+                                      std::to_string(head.size()) + " columns)");
+    const auto step = cells.number<long long>(c_step);
     r.steps = step;
-    r.final_loss = std::stod(cells[c_loss]);
+    r.final_loss = cells.number<double>(c_loss);
     r.loss.emplace_back(step, r.final_loss);
-    if (!cells[c_val].empty()) {
-      const double v = std::stod(cells[c_val]);
+    if (!cells.cells[c_val].empty()) {
+      const auto v = cells.number<double>(c_val);
       r.val.emplace_back(step, v);
       r.final_val = v;
       r.best_val = std::isnan(r.best_val) ? v : std::min(r.best_val, v);
     }
-    const double step_ms = std::stod(cells[c_ms]);
-    tokens += std::stod(cells[c_tps]) * step_ms / 1e3;
+    const auto step_ms = cells.number<double>(c_ms);
+    tokens += cells.number<double>(c_tps) * step_ms / 1e3;
     ms += step_ms;
   }
   r.wall_s = ms / 1e3;
