@@ -1,13 +1,23 @@
 // The set-up every rank does alike: layout, catalogue, block table and placement, data source.
 #include "pdtrain/app/setup.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
 #include <cstdio>
+#include <filesystem>
+#include <initializer_list>
 #include <string>
 
 #include "pdtrain/app/stage_cache.hpp"
+#include "pdtrain/core/checked_int.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/deck/schema.hpp"
 #include "pdtrain/layout/placement.hpp"
 #include "pdtrain/model/llmc_format.hpp"
 #include "pdtrain/pd/param_cache.hpp"
@@ -46,6 +56,149 @@ ModelShape model_shape(const Deck& d) {
   if (d.model.padded_vocab_size == 0) s.padded_vocab = h.padded_vocab_size;
   check_llmc_shape(h, s, path);
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a rank would need, before anything is built. Every size is computed with
+// CheckedInt, so a deck cannot wrap a count into something small or negative. The rule: no
+// rank may need more than kMaxRankBytes (16 TiB, beyond the memory of any node built today),
+// and the catalogue may have at most kMaxBlocks blocks (block ids are ints, each block has a
+// version, CRC and entry in every table). The estimates are lower bounds, so a deck they
+// refuse could never run; the dry run then reports the exact figures of one that passes.
+constexpr std::int64_t kMaxRankBytes = std::int64_t{1} << 44;
+constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 24;
+
+// Of the keys a size grows with, the one furthest above its default: the likely mistake.
+std::string most_inflated(const Deck& d, std::initializer_list<const char*> keys) {
+  const char* best = *keys.begin();
+  double best_ratio = 0;
+  for (const char* k : keys) {
+    const deck::KeySpec& spec = *deck::find_key(k);
+    const auto value = static_cast<double>(std::get<std::int64_t>(spec.get(d)));
+    const auto base = static_cast<double>(std::get<std::int64_t>(deck::default_value(spec)));
+    if (const double ratio = value / std::max(1.0, base); ratio > best_ratio)
+      best = k, best_ratio = ratio;
+  }
+  return best;
+}
+
+std::string tib(CheckedInt bytes) {
+  if (bytes.overflowed()) return "more than 2^63 bytes";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f TiB", static_cast<double>(bytes.value()) / 0x1p40);
+  return buf;
+}
+
+void refuse_if_over(const Deck& d, CheckedInt need, std::int64_t cap, const std::string& key,
+                    const std::string& what) {
+  if (!need.overflowed() && need.value() <= cap) return;
+  throw Error(ExitCode::deck, d.where(key) + ": " + what);
+}
+
+void check_rank_needs(const Deck& d, const ModelShape& m, const LayoutShape& shape) {
+  const CheckedInt C = m.d_model, L = m.n_layer, H = m.n_head;
+  const CheckedInt params = CheckedInt(m.padded_vocab) * C + CheckedInt(m.max_seq_len) * C +
+                            L * (CheckedInt(12) * C * C + CheckedInt(13) * C) + CheckedInt(2) * C;
+  const std::string model = "the model (n_layer " + std::to_string(m.n_layer) + ", d_model " +
+                            std::to_string(m.d_model) + ", " + std::to_string(m.padded_vocab) +
+                            " vocabulary rows, " + std::to_string(m.max_seq_len) + " positions)";
+  // Per layer: q, k, v, qkv bias, fc and fc bias by head, plus the projections' column slabs.
+  const CheckedInt blocks = L * (CheckedInt(10) * H + CheckedInt(6)) + CheckedInt(2) * H + 2;
+  refuse_if_over(d, blocks, kMaxBlocks, most_inflated(d, {"model.n_layer", "model.n_head"}),
+                 model + " with " + std::to_string(m.n_head) + " heads has more than " +
+                     std::to_string(kMaxBlocks) + " parameter blocks");
+  // fp32 value, gradient and AdamW's two moments: on each holder's share, or on every rank of
+  // the replicated baseline.
+  const CheckedInt state = ceil_div(CheckedInt(16) * params, std::max(1, shape.holders));
+  refuse_if_over(d, state, kMaxRankBytes,
+                 most_inflated(d, {"model.n_layer", "model.d_model", "model.padded_vocab_size",
+                                   "model.vocab_size", "model.max_seq_len"}),
+                 model + " has " + (params.overflowed() ? std::string("more than 2^63")
+                                                        : std::to_string(params.value())) +
+                     " parameters; with their gradients and AdamW state that is " + tib(state) +
+                     " on each " + (shape.holders > 0 ? "holder" : "rank") +
+                     ", more than the 16 TiB any rank may need");
+  // One micro-batch's logits (fp32) over the compute rank's vocabulary rows.
+  const std::int64_t micro = std::max<std::int64_t>(1, micro_batch_size(d, shape));
+  const CheckedInt logits =
+      ceil_div(CheckedInt(4) * micro * m.seq_len * m.padded_vocab, shape.tp);
+  refuse_if_over(d, logits, kMaxRankBytes,
+                 most_inflated(d, {"train.batch_size", "model.seq_len", "model.padded_vocab_size",
+                                   "model.vocab_size"}),
+                 "one micro-batch's logits (" + std::to_string(micro) + " sequences x " +
+                     std::to_string(m.seq_len) + " tokens x " + std::to_string(m.padded_vocab) +
+                     " vocabulary rows) need " + tib(logits) +
+                     " on a compute rank, more than the 16 TiB any rank may need");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where the run will write, checked before it starts (and by the dry run) without leaving
+// anything behind: a directory that exists must take a file (one is created and removed: as
+// root, access() says yes to everything); one that does not must be creatable, which is
+// probed by creating and removing a directory in its nearest existing ancestor. Names longer
+// than the file system allows are deck errors (status 2), the rest I/O errors (status 4).
+
+// The key a path comes from: a default out_dir is runs/<run.name>, a default checkpoint.dir
+// lies under run.out_dir.
+std::string key_of_path(const Deck& d, const std::string& key) {
+  const auto it = d.origin.find(key);
+  const bool derived = it == d.origin.end() || it->second == "default";
+  if (!derived) return key;
+  return key == "checkpoint.dir" ? key_of_path(d, "run.out_dir") : "run.name";
+}
+
+void check_name_lengths(const Deck& d, const std::string& key, const std::filesystem::path& dir) {
+  const std::string blamed = key_of_path(d, key);
+  const std::size_t path_max = PATH_MAX, name_max = NAME_MAX;
+  if (dir.native().size() >= path_max)
+    throw Error(ExitCode::deck, d.where(blamed) + ": the directory " + key + " names is " +
+                                    std::to_string(dir.native().size()) +
+                                    " characters long, longer than a path may be (PATH_MAX " +
+                                    std::to_string(path_max) + ")");
+  for (const auto& part : dir)
+    if (part.native().size() > name_max)
+      throw Error(ExitCode::deck,
+                  d.where(blamed) + ": " + key + " has a path component of " +
+                      std::to_string(part.native().size()) +
+                      " characters, longer than a file name may be (NAME_MAX " +
+                      std::to_string(name_max) + "): '" + part.native().substr(0, 40) + "...'");
+}
+
+[[noreturn]] void unwritable(const Deck& d, const std::string& key, const std::string& dir,
+                             const std::string& why) {
+  throw Error(ExitCode::data, d.where(key) + ": the run cannot write to '" + dir + "': " + why);
+}
+
+void check_writable_dir(const Deck& d, const std::string& key, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::absolute(fs::path(dir)).lexically_normal();
+  check_name_lengths(d, key, path);
+  fs::path existing = path;
+  std::error_code ec;
+  while (!fs::exists(existing, ec) && existing.has_relative_path()) existing = existing.parent_path();
+  if (!fs::is_directory(existing, ec))
+    unwritable(d, key, dir, existing.string() + " exists and is not a directory");
+  const bool missing = existing != path;
+  std::string probe = (existing / ".pdtrain-probe-XXXXXX").string();
+  if (missing) {
+    if (::mkdtemp(probe.data()) == nullptr)
+      unwritable(d, key, dir, "cannot create a directory in " + existing.string() + ": " +
+                                  std::strerror(errno));
+    ::rmdir(probe.c_str());
+  } else {
+    const int fd = ::mkstemp(probe.data());
+    if (fd < 0)
+      unwritable(d, key, dir, "cannot create a file in it: " + std::string(std::strerror(errno)));
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+}
+
+// Every rank checks: the ranks that write (rank 0, the reporter, the holders) may sit on
+// different nodes, each with its own view of the file system.
+void check_output_dirs(const Deck& d) {
+  check_writable_dir(d, "run.out_dir", d.run.out_dir);
+  check_writable_dir(d, "checkpoint.dir", d.checkpoint.dir);
 }
 
 BlockTable block_table(const ParamCatalog& cat, const Deck& d) {
@@ -122,7 +275,10 @@ Setup make_setup(const Deck& deck, MPI_Comm job, bool eval_only) {
   MPI_CHECK(MPI_Comm_size(job, &world_size));
   Setup s;
   s.shape = resolve_layout(deck, world_size);
-  s.catalog = std::make_unique<ParamCatalog>(model_shape(deck));
+  if (!eval_only) check_output_dirs(deck);
+  const ModelShape model = model_shape(deck);
+  check_rank_needs(deck, model, s.shape);
+  s.catalog = std::make_unique<ParamCatalog>(model);
   s.table = block_table(*s.catalog, deck);
   const std::vector<int> job_node = node_of_ranks(job);
   s.job_rank = spread_holders(s.shape.holders, job_node);

@@ -48,29 +48,31 @@ LayoutShape resolve_layout(const Deck& deck, int world_size) {
     layout_error(deck, "parallel.holders",
                  "the replicated baseline (holders = 0) is data-parallel only; use holders >= 1 "
                  "for tensor or pipeline parallelism");
+  // Rank counts in 64 bits: the deck bounds each key (parallel.* <= 2^20), not their product.
+  const std::int64_t grid = std::int64_t{s.tp} * s.pp;
   const int compute = world_size - s.holders;
   if (compute < 1) {
     std::ostringstream m;
     m << "parallel.holders = " << s.holders << " leaves no compute rank in a job of " << world_size
-      << " rank(s); launch at least " << s.holders + s.tp * s.pp
+      << " rank(s); launch at least " << s.holders + grid
       << " ranks (e.g. mpirun -np " << s.holders + 2 << ") or set parallel.holders = 0";
     layout_error(deck, "parallel.holders", m.str());
   }
   if (p.dp == 0) {
-    if (compute % (s.tp * s.pp) != 0) {
+    if (compute % grid != 0) {
       std::ostringstream m;
       m << "parallel.dp = 0 (auto): the " << compute << " compute rank(s) left after "
-        << s.holders << " holder(s) are not a multiple of tp*pp = " << s.tp * s.pp;
+        << s.holders << " holder(s) are not a multiple of tp*pp = " << grid;
       layout_error(deck, "parallel.dp", m.str());
     }
-    s.dp = compute / (s.tp * s.pp);
+    s.dp = static_cast<int>(compute / grid);
   } else {
     s.dp = static_cast<int>(p.dp);
   }
-  if (s.world() != world_size) {
+  if (const std::int64_t needed = s.holders + s.dp * grid; needed != world_size) {
     std::ostringstream m;
     m << "the layout needs holders + dp*tp*pp = " << s.holders << " + " << s.dp << "*" << s.tp
-      << "*" << s.pp << " = " << s.world() << " ranks but the job has " << world_size
+      << "*" << s.pp << " = " << needed << " ranks but the job has " << world_size
       << "; change the rank count or parallel.dp (0 = auto)";
     layout_error(deck, "parallel.dp", m.str());
   }
