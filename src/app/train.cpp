@@ -51,6 +51,7 @@ class OrderedComm {
 
 // Defined below, in the order run_training() uses them.
 void write_resolved_deck(const Deck& deck);
+void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm world);
 TraceRecorder trace_recorder(const Deck& deck, const Layout& layout);
 void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                       const RunOptions& opts, const RestartPoint& restart, TraceRecorder* trace);
@@ -74,7 +75,9 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(world, &rank));
   Layout layout(setup.shape, world);
+  const RestartPoint restart = resolve_restart(deck, opts.restart, world);
   if (opts.dry_run) {
+    verify_restart_point(restart, *setup.catalog, world);
     if (rank == 0) print_dry_run(deck, setup, layout);
     return {};
   }
@@ -88,7 +91,6 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
     if (!layout.is_holder()) backend = make_compute_backend(deck, setup, layout);
   });
   TraceRecorder trace = trace_recorder(deck, layout);
-  const RestartPoint restart = resolve_restart(deck, opts.restart, world);
   TrainResult result;
   if (layout.is_holder())
     serve_parameters(deck, setup, layout, opts, restart, &trace);
@@ -142,6 +144,21 @@ void restore_collectively(const RestartPoint& rp, const ParamCatalog& cat, MPI_C
     std::vector<int> ids;
     for (const auto& [id, state] : target->owned_blocks()) ids.push_back(id);
     target->restore(rp.version, read_restart_state(rp, cat, comm, ids));
+  });
+}
+
+// The dry run reads the whole restart checkpoint on rank 0 with the reader a restart uses
+// (format, completeness, model shape, every block's CRC, the anchor of a delta), so a damaged
+// or mismatched checkpoint fails the dry run as it would fail the run.
+void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm world) {
+  if (rp.path.empty()) return;
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  run_collectively(world, ErrorScope::job, [&] {
+    if (rank != 0) return;
+    std::vector<int> all;
+    for (const BlockInfo& b : cat.blocks()) all.push_back(b.id);
+    read_restart_state(rp, cat, MPI_COMM_SELF, all);
   });
 }
 
