@@ -113,7 +113,8 @@ RunSummary read_run_summary(const std::string& metrics_csv, const std::string& n
   const std::vector<std::string> head = split_csv(line);
   auto column = [&](const char* want) {
     const auto it = std::find(head.begin(), head.end(), want);
-    if (it == head.end()) throw Error(ExitCode::data, metrics_csv + ": no column '" + want + "'");
+    if (it == head.end())
+      throw Error(ExitCode::data, metrics_csv + ":1: the header has no column '" + want + "'");
     return static_cast<std::size_t>(it - head.begin());
   };
   const std::size_t c_step = column("step"), c_loss = column("loss"), c_val = column("val_loss"),
