@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/timer.hpp"
+#include "pdtrain/io/output_file.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/layout/layout.hpp"
@@ -67,7 +67,10 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
     setup = make_setup(deck, job, opts.eval_batches > 0);
     int job_rank = 0;
     MPI_CHECK(MPI_Comm_rank(job, &job_rank));
-    if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) write_resolved_deck(deck);
+    if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) {
+      create_output_directory(deck.run.out_dir);
+      write_resolved_deck(deck);
+    }
   });
   const OrderedComm ordered(job, setup.job_rank);
   const MPI_Comm world = ordered.get();
@@ -101,10 +104,7 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
 namespace {
 
 void write_resolved_deck(const Deck& deck) {
-  std::filesystem::create_directories(deck.run.out_dir);
-  std::ofstream f(deck.run.out_dir + "/deck.resolved.toml");
-  f << deck.resolved_toml();
-  if (!f) throw Error(ExitCode::runtime, "cannot write " + deck.run.out_dir + "/deck.resolved.toml");
+  write_file_atomically(deck.run.out_dir + "/deck.resolved.toml", deck.resolved_toml());
 }
 
 // Collective over the run: one epoch for every rank's trace, so the timelines line up in the
@@ -123,7 +123,6 @@ std::string layout_text(const LayoutShape& s) {
 
 std::unique_ptr<ckpt::CheckpointWriter> make_writer(const Deck& deck, const ParamCatalog& cat,
                                                     MPI_Comm comm) {
-  std::filesystem::create_directories(deck.checkpoint.dir);
   return std::make_unique<ckpt::CheckpointWriter>(
       comm, cat, ckpt::parse_codec(deck.checkpoint.codec),
       static_cast<int>(deck.checkpoint.anchor_every), deck.checkpoint.dir,
@@ -210,13 +209,18 @@ void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world) 
   MPI_CHECK(MPI_Comm_rank(world, &rank));
   MPI_CHECK(MPI_Comm_size(world, &size));
   const std::string dir = deck.run.out_dir + "/trace";
-  std::filesystem::create_directories(dir);
-  trace.write(dir + "/rank-" + std::to_string(rank) + ".json");
-  MPI_CHECK(MPI_Barrier(world));
-  if (rank != 0) return;
-  std::vector<std::string> files;
-  for (int r = 0; r < size; ++r) files.push_back(dir + "/rank-" + std::to_string(r) + ".json");
-  TraceRecorder::merge(files, dir + "/trace.json");
+  // A rank that cannot write its file is one error for the job; the agreement is also the
+  // barrier before rank 0 reads every file.
+  run_collectively(world, ErrorScope::job, [&] {
+    create_output_directory(dir);
+    trace.write(dir + "/rank-" + std::to_string(rank) + ".json");
+  });
+  run_collectively(world, ErrorScope::job, [&] {
+    if (rank != 0) return;
+    std::vector<std::string> files;
+    for (int r = 0; r < size; ++r) files.push_back(dir + "/rank-" + std::to_string(r) + ".json");
+    TraceRecorder::merge(files, dir + "/trace.json");
+  });
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // wait(), where HDF5's zstd filter copies the prepared frames instead of compressing.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/core/timer.hpp"
+#include "pdtrain/io/output_file.hpp"
 #include "precompress.hpp"
 
 namespace pdtrain::ckpt {
@@ -477,7 +479,7 @@ CheckpointWriter::CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& ca
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec)
-      err = std::make_unique<Error>(ExitCode::runtime, "cannot create checkpoint directory " +
+      err = std::make_unique<Error>(ExitCode::data, "cannot create checkpoint directory " +
                                                            dir_ + ": " + ec.message());
   }
   rethrow_collectively(comm_, err.get(), ErrorScope::group);
@@ -586,10 +588,12 @@ void CheckpointWriter::write_file(const Job& j, const Agreed& agreed) {
     write_contents(w, j, catalog_, agreed);
   } catch (const Error& e) {
     detail::PrecompressedChunks::activate(nullptr);
-    // A failed write is a runtime fault (disk full, ...), not a bad input file. Another holder
-    // may be inside a collective HDF5 call that will never complete: end the job.
-    if (size_ > 1) fatal_abort(ExitCode::runtime, e.what());
-    throw Error(ExitCode::runtime, e.what());
+    // A failed write (a full disk, ...) is an I/O error, status 4. The half-written file goes
+    // (the previous checkpoints stay as they are); another holder may be inside a collective
+    // HDF5 call that will never complete: end the job.
+    std::remove(j.tmp.c_str());
+    if (size_ > 1) fatal_abort(ExitCode::data, e.what());
+    throw Error(ExitCode::data, e.what());
   }
   detail::PrecompressedChunks::activate(nullptr);
   stats_ = WriteStats{};
@@ -604,7 +608,7 @@ void CheckpointWriter::publish(const Job& j) {
   if (rank_ == 0) {
     try {
       test_hooks::checkpoint_write_point("before_rename");
-      detail::publish(j.tmp, j.path);
+      publish_file(j.tmp, j.path);  // removes j.tmp if it fails
       test_hooks::checkpoint_write_point("before_latest");
       detail::write_latest(dir_, detail::base_of(j.path));
       stats_.deleted = detail::apply_retention(dir_, j.step, keep_);
@@ -612,7 +616,7 @@ void CheckpointWriter::publish(const Job& j) {
     } catch (const Error& e) {
       err = std::make_unique<Error>(e);
     } catch (const std::exception& e) {
-      err = std::make_unique<Error>(ExitCode::runtime, "checkpoint " + j.path + ": " + e.what());
+      err = std::make_unique<Error>(ExitCode::data, "checkpoint " + j.path + ": " + e.what());
     }
   }
   rethrow_collectively(comm_, err.get(), ErrorScope::group);
