@@ -19,6 +19,7 @@
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "pdtrain/io/output_file.hpp"
+#include "pdtrain/io/run_lock.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/layout/layout.hpp"
@@ -50,6 +51,7 @@ class OrderedComm {
 };
 
 // Defined below, in the order run_training() uses them.
+std::vector<std::unique_ptr<RunLock>> lock_output_dirs(const Deck& deck);
 void write_resolved_deck(const Deck& deck);
 TraceRecorder trace_recorder(const Deck& deck, const Layout& layout);
 void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
@@ -63,12 +65,13 @@ void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world);
 
 TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts) {
   Setup setup;
+  std::vector<std::unique_ptr<RunLock>> locks;  // held until the run returns
   run_collectively(job, ErrorScope::job, [&] {
     setup = make_setup(deck, job, opts.eval_batches > 0);
     int job_rank = 0;
     MPI_CHECK(MPI_Comm_rank(job, &job_rank));
     if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) {
-      create_output_directory(deck.run.out_dir);
+      locks = lock_output_dirs(deck);  // before anything is written there
       write_resolved_deck(deck);
     }
   });
@@ -102,6 +105,28 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
 }
 
 namespace {
+
+// Whether `dir` is `top` or lies below it (the default checkpoint.dir, OUT/checkpoints).
+bool lies_within(const std::string& dir, const std::string& top) {
+  namespace fs = std::filesystem;
+  const fs::path rel = fs::weakly_canonical(dir).lexically_relative(fs::weakly_canonical(top));
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// One run per directory (io/run_lock): run.out_dir, and checkpoint.dir when it lies elsewhere
+// (two runs with their own out_dir may share one). A lock left by a dead run is taken over.
+std::vector<std::unique_ptr<RunLock>> lock_output_dirs(const Deck& deck) {
+  std::vector<std::unique_ptr<RunLock>> locks;
+  const auto lock = [&locks](const std::string& dir, const char* key) {
+    create_output_directory(dir);
+    std::string notice;
+    locks.push_back(RunLock::acquire(dir, key, &notice));
+    if (!notice.empty()) std::fprintf(stderr, "pdtrain: warning: %s\n", notice.c_str());
+  };
+  lock(deck.run.out_dir, "run.out_dir");
+  if (!lies_within(deck.checkpoint.dir, deck.run.out_dir)) lock(deck.checkpoint.dir, "checkpoint.dir");
+  return locks;
+}
 
 void write_resolved_deck(const Deck& deck) {
   write_file_atomically(deck.run.out_dir + "/deck.resolved.toml", deck.resolved_toml());
