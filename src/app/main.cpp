@@ -52,7 +52,7 @@ const char* kUsage =
     "  --help, --version\n"
     "\n"
     "Exit status: 0 ok, 1 runtime fault, 2 bad deck or command line, 3 impossible layout,\n"
-    "4 bad data file. Deck keys: docs/deck.md.\n";
+    "4 bad data file or an output that cannot be written. Deck keys: docs/deck.md.\n";
 
 struct CommandLine {
   std::string command = "train";  // train | eval
