@@ -15,19 +15,13 @@
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/io/metrics.hpp"
 
+#include "../support/scratch_dir.hpp"
+
 namespace pdtrain {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/pdtrain-out-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::string read(const fs::path& p) {
   std::ifstream in(p);
@@ -54,8 +48,8 @@ TEST(OutputFile, WriteOnAFullDiskNamesThePathAndTheCause) {
 }
 
 TEST(OutputFile, AtomicWriteThatFailsLeavesTheOriginalAndNoTemporary) {
-  TempDir d;
-  const fs::path file = d.path / "deck.resolved.toml", tmp = d.path / "deck.resolved.toml.tmp";
+  ScratchDir d;
+  const fs::path file = d / "deck.resolved.toml", tmp = file.string() + ".tmp";
   std::ofstream(file) << "old\n";
   fs::create_symlink("/dev/full", tmp);
   EXPECT_EQ(data_error([&] { write_file_atomically(file.string(), "new\n"); }),
@@ -77,19 +71,19 @@ std::string rows(int from, int to) {
 }
 
 TEST(MetricsWriter, RestartTrimThatCannotBeWrittenKeepsEveryRow) {
-  TempDir d;
-  const fs::path file = d.path / "metrics.csv";
+  ScratchDir d;
+  const fs::path file = d / "metrics.csv";
   const std::string before = kHeader + rows(1, 300);
   std::ofstream(file) << before;
-  fs::create_symlink("/dev/full", d.path / "metrics.csv.tmp");
+  fs::create_symlink("/dev/full", d / "metrics.csv.tmp");
   EXPECT_EQ(data_error([&] { MetricsWriter(file.string(), 97); }),
             "cannot write " + file.string() + ".tmp: No space left on device");
   EXPECT_EQ(read(file), before);
 }
 
 TEST(MetricsWriter, RestartKeepsTheRowsUpToItsCheckpointAndDropsARowCutShort) {
-  TempDir d;
-  const fs::path file = d.path / "metrics.csv";
+  ScratchDir d;
+  const fs::path file = d / "metrics.csv";
   std::ofstream(file) << kHeader + rows(1, 5) + "6,1.2";  // the last row cut mid-line
   {
     MetricsWriter m(file.string(), 3);
@@ -107,10 +101,10 @@ TEST(MetricsWriter, RestartKeepsTheRowsUpToItsCheckpointAndDropsARowCutShort) {
 }
 
 TEST(MetricsWriter, RestartWithNothingToTrimDoesNotRewrite) {
-  TempDir d;  // a full disk must not stop a restart whose rows are all kept
-  const fs::path file = d.path / "metrics.csv";
+  ScratchDir d;  // a full disk must not stop a restart whose rows are all kept
+  const fs::path file = d / "metrics.csv";
   std::ofstream(file) << kHeader + rows(1, 3);
-  fs::create_symlink("/dev/full", d.path / "metrics.csv.tmp");
+  fs::create_symlink("/dev/full", d / "metrics.csv.tmp");
   MetricsWriter m(file.string(), 3);
   EXPECT_EQ(read(file), kHeader + rows(1, 3));
 }

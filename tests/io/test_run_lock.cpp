@@ -12,20 +12,13 @@
 
 #include "pdtrain/core/error.hpp"
 
+#include "../support/scratch_dir.hpp"
+
 namespace pdtrain {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/pdtrain-lock-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-};
 
 std::string host() {
   char name[256] = {0};
@@ -40,15 +33,15 @@ std::string boot() {
   return id;
 }
 
-void write_lock_file(const TempDir& d, const std::string& line) {
-  std::ofstream(d.path / "pdtrain.lock") << line << "\n";
+void write_lock_file(const ScratchDir& d, const std::string& line) {
+  std::ofstream(d / "pdtrain.lock") << line << "\n";
 }
 
 // The message of the Error that acquiring throws ("" if it does not throw).
-std::string refusal(const TempDir& d) {
+std::string refusal(const ScratchDir& d) {
   std::string notice;
   try {
-    RunLock::acquire(d.str(), "run.out_dir", &notice);
+    RunLock::acquire(d.path(), "run.out_dir", &notice);
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::data);
     return e.what();
@@ -57,33 +50,33 @@ std::string refusal(const TempDir& d) {
 }
 
 TEST(RunLock, ASecondLockOnTheDirectoryIsRefusedNamingHostAndPid) {
-  TempDir d;
+  ScratchDir d;
   std::string notice;
-  auto held = RunLock::acquire(d.str(), "run.out_dir", &notice);
+  auto held = RunLock::acquire(d.path(), "run.out_dir", &notice);
   EXPECT_EQ(notice, "");
-  EXPECT_NE(refusal(d).find("run.out_dir " + d.str() + " is in use by another run: host " + host() +
+  EXPECT_NE(refusal(d).find("run.out_dir " + d.path() + " is in use by another run: host " + host() +
                             ", pid " + std::to_string(getpid())),
             std::string::npos)
       << refusal(d);
 }
 
 TEST(RunLock, ReleasedLockIsFreeWithoutNotice) {
-  TempDir d;
+  ScratchDir d;
   std::string notice;
-  RunLock::acquire(d.str(), "run.out_dir", &notice).reset();
-  auto again = RunLock::acquire(d.str(), "run.out_dir", &notice);
+  RunLock::acquire(d.path(), "run.out_dir", &notice).reset();
+  auto again = RunLock::acquire(d.path(), "run.out_dir", &notice);
   EXPECT_EQ(notice, "");
 }
 
 TEST(RunLock, LockOfAKilledProcessIsTakenOverWithANotice) {
-  TempDir d;
+  ScratchDir d;
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {  // holds the lock until killed
     std::string notice;
-    auto lock = RunLock::acquire(d.str(), "run.out_dir", &notice);
+    auto lock = RunLock::acquire(d.path(), "run.out_dir", &notice);
     (void)!write(ready[1], "x", 1);
     for (;;) pause();
   }
@@ -94,23 +87,23 @@ TEST(RunLock, LockOfAKilledProcessIsTakenOverWithANotice) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   std::string notice;
-  auto lock = RunLock::acquire(d.str(), "run.out_dir", &notice);
+  auto lock = RunLock::acquire(d.path(), "run.out_dir", &notice);
   EXPECT_NE(notice.find("taking over the lock of a run that is gone (host " + host() + ", pid " + pid),
             std::string::npos) << notice;
   EXPECT_NE(notice.find("that process no longer runs"), std::string::npos) << notice;
 }
 
 TEST(RunLock, LockOfAnotherHostWhoseFcntlLockIsGoneIsTakenOver) {
-  TempDir d;
+  ScratchDir d;
   write_lock_file(d, "host=elsewhere pid=4242 start=7 boot=b job=991 since=2026-01-01T00:00:00Z");
   std::string notice;
-  auto lock = RunLock::acquire(d.str(), "run.out_dir", &notice);
+  auto lock = RunLock::acquire(d.path(), "run.out_dir", &notice);
   EXPECT_NE(notice.find("host elsewhere, pid 4242 (Slurm job 991)"), std::string::npos) << notice;
   EXPECT_NE(notice.find("its lock vanished with its process"), std::string::npos) << notice;
 }
 
 TEST(RunLock, LiveProcessOfThisHostIsRefusedEvenWithoutItsFcntlLock) {
-  TempDir d;  // a file system that did not keep the lock: the PID still runs, same start
+  ScratchDir d;  // a file system that did not keep the lock: the PID still runs, same start
   write_lock_file(d, "host=" + host() + " pid=" + std::to_string(getppid()) + " start=0 boot=" +
                          boot() + " job=- since=x");
   const std::string why = refusal(d);
@@ -119,20 +112,20 @@ TEST(RunLock, LiveProcessOfThisHostIsRefusedEvenWithoutItsFcntlLock) {
 }
 
 TEST(RunLock, PidReusedByAProcessStartedLaterIsDead) {
-  TempDir d;
+  ScratchDir d;
   write_lock_file(d, "host=" + host() + " pid=" + std::to_string(getppid()) + " start=1 boot=" +
                          boot() + " job=- since=x");
   std::string notice;
-  auto lock = RunLock::acquire(d.str(), "run.out_dir", &notice);
+  auto lock = RunLock::acquire(d.path(), "run.out_dir", &notice);
   EXPECT_NE(notice.find("that process no longer runs"), std::string::npos) << notice;
 }
 
 TEST(RunLock, LockFromAnEarlierBootIsDead) {
-  TempDir d;
+  ScratchDir d;
   write_lock_file(d, "host=" + host() + " pid=" + std::to_string(getppid()) +
                          " start=0 boot=another-boot job=- since=x");
   std::string notice;
-  auto lock = RunLock::acquire(d.str(), "run.out_dir", &notice);
+  auto lock = RunLock::acquire(d.path(), "run.out_dir", &notice);
   EXPECT_NE(notice.find("this host has rebooted since"), std::string::npos) << notice;
 }
 
