@@ -4,9 +4,9 @@
 #   fresh:      run.out_dir on a 16 KiB disk: status 4 naming metrics.csv; the rows written are
 #               whole and equal (step, loss, val_loss, lr, grad_norm) to those of a run on a
 #               roomy disk (stopped after 150 of its 300 steps).
-#   restart:    a run of 300 steps, its last checkpoint (300) removed, the disk filled but for
-#               two pages; --restart auto (from 200) must trim metrics.csv to rows 1..200 and
-#               cannot: status 4 naming metrics.csv, every one of the 300 rows still there.
+#   restart:    a run of 150 steps, its last checkpoint (150) removed, the disk filled but for
+#               two pages; --restart auto (from 100) must trim metrics.csv to rows 1..100 and
+#               cannot: status 4 naming metrics.csv, every one of the 150 rows still there.
 #   checkpoint: checkpoint.dir on a disk with room for two checkpoints: the third ends the job
 #               with status 4 naming its .tmp; the first two stay readable, no .tmp is left.
 # Mounting needs root (or CAP_SYS_ADMIN): without it the test says so and exits 77, which
@@ -70,20 +70,20 @@ fresh)
   ;;
 restart)
   mount_disk 64k
-  train "$mnt/run" "$work/ckpt" --set run.steps=300 --set checkpoint.every=100
+  train "$mnt/run" "$work/ckpt" --set run.steps=150 --set checkpoint.every=50
   rc=$?
   [ $rc -eq 0 ] || { echo "FAIL: the first run exited $rc"; fail=1; finish ""; }
-  rm "$work/ckpt/ckpt-00000300.h5"
+  rm "$work/ckpt/ckpt-00000150.h5"
   cp "$mnt/run/metrics.csv" "$work/before.csv"
   free=$(stat -f -c %a "$mnt")
   dd if=/dev/zero of="$mnt/filler" bs=4096 count=$((free - 2)) 2>/dev/null
-  train "$mnt/run" "$work/ckpt" --set run.steps=300 --set checkpoint.every=100 --restart auto
+  train "$mnt/run" "$work/ckpt" --set run.steps=150 --set checkpoint.every=50 --restart auto
   rc=$?
   expect 4 "cannot write $mnt/run/metrics.csv.tmp: No space left on device"
-  grep -q "restart: from $work/ckpt/ckpt-00000200.h5" "$log" || { echo "FAIL: not restarted from step 200"; fail=1; }
-  cmp -s "$work/before.csv" "$mnt/run/metrics.csv" || { echo "FAIL: metrics.csv changed: $(( $(wc -l <"$mnt/run/metrics.csv") - 1 )) rows of 300 left"; fail=1; }
+  grep -q "restart: from $work/ckpt/ckpt-00000100.h5" "$log" || { echo "FAIL: not restarted from step 100"; fail=1; }
+  cmp -s "$work/before.csv" "$mnt/run/metrics.csv" || { echo "FAIL: metrics.csv changed: $(( $(wc -l <"$mnt/run/metrics.csv") - 1 )) rows of 150 left"; fail=1; }
   [ ! -e "$mnt/run/metrics.csv.tmp" ] || { echo "FAIL: metrics.csv.tmp left behind"; fail=1; }
-  finish "restart on a full disk: status 4 naming metrics.csv, all 300 rows kept"
+  finish "restart on a full disk: status 4 naming metrics.csv, all 150 rows kept"
   ;;
 checkpoint)
   mount_disk 3m
