@@ -106,10 +106,14 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
 
 namespace {
 
-// Whether `dir` is `top` or lies below it (the default checkpoint.dir, OUT/checkpoints).
+// Whether `dir` is `top` or lies below it (the default checkpoint.dir, OUT/checkpoints); false
+// when either cannot be resolved, so that both get locked.
 bool lies_within(const std::string& dir, const std::string& top) {
   namespace fs = std::filesystem;
-  const fs::path rel = fs::weakly_canonical(dir).lexically_relative(fs::weakly_canonical(top));
+  std::error_code e1, e2;
+  const fs::path d = fs::weakly_canonical(dir, e1), t = fs::weakly_canonical(top, e2);
+  if (e1 || e2) return false;
+  const fs::path rel = d.lexically_relative(t);
   return !rel.empty() && *rel.begin() != "..";
 }
 

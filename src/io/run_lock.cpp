@@ -29,17 +29,41 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Field 22 of /proc/PID/stat, counted after the command name (which may hold spaces); 0 if
-// the process does not exist.
-long long start_ticks(long pid) {
+// The lock file's contents through its own descriptor: opening and closing the file again
+// would drop a classic (non-OFD) fcntl lock of this process.
+std::string read_fd(int fd) {
+  std::string text;
+  char buf[512];
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, buf, sizeof(buf), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return text;
+    text.append(buf, static_cast<std::size_t>(n));
+    at += n;
+  }
+}
+
+// A process as /proc/PID/stat describes it: its state (field 3) and start time (field 22,
+// clock ticks after boot), counted after the command name, which may hold spaces.
+struct ProcStat {
+  bool exists = false;
+  char state = '?';
+  long long start = 0;
+};
+
+ProcStat proc_stat(long pid) {
   const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  ProcStat p;
   const std::size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return 0;
+  if (paren == std::string::npos) return p;
   std::istringstream rest(stat.substr(paren + 1));
   std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i)
-    if (i == 22) return std::atoll(field.c_str());
-  return 0;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 3) p.state = field[0];
+    if (i == 22) p.start = std::atoll(field.c_str());
+  }
+  p.exists = true;
+  return p;
 }
 
 std::string this_host() {
@@ -59,7 +83,7 @@ Holder this_process() {
   h.host = this_host();
   h.boot = boot_id();
   h.pid = static_cast<long>(getpid());
-  h.start = start_ticks(h.pid);
+  h.start = proc_stat(h.pid).start;
   const char* job = std::getenv("SLURM_JOB_ID");
   h.job = job && *job ? job : "-";
   char since[32];
@@ -104,13 +128,16 @@ std::string describe(const Holder& h) {
   return s;
 }
 
-// Whether `h` is a process that still runs on this host: the same boot, its PID exists and
-// started at the same time (a PID is reused by processes that start later).
+// Whether `h` is a process that still runs on this host: the same boot, its PID exists, is
+// not a zombie (a killed rank not yet reaped) and started at the same time (a PID is reused by
+// processes that start later).
 bool alive_here(const Holder& h, const Holder& me) {
   if (h.host != me.host || h.boot != me.boot || h.pid <= 0) return false;
   if (kill(static_cast<pid_t>(h.pid), 0) != 0 && errno != EPERM) return false;
-  const long long start = start_ticks(h.pid);
-  return start == 0 || h.start == 0 || start == h.start;
+  const ProcStat p = proc_stat(h.pid);
+  if (!p.exists) return true;  // no /proc to ask: kill() says it exists
+  if (p.state == 'Z' || p.state == 'X') return false;
+  return h.start == 0 || p.start == h.start;
 }
 
 enum class Lock { taken, held_by_other, unsupported };
@@ -134,7 +161,7 @@ Lock try_lock(int fd) {
 }
 
 // Whether a lock left by `old` (whose fcntl lock, if any, is gone) may be taken over; `why`
-// says why its run is dead, `refusal` why it may still be alive.
+// says why its run is dead, or why it may still be alive.
 bool stale(const Holder& old, const Holder& me, Lock got, std::string& why) {
   if (alive_here(old, me)) {
     why = "it still runs on this host, though the file system did not keep its lock";
@@ -168,7 +195,7 @@ std::unique_ptr<RunLock> RunLock::acquire(const std::string& dir, const std::str
   const Lock got = try_lock(fd);
   const Holder me = this_process();
   Holder old;
-  const bool had_holder = parse(read_text(path), old);
+  const bool had_holder = parse(read_fd(fd), old);
   const std::string in_use = key + " " + dir + " is in use by another run: ";
   const std::string advice = " (lock file " + path + "); wait for it to end or choose another " + key;
   if (got == Lock::held_by_other) {

@@ -93,6 +93,24 @@ TEST(RunLock, LockOfAKilledProcessIsTakenOverWithANotice) {
   EXPECT_NE(notice.find("that process no longer runs"), std::string::npos) << notice;
 }
 
+TEST(RunLock, LockOfADeadProcessNotYetReapedIsTakenOver) {
+  ScratchDir d;  // a killed rank is a zombie until its parent reaps it; its lock is gone
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string notice;
+    RunLock::acquire(d.path(), "run.out_dir", &notice).release();  // dies holding it
+    _exit(0);
+  }
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, child, &info, WEXITED | WNOWAIT), 0);  // exited, still a zombie
+  std::string notice;
+  auto lock = RunLock::acquire(d.path(), "run.out_dir", &notice);
+  EXPECT_NE(notice.find("pid " + std::to_string(child)), std::string::npos) << notice;
+  EXPECT_NE(notice.find("that process no longer runs"), std::string::npos) << notice;
+  waitpid(child, nullptr, 0);
+}
+
 TEST(RunLock, LockOfAnotherHostWhoseFcntlLockIsGoneIsTakenOver) {
   ScratchDir d;
   write_lock_file(d, "host=elsewhere pid=4242 start=7 boot=b job=991 since=2026-01-01T00:00:00Z");
