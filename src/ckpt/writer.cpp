@@ -432,6 +432,16 @@ Agreed agree_before_writing(MPI_Comm comm, Job& j, const ParamCatalog& catalog) 
   return a;
 }
 
+// A failed write (a full disk, ...) is an I/O error, status 4: the half-written file goes, the
+// previous checkpoints stay as they are. With several holders another one may be inside a
+// collective HDF5 call that will never complete: the job ends at once.
+[[noreturn]] void abandon_write(const std::string& tmp, const Error& e, int holders) {
+  detail::PrecompressedChunks::activate(nullptr);
+  std::remove(tmp.c_str());
+  if (holders > 1) fatal_abort(ExitCode::data, e.what());
+  throw Error(ExitCode::data, e.what());
+}
+
 // The datasets and attributes, in the order the test hooks name; `complete` last.
 void write_contents(FileWriter& w, const Job& j, const ParamCatalog& catalog, const Agreed& a) {
   test_hooks::checkpoint_write_point("file_created");
@@ -585,15 +595,16 @@ void CheckpointWriter::write_file(const Job& j, const Agreed& agreed) {
   detail::PrecompressedChunks::activate(&j.chunks);
   try {
     FileWriter w(j, agreed.geom, agreed.calls, level_, comm_, rank_, size_);
-    write_contents(w, j, catalog_, agreed);
+    try {
+      write_contents(w, j, catalog_, agreed);
+    } catch (const Error& e) {
+      // Several holders: end the job before w's destructor closes the file, a collective call
+      // that would wait forever for the holders inside another collective HDF5 call.
+      if (size_ > 1) abandon_write(j.tmp, e, size_);
+      throw;
+    }
   } catch (const Error& e) {
-    detail::PrecompressedChunks::activate(nullptr);
-    // A failed write (a full disk, ...) is an I/O error, status 4. The half-written file goes
-    // (the previous checkpoints stay as they are); another holder may be inside a collective
-    // HDF5 call that will never complete: end the job.
-    std::remove(j.tmp.c_str());
-    if (size_ > 1) fatal_abort(ExitCode::data, e.what());
-    throw Error(ExitCode::data, e.what());
+    abandon_write(j.tmp, e, size_);
   }
   detail::PrecompressedChunks::activate(nullptr);
   stats_ = WriteStats{};

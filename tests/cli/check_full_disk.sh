@@ -8,7 +8,9 @@
 #               two pages; --restart auto (from 100) must trim metrics.csv to rows 1..100 and
 #               cannot: status 4 naming metrics.csv, every one of the 150 rows still there.
 #   checkpoint: checkpoint.dir on a disk with room for two checkpoints: the third ends the job
-#               with status 4 naming its .tmp; the first two stay readable, no .tmp is left.
+#               with status 4 naming its .tmp; the first two stay readable, no .tmp is left;
+#               with one holder and with two (collective MPI-IO writes; the launcher's last
+#               word, its rank count, is replaced by holders + 2).
 # Mounting needs root (or CAP_SYS_ADMIN): without it the test says so and exits 77, which
 # ctest reports as skipped, never as passed.
 # Usage: check_full_disk.sh fresh|restart|checkpoint PDTRAIN WORK_DIR -- mpirun-prefix...
@@ -33,7 +35,7 @@ mount_disk() {  # SIZE
 train() {  # OUT_DIR CHECKPOINT_DIR args...: a run of the default deck, its output in $log
   local out=$1 ckpt=$2
   shift 2
-  timeout --kill-after=5 120 "${launch[@]}" "$pdtrain" --set run.out_dir="$out" \
+  timeout --kill-after=5 60 "${launch[@]}" "$pdtrain" --set run.out_dir="$out" \
     --set checkpoint.dir="$ckpt" "$@" >"$log" 2>&1
 }
 
@@ -85,18 +87,25 @@ restart)
   [ ! -e "$mnt/run/metrics.csv.tmp" ] || { echo "FAIL: metrics.csv.tmp left behind"; fail=1; }
   finish "restart on a full disk: status 4 naming metrics.csv, all 150 rows kept"
   ;;
-checkpoint)
+checkpoint)  # one holder (HDF5's POSIX driver), then two (MPI-IO, collective writes)
   mount_disk 3m
-  train "$work/run" "$mnt/ckpt" --set run.steps=100 --set checkpoint.every=20 --set checkpoint.keep=10
-  rc=$?
-  expect 4 "checkpoint $mnt/ckpt/ckpt-00000060.h5.tmp"
-  for s in 20 40; do
-    "$pdtrain" inspect "$mnt/ckpt/ckpt-000000$s.h5" >/dev/null 2>&1 || { echo "FAIL: ckpt-000000$s.h5 unreadable"; fail=1; }
+  for holders in 1 2; do
+    rm -rf "$mnt/ckpt"
+    launch=("${@:1:$#-1}" $((holders + 2)))  # the launcher's last word is its rank count
+    train "$work/run-$holders" "$mnt/ckpt" --set parallel.holders=$holders --set run.steps=100 \
+      --set checkpoint.every=20 --set checkpoint.keep=10
+    rc=$?
+    echo "$holders holder(s): exit status $rc"
+    expect 4 "checkpoint $mnt/ckpt/ckpt-00000060.h5.tmp"
+    for s in 20 40; do
+      "$pdtrain" inspect "$mnt/ckpt/ckpt-000000$s.h5" >/dev/null 2>&1 || { echo "FAIL: ckpt-000000$s.h5 unreadable"; fail=1; }
+    done
+    left=$(ls "$mnt/ckpt" | grep '\.tmp$')
+    [ -z "$left" ] || { echo "FAIL: left behind: $left"; fail=1; }
+    grep -qx "ckpt-00000040.h5" "$mnt/ckpt/latest" || { echo "FAIL: latest is not ckpt-00000040.h5"; fail=1; }
+    [ $fail -eq 0 ] || finish ""
   done
-  left=$(ls "$mnt/ckpt" | grep '\.tmp$')
-  [ -z "$left" ] || { echo "FAIL: left behind: $left"; fail=1; }
-  grep -qx "ckpt-00000040.h5" "$mnt/ckpt/latest" || { echo "FAIL: latest is not ckpt-00000040.h5"; fail=1; }
-  finish "checkpoint on a full disk: status 4 naming its .tmp, removed; the earlier two intact"
+  finish "checkpoint on a full disk (1 and 2 holders): status 4 naming its .tmp, removed; the earlier two intact"
   ;;
 *)
   echo "usage: check_full_disk.sh fresh|restart|checkpoint PDTRAIN WORK_DIR -- mpirun..."
