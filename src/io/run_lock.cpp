@@ -184,6 +184,28 @@ bool stale(const Holder& old, const Holder& me, Lock got, std::string& why) {
   return false;
 }
 
+// Why `key` `dir` cannot be used: `old` holds its lock (nullptr: a run that has not yet
+// written its name), `why` says why it may be alive ("" when its fcntl lock is held).
+std::string in_use(const std::string& key, const std::string& dir, const std::string& path,
+                   const Holder* old, const std::string& why) {
+  std::string s = key + " " + dir + " is in use by another run: " +
+                  (old ? describe(*old) : "one that is starting");
+  if (!why.empty()) s += " (" + why + ")";
+  s += " (lock file " + path + "); wait for it to end or choose another " + key;
+  if (!why.empty()) s += ", or remove " + path + " if that run is gone";
+  return s;
+}
+
+// Writes this process's line into the lock file it holds.
+void claim(int fd, const std::string& path, const Holder& me) {
+  const std::string line = to_line(me);
+  if (::ftruncate(fd, 0) != 0) fail("cannot write the lock file", path, errno);
+  errno = 0;
+  if (::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
+    fail("cannot write the lock file", path, errno ? errno : ENOSPC);
+  if (::fsync(fd) != 0) fail("cannot fsync the lock file", path, errno);
+}
+
 }  // namespace
 
 std::unique_ptr<RunLock> RunLock::acquire(const std::string& dir, const std::string& key,
@@ -196,30 +218,16 @@ std::unique_ptr<RunLock> RunLock::acquire(const std::string& dir, const std::str
   const Holder me = this_process();
   Holder old;
   const bool had_holder = parse(read_fd(fd), old);
-  const std::string in_use = key + " " + dir + " is in use by another run: ";
-  const std::string advice = " (lock file " + path + "); wait for it to end or choose another " + key;
-  if (got == Lock::held_by_other) {
-    lock->fd_ = -1;  // not ours: leave its contents alone
+  std::string why;
+  if (got == Lock::held_by_other || (had_holder && !stale(old, me, got, why))) {
+    lock->fd_ = -1;  // not ours: the holder's line stays
     ::close(fd);
-    throw Error(ExitCode::data, in_use + (had_holder ? describe(old) : "one that is starting") + advice);
+    throw Error(ExitCode::data, in_use(key, dir, path, had_holder ? &old : nullptr, why));
   }
-  notice->clear();
-  if (had_holder) {
-    std::string why;
-    if (!stale(old, me, got, why)) {
-      lock->fd_ = -1;
-      ::close(fd);
-      throw Error(ExitCode::data, in_use + describe(old) + " (" + why + ")" + advice +
-                                      ", or remove " + path + " if that run is gone");
-    }
-    *notice = key + " " + dir + ": taking over the lock of a run that is gone (" +
-              describe(old) + ": " + why + ")";
-  }
-  const std::string line = to_line(me);
-  if (::ftruncate(fd, 0) != 0) fail("cannot write the lock file", path, errno);
-  if (::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
-    fail("cannot write the lock file", path, errno ? errno : ENOSPC);
-  if (::fsync(fd) != 0) fail("cannot fsync the lock file", path, errno);
+  *notice = had_holder ? key + " " + dir + ": taking over the lock of a run that is gone (" +
+                             describe(old) + ": " + why + ")"
+                       : "";
+  claim(fd, path, me);
   return lock;
 }
 
