@@ -56,10 +56,10 @@ finish() {
 launch=("$@")
 case "$mode" in
 fresh)
+  mount_disk 16k
   train "$work/roomy" "$work/roomy-ckpt" --set run.steps=300 --stop-after 150
   rc=$?
   [ $rc -eq 0 ] || { echo "FAIL: the run on a roomy disk exited $rc"; fail=1; finish ""; }
-  mount_disk 16k
   train "$mnt/run" "$work/ckpt" --set run.steps=300
   rc=$?
   expect 4 "cannot write $mnt/run/metrics.csv: No space left on device"
