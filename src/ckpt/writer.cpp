@@ -486,11 +486,11 @@ CheckpointWriter::CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& ca
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
   std::unique_ptr<Error> err;
   if (rank_ == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (ec)
-      err = std::make_unique<Error>(ExitCode::data, "cannot create checkpoint directory " +
-                                                           dir_ + ": " + ec.message());
+    try {
+      create_output_directory(dir_);
+    } catch (const Error& e) {
+      err = std::make_unique<Error>(e);
+    }
   }
   rethrow_collectively(comm_, err.get(), ErrorScope::group);
 }
