@@ -27,7 +27,7 @@ target_include_directories(pdtrain::hdf5 SYSTEM INTERFACE ${HDF5_C_INCLUDE_DIRS}
 target_link_libraries(pdtrain::hdf5 INTERFACE ${HDF5_C_LIBRARIES} MPI::MPI_CXX)
 target_compile_definitions(pdtrain::hdf5 INTERFACE ${HDF5_C_DEFINITIONS})
 
-pdtrain_part(ckpt DEPS pdtrain_core pdtrain_model pdtrain_optim pdtrain::hdf5 pdtrain::zstd)
+pdtrain_part(ckpt DEPS pdtrain_core pdtrain_io pdtrain_model pdtrain_optim pdtrain::hdf5 pdtrain::zstd)
 
 # The plugin: the same filter source, exporting H5PLget_plugin_type/H5PLget_plugin_info only.
 # It links zstd but not HDF5 (h5dump links the serial HDF5; a second HDF5 must not load).

@@ -14,6 +14,7 @@
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/core/signals.hpp"
+#include "pdtrain/io/output_file.hpp"
 
 namespace pdtrain {
 
@@ -64,6 +65,7 @@ TrainResult ComputeLoop::run() {
     PDT_CHECK(pending_.empty(), "step " + std::to_string(pending_.empty() ? 0 : pending_.front().step) +
                                     " never learnt its update (gradient norm, lr) from the holders: "
                                     "its metrics.csv row would be lost");
+    metrics_->close();  // a full disk may show only at fsync
   }
   result.params_crc32c = service_->finish();
   result.wall_seconds = now_seconds() - t_start;
@@ -349,7 +351,7 @@ void ComputeLoop::open_outputs() {
 
 void ComputeLoop::write_heat_map() {
   const std::string dir = deck_.run.out_dir + "/pd_heat";
-  std::filesystem::create_directories(dir);
+  create_output_directory(dir);
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(layout_.world(), &rank));
   cache_->write_heat_map(dir + "/rank-" + std::to_string(rank) + ".csv");

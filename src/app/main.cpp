@@ -52,7 +52,8 @@ const char* kUsage =
     "  --help, --version\n"
     "\n"
     "Exit status: 0 ok, 1 runtime fault, 2 bad deck or command line, 3 impossible layout,\n"
-    "4 bad data file or I/O (unwritable directory, bad checkpoint). Deck keys: docs/deck.md.\n";
+    "4 bad data file or I/O (unwritable directory, bad checkpoint, an output that cannot be\n"
+    "written). Deck keys: docs/deck.md.\n";
 
 struct CommandLine {
   std::string command = "train";  // train | eval

@@ -1,9 +1,10 @@
 #include "pdtrain/app/stage_cache.hpp"
 
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/io/output_file.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 
 namespace pdtrain {
@@ -63,7 +64,7 @@ void StageCache::landed(int block, int elem_bytes, std::int64_t row_begin, std::
 }
 
 void StageCache::write_heat_map(const std::string& path) const {
-  std::ofstream f(path);
+  std::ostringstream f;
   f << "block,name,unit,bytes,uses,fetches\n";
   const CacheStats& s = cache_.stats();
   for (int u = 0; u < params_.num_units(); ++u)
@@ -71,7 +72,7 @@ void StageCache::write_heat_map(const std::string& path) const {
       f << b << ',' << params_.catalog().block_name(params_.catalog().block(b)) << ','
         << params_.unit_name(u) << ',' << params_.catalog().block(b).bytes() << ','
         << s.unit_uses[u] << ',' << s.unit_fetches[u] << '\n';
-  if (!f) throw Error(ExitCode::runtime, "cannot write " + path);
+  write_file_atomically(path, f.str());
 }
 
 std::string StageCache::summary(double step_seconds) const {

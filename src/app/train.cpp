@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +18,8 @@
 #include "pdtrain/core/agreement.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/timer.hpp"
+#include "pdtrain/io/output_file.hpp"
+#include "pdtrain/io/run_lock.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/layout/layout.hpp"
@@ -50,6 +51,7 @@ class OrderedComm {
 };
 
 // Defined below, in the order run_training() uses them.
+std::vector<std::unique_ptr<RunLock>> lock_output_dirs(const Deck& deck);
 void write_resolved_deck(const Deck& deck);
 void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm world);
 TraceRecorder trace_recorder(const Deck& deck, const Layout& layout);
@@ -64,11 +66,15 @@ void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world);
 
 TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts) {
   Setup setup;
+  std::vector<std::unique_ptr<RunLock>> locks;  // held until the run returns
   run_collectively(job, ErrorScope::job, [&] {
     setup = make_setup(deck, job, opts.eval_batches > 0);
     int job_rank = 0;
     MPI_CHECK(MPI_Comm_rank(job, &job_rank));
-    if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) write_resolved_deck(deck);
+    if (job_rank == 0 && !opts.dry_run && opts.eval_batches == 0) {
+      locks = lock_output_dirs(deck);  // before anything is written there
+      write_resolved_deck(deck);
+    }
   });
   const OrderedComm ordered(job, setup.job_rank);
   const MPI_Comm world = ordered.get();
@@ -102,11 +108,34 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
 
 namespace {
 
+// Whether `dir` is `top` or lies below it (the default checkpoint.dir, OUT/checkpoints); false
+// when either cannot be resolved, so that both get locked.
+bool lies_within(const std::string& dir, const std::string& top) {
+  namespace fs = std::filesystem;
+  std::error_code e1, e2;
+  const fs::path d = fs::weakly_canonical(dir, e1), t = fs::weakly_canonical(top, e2);
+  if (e1 || e2) return false;
+  const fs::path rel = d.lexically_relative(t);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// One run per directory (io/run_lock): run.out_dir, and checkpoint.dir when it lies elsewhere
+// (two runs with their own out_dir may share one). A lock left by a dead run is taken over.
+std::vector<std::unique_ptr<RunLock>> lock_output_dirs(const Deck& deck) {
+  std::vector<std::unique_ptr<RunLock>> locks;
+  const auto lock = [&locks](const std::string& dir, const char* key) {
+    create_output_directory(dir);
+    std::string notice;
+    locks.push_back(RunLock::acquire(dir, key, &notice));
+    if (!notice.empty()) std::fprintf(stderr, "pdtrain: warning: %s\n", notice.c_str());
+  };
+  lock(deck.run.out_dir, "run.out_dir");
+  if (!lies_within(deck.checkpoint.dir, deck.run.out_dir)) lock(deck.checkpoint.dir, "checkpoint.dir");
+  return locks;
+}
+
 void write_resolved_deck(const Deck& deck) {
-  std::filesystem::create_directories(deck.run.out_dir);
-  std::ofstream f(deck.run.out_dir + "/deck.resolved.toml");
-  f << deck.resolved_toml();
-  if (!f) throw Error(ExitCode::runtime, "cannot write " + deck.run.out_dir + "/deck.resolved.toml");
+  write_file_atomically(deck.run.out_dir + "/deck.resolved.toml", deck.resolved_toml());
 }
 
 // Collective over the run: one epoch for every rank's trace, so the timelines line up in the
@@ -125,7 +154,6 @@ std::string layout_text(const LayoutShape& s) {
 
 std::unique_ptr<ckpt::CheckpointWriter> make_writer(const Deck& deck, const ParamCatalog& cat,
                                                     MPI_Comm comm) {
-  std::filesystem::create_directories(deck.checkpoint.dir);
   return std::make_unique<ckpt::CheckpointWriter>(
       comm, cat, ckpt::parse_codec(deck.checkpoint.codec),
       static_cast<int>(deck.checkpoint.anchor_every), deck.checkpoint.dir,
@@ -227,13 +255,18 @@ void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world) 
   MPI_CHECK(MPI_Comm_rank(world, &rank));
   MPI_CHECK(MPI_Comm_size(world, &size));
   const std::string dir = deck.run.out_dir + "/trace";
-  std::filesystem::create_directories(dir);
-  trace.write(dir + "/rank-" + std::to_string(rank) + ".json");
-  MPI_CHECK(MPI_Barrier(world));
-  if (rank != 0) return;
-  std::vector<std::string> files;
-  for (int r = 0; r < size; ++r) files.push_back(dir + "/rank-" + std::to_string(r) + ".json");
-  TraceRecorder::merge(files, dir + "/trace.json");
+  // A rank that cannot write its file is one error for the job; the agreement is also the
+  // barrier before rank 0 reads every file.
+  run_collectively(world, ErrorScope::job, [&] {
+    create_output_directory(dir);
+    trace.write(dir + "/rank-" + std::to_string(rank) + ".json");
+  });
+  run_collectively(world, ErrorScope::job, [&] {
+    if (rank != 0) return;
+    std::vector<std::string> files;
+    for (int r = 0; r < size; ++r) files.push_back(dir + "/rank-" + std::to_string(r) + ".json");
+    TraceRecorder::merge(files, dir + "/trace.json");
+  });
 }
 
 }  // namespace

@@ -1,8 +1,5 @@
 #include "files.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -14,6 +11,7 @@
 #include "format.hpp"
 #include "pdtrain/ckpt/checkpoint.hpp"
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/io/output_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -44,33 +42,8 @@ std::string dir_of(const std::string& path) {
 
 std::string base_of(const std::string& path) { return fs::path(path).filename().string(); }
 
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    if (fd >= 0) ::close(fd);
-    throw Error(ExitCode::runtime, "cannot fsync " + path + ": " + why);
-  }
-  ::close(fd);
-}
-
-void publish(const std::string& tmp, const std::string& final_path) {
-  fsync_path(tmp, false);  // the data is on disk before the name says the file is complete
-  if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
-    throw Error(ExitCode::runtime,
-                "cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno));
-  fsync_path(dir_of(final_path), true);  // and the rename itself survives a crash
-}
-
 void write_latest(const std::string& dir, const std::string& name) {
-  const std::string tmp = dir + "/latest.tmp", target = dir + "/latest";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << name << "\n";
-    out.close();
-    if (!out) throw Error(ExitCode::runtime, "cannot write " + tmp);
-  }
-  publish(tmp, target);
+  write_file_atomically(dir + "/latest", name + "\n");
 }
 
 std::optional<std::string> read_latest(const std::string& dir) {

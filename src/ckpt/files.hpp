@@ -1,6 +1,6 @@
 #pragma once
-// The checkpoint directory: atomic publication (fsync + rename), `latest`, listing and
-// retention (private). Only holder 0 calls these.
+// The checkpoint directory: `latest`, listing and retention (private); files are made durable
+// and renamed into place by io/output_file (publish_file). Only holder 0 calls these.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -8,11 +8,8 @@
 
 namespace pdtrain::ckpt::detail {
 
-// fsync of a file or directory; throws Error(runtime) naming the path.
-void fsync_path(const std::string& path, bool directory);
-// Makes `tmp` durable and gives it its final name: fsync(tmp), rename, fsync(directory).
-void publish(const std::string& tmp, const std::string& final_path);
-// <dir>/latest := name, atomically (written to latest.tmp, fsync'ed, renamed).
+// <dir>/latest := name, atomically (io/output_file's write_file_atomically: latest.tmp written,
+// fsync'ed, renamed; Error(data) naming the file if it cannot).
 void write_latest(const std::string& dir, const std::string& name);
 std::optional<std::string> read_latest(const std::string& dir);
 

@@ -9,6 +9,7 @@
 // wait(), where HDF5's zstd filter copies the prepared frames instead of compressing.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/core/timer.hpp"
+#include "pdtrain/io/output_file.hpp"
 #include "precompress.hpp"
 
 namespace pdtrain::ckpt {
@@ -430,6 +432,16 @@ Agreed agree_before_writing(MPI_Comm comm, Job& j, const ParamCatalog& catalog) 
   return a;
 }
 
+// A failed write (a full disk, ...) is an I/O error, status 4: the half-written file goes, the
+// previous checkpoints stay as they are. With several holders another one may be inside a
+// collective HDF5 call that will never complete: the job ends at once.
+[[noreturn]] void abandon_write(const std::string& tmp, const Error& e, int holders) {
+  detail::PrecompressedChunks::activate(nullptr);
+  std::remove(tmp.c_str());
+  if (holders > 1) fatal_abort(ExitCode::data, e.what());
+  throw Error(ExitCode::data, e.what());
+}
+
 // The datasets and attributes, in the order the test hooks name; `complete` last.
 void write_contents(FileWriter& w, const Job& j, const ParamCatalog& catalog, const Agreed& a) {
   test_hooks::checkpoint_write_point("file_created");
@@ -474,11 +486,11 @@ CheckpointWriter::CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& ca
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
   std::unique_ptr<Error> err;
   if (rank_ == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (ec)
-      err = std::make_unique<Error>(ExitCode::runtime, "cannot create checkpoint directory " +
-                                                           dir_ + ": " + ec.message());
+    try {
+      create_output_directory(dir_);
+    } catch (const Error& e) {
+      err = std::make_unique<Error>(e);
+    }
   }
   rethrow_collectively(comm_, err.get(), ErrorScope::group);
 }
@@ -583,13 +595,16 @@ void CheckpointWriter::write_file(const Job& j, const Agreed& agreed) {
   detail::PrecompressedChunks::activate(&j.chunks);
   try {
     FileWriter w(j, agreed.geom, agreed.calls, level_, comm_, rank_, size_);
-    write_contents(w, j, catalog_, agreed);
+    try {
+      write_contents(w, j, catalog_, agreed);
+    } catch (const Error& e) {
+      // Several holders: end the job before w's destructor closes the file, a collective call
+      // that would wait forever for the holders inside another collective HDF5 call.
+      if (size_ > 1) abandon_write(j.tmp, e, size_);
+      throw;
+    }
   } catch (const Error& e) {
-    detail::PrecompressedChunks::activate(nullptr);
-    // A failed write is a runtime fault (disk full, ...), not a bad input file. Another holder
-    // may be inside a collective HDF5 call that will never complete: end the job.
-    if (size_ > 1) fatal_abort(ExitCode::runtime, e.what());
-    throw Error(ExitCode::runtime, e.what());
+    abandon_write(j.tmp, e, size_);
   }
   detail::PrecompressedChunks::activate(nullptr);
   stats_ = WriteStats{};
@@ -604,7 +619,7 @@ void CheckpointWriter::publish(const Job& j) {
   if (rank_ == 0) {
     try {
       test_hooks::checkpoint_write_point("before_rename");
-      detail::publish(j.tmp, j.path);
+      publish_file(j.tmp, j.path);  // removes j.tmp if it fails
       test_hooks::checkpoint_write_point("before_latest");
       detail::write_latest(dir_, detail::base_of(j.path));
       stats_.deleted = detail::apply_retention(dir_, j.step, keep_);
@@ -612,7 +627,7 @@ void CheckpointWriter::publish(const Job& j) {
     } catch (const Error& e) {
       err = std::make_unique<Error>(e);
     } catch (const std::exception& e) {
-      err = std::make_unique<Error>(ExitCode::runtime, "checkpoint " + j.path + ": " + e.what());
+      err = std::make_unique<Error>(ExitCode::data, "checkpoint " + j.path + ": " + e.what());
     }
   }
   rethrow_collectively(comm_, err.get(), ErrorScope::group);

@@ -4,11 +4,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <cstring>
+#include <iterator>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/io/output_file.hpp"
 
 namespace pdtrain {
 
@@ -17,41 +18,50 @@ const char* kHeader =
     "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,fetch_ms,compute_ms,reduce_ms,push_ms,"
     "bubble\n";
 
-// The rows of steps <= last of an existing metrics file, written back atomically.
-void keep_rows_up_to(const std::string& path, std::int64_t last) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string line, kept = kHeader;
-  std::getline(in, line);  // header
-  while (std::getline(in, line))
-    if (!line.empty() && std::atoll(line.c_str()) <= last) kept += line + "\n";
-  const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << kept;
-  std::filesystem::rename(tmp, path);
+// Keeps the rows of steps <= last of an existing metrics file (dropping those an interrupted
+// run wrote after its last checkpoint, and a row cut short). A file that changes is rewritten
+// whole through a checked, fsync'ed temporary and a rename: a failure (a full disk) leaves it
+// as it was. Returns false if there is no file to resume.
+bool keep_rows_up_to(const std::string& path, std::int64_t last) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  const std::string old(std::istreambuf_iterator<char>(in), {});
+  if (in.bad()) throw Error(ExitCode::data, "cannot read " + path + ": " + std::strerror(errno));
+  std::string kept = kHeader;
+  std::size_t begin = old.find('\n');  // past the header
+  while (begin != std::string::npos && begin + 1 < old.size()) {
+    const std::size_t end = old.find('\n', begin + 1);
+    if (end == std::string::npos) break;  // a last row without its newline: cut short
+    const std::string row = old.substr(begin + 1, end - begin);
+    if (row.size() > 1 && std::atoll(row.c_str()) <= last) kept += row;
+    begin = end;
+  }
+  if (kept != old) write_file_atomically(path, kept);
+  return true;
 }
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, std::int64_t resume_step) {
-  const bool resume = resume_step > 0 && std::filesystem::exists(path);
-  if (resume) keep_rows_up_to(path, resume_step);
-  f_ = std::fopen(path.c_str(), resume ? "a" : "w");
-  if (!f_) throw Error(ExitCode::runtime, "cannot write " + path + ": " + std::strerror(errno));
-  if (!resume) std::fputs(kHeader, f_);
-  std::fflush(f_);
+  const bool resume = resume_step > 0 && keep_rows_up_to(path, resume_step);
+  file_ = std::make_unique<OutputFile>(
+      path, resume ? OutputFile::Mode::append : OutputFile::Mode::truncate);
+  if (!resume) file_->write(kHeader);
 }
 
-MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
-}
+MetricsWriter::~MetricsWriter() = default;
 
 void MetricsWriter::append(const StepRecord& r) {
   char val[32] = "";
   if (!std::isnan(r.val_loss)) std::snprintf(val, sizeof(val), "%.9g", r.val_loss);
-  std::fprintf(f_, "%lld,%.9g,%s,%.9g,%.9g,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f\n",
+  char row[512];
+  const int n = std::snprintf(row, sizeof(row), "%lld,%.9g,%s,%.9g,%.9g,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f\n",
                static_cast<long long>(r.step), r.loss, val, r.lr, r.grad_norm, r.tokens_per_s,
                r.step_ms, r.fetch_ms, r.compute_ms, r.reduce_ms, r.push_ms, r.bubble);
-  std::fflush(f_);
+  PDT_CHECK(n > 0 && n < static_cast<int>(sizeof(row)), "metrics row longer than its buffer");
+  file_->write(std::string_view(row, static_cast<std::size_t>(n)));  // one write(2): whole or cut off
 }
+
+void MetricsWriter::close() { file_->close(); }
 
 std::string format_duration(double seconds) {
   const long s = std::lround(std::max(0.0, seconds));

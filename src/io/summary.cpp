@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/io/output_file.hpp"
 
 namespace pdtrain {
 
@@ -76,7 +77,7 @@ void write_svg(const std::vector<RunSummary>& runs, const std::string& path) {
   auto y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
   const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  std::ofstream f(path);
+  std::ostringstream f;
   f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
@@ -100,7 +101,7 @@ void write_svg(const std::vector<RunSummary>& runs, const std::string& path) {
       << runs[i].name << "</text>\n";
   }
   f << "</svg>\n";
-  if (!f) throw Error(ExitCode::runtime, "cannot write " + path);
+  write_file_atomically(path, f.str());
 }
 
 }  // namespace
@@ -160,7 +161,7 @@ std::vector<RunSummary> summarize_runs(const std::string& dir) {
     const long long na = std::atoll(a.name.c_str()), nb = std::atoll(b.name.c_str());
     return na != nb ? na < nb : a.name < b.name;
   });
-  std::ofstream csv(dir + "/summary.csv"), md(dir + "/summary.md");
+  std::ostringstream csv, md;
   csv << "run,steps,final_loss,final_val_loss,best_val_loss,tokens_per_s,wall_s\n";
   md << "| run | steps | final loss | final val loss | best val loss | tokens/s | wall s |\n"
      << "|---|---|---|---|---|---|---|\n";
@@ -172,11 +173,10 @@ std::vector<RunSummary> summarize_runs(const std::string& dir) {
        << fmt(r.final_val) << " | " << fmt(r.best_val) << " | " << fmt(r.tokens_per_s, "%.0f")
        << " | " << fmt(r.wall_s, "%.2f") << " |\n";
   }
-  csv.close(), md.close();
-  if (!csv || !md) throw Error(ExitCode::runtime, "cannot write the summary under " + dir);
+  write_file_atomically(dir + "/summary.csv", csv.str());
+  write_file_atomically(dir + "/summary.md", md.str());
   write_svg(runs, dir + "/loss_curves.svg");
-  std::ifstream table(dir + "/summary.md");
-  std::printf("%s", std::string(std::istreambuf_iterator<char>(table), {}).c_str());
+  std::printf("%s", md.str().c_str());
   std::printf("wrote %s/summary.csv, %s/summary.md, %s/loss_curves.svg\n", dir.c_str(),
               dir.c_str(), dir.c_str());
   return runs;

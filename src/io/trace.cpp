@@ -5,6 +5,7 @@
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/timer.hpp"
+#include "pdtrain/io/output_file.hpp"
 
 namespace pdtrain {
 
@@ -16,7 +17,7 @@ void TraceRecorder::event(const std::string& name, const char* category, double 
 }
 
 void TraceRecorder::write(const std::string& path) const {
-  std::ofstream f(path);
+  std::ostringstream f;
   f << "{\"traceEvents\": [\n";
   // Metadata: name the process row after the rank and its role.
   f << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank_
@@ -30,15 +31,16 @@ void TraceRecorder::write(const std::string& path) const {
     f << buf;
   }
   f << "\n]}\n";
-  if (!f) throw Error(ExitCode::runtime, "cannot write trace " + path);
+  write_file_atomically(path, f.str());
 }
 
 void TraceRecorder::merge(const std::vector<std::string>& rank_files, const std::string& out) {
-  std::ofstream f(out);
+  std::ostringstream f;
   f << "{\"traceEvents\": [\n";
   bool first = true;
   for (const std::string& path : rank_files) {
     std::ifstream in(path);
+    if (!in) throw Error(ExitCode::data, "cannot read trace " + path);
     std::stringstream ss;
     ss << in.rdbuf();
     std::string body = ss.str();
@@ -52,7 +54,7 @@ void TraceRecorder::merge(const std::vector<std::string>& rank_files, const std:
     first = false;
   }
   f << "\n]}\n";
-  if (!f) throw Error(ExitCode::runtime, "cannot write trace " + out);
+  write_file_atomically(out, f.str());
 }
 
 TraceSpan::TraceSpan(TraceRecorder* t, std::string name, const char* category)

@@ -17,6 +17,7 @@
 #include "pdtrain/model/catalog.hpp"
 
 #include "../support/model_shapes.hpp"
+#include "../support/scratch_dir.hpp"
 
 namespace pdtrain::ckpt::test {
 
@@ -82,23 +83,7 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// A fresh directory under /tmp, removed with its contents at scope exit.
-class ScratchDir {
- public:
-  ScratchDir() {
-    char tmpl[] = "/tmp/pdtrain-ckpt-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using pdtrain::ScratchDir;  // tests/support/scratch_dir.hpp
 
 // Byte offset and size in the file of the chunk holding element `coord` of `dataset`, or of a
 // contiguous dataset's data (coord ignored).

@@ -1,9 +1,10 @@
 #pragma once
-// The per-step record: one line on stdout and one row of OUT/metrics.csv, flushed as written
-// so that a run that dies keeps every completed step.
+// The per-step record: one line on stdout and one row of OUT/metrics.csv, written (write(2))
+// as it comes so that a run that dies keeps every completed step; a row that cannot be written
+// whole (a full disk) is cut off again and ends the run with Error(data) naming the file.
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
+#include <memory>
 #include <string>
 
 namespace pdtrain {
@@ -23,19 +24,24 @@ struct StepRecord {
   double bubble = 0.0;      // measured pipeline bubble: share of the pipeline phase spent waiting
 };
 
+class OutputFile;
+
 class MetricsWriter {
  public:
   // Creates `path` with its header; when resuming after `resume_step` > 0, keeps the rows of
   // steps 1..resume_step already there (dropping any written after that checkpoint by the
-  // interrupted run) and appends.
+  // interrupted run: the file is then rewritten through a checked temporary, so a failure
+  // loses no row) and appends. Throws Error(data) naming the file when it cannot.
   explicit MetricsWriter(const std::string& path, std::int64_t resume_step = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void append(const StepRecord& r);
+  // fsync and close at the end of the run, where a full disk may show only now.
+  void close();
 
  private:
-  std::FILE* f_ = nullptr;
+  std::unique_ptr<OutputFile> file_;
 };
 
 // "step   12/300 | loss 3.123456789 | val 3.2 | lr 3.00e-03 | norm 0.812 | 51234 tok/s | 12.3 ms | ETA 0:42"

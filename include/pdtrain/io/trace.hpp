@@ -16,9 +16,10 @@ class TraceRecorder {
   bool enabled() const { return enabled_; }
   // An event from t0 to t1 (seconds on the now_seconds() clock).
   void event(const std::string& name, const char* category, double t0, double t1);
-  // Writes this rank's events as a JSON object {"traceEvents": [...]}.
+  // Writes this rank's events as a JSON object {"traceEvents": [...]} (write_file_atomically:
+  // Error(data) naming the file when it cannot).
   void write(const std::string& path) const;
-  // Concatenates several rank files into one.
+  // Concatenates several rank files into one, written the same way.
   static void merge(const std::vector<std::string>& rank_files, const std::string& out);
 
  private:
