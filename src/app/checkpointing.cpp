@@ -97,6 +97,9 @@ HolderHooks checkpoint_hooks(ckpt::CheckpointWriter& writer, const Deck& deck,
     if (writer.pending()) writer.wait();
     if (*last_written != version) save(version, blocks(), false);
   };
+  h.after_divergence = [&writer] {  // the checkpoints written before it stay as they are
+    if (writer.pending()) writer.wait();
+  };
   h.stop_requested = [] { return stop_signal_received(); };
   return h;
 }

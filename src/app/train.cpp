@@ -52,8 +52,9 @@ class OrderedComm {
 // Defined below, in the order run_training() uses them.
 void write_resolved_deck(const Deck& deck);
 TraceRecorder trace_recorder(const Deck& deck, const Layout& layout);
-void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
-                      const RunOptions& opts, const RestartPoint& restart, TraceRecorder* trace);
+std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
+                             const RunOptions& opts, const RestartPoint& restart,
+                             TraceRecorder* trace);
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
                              kernels::ComputeBackend& backend, TraceRecorder* trace);
@@ -91,10 +92,15 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
   const RestartPoint restart = resolve_restart(deck, opts.restart, world);
   TrainResult result;
   if (layout.is_holder())
-    serve_parameters(deck, setup, layout, opts, restart, &trace);
+    result.divergence = serve_parameters(deck, setup, layout, opts, restart, &trace);
   else
     result = run_compute_rank(deck, setup, layout, opts, restart, backend, &trace);
   if (deck.output.trace) write_traces(deck, trace, world);
+  // A diverged run ended in order; the job exits with status 5 and the lowest rank's account
+  // (a holder's names the block, a compute rank's the loss).
+  run_collectively(world, ErrorScope::job, [&] {
+    if (!result.divergence.empty()) throw Error(ExitCode::diverged, result.divergence);
+  });
   return result;
 }
 
@@ -146,9 +152,10 @@ void restore_collectively(const RestartPoint& rp, const ParamCatalog& cat, MPI_C
 }
 
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
-// compute rank is done.
-void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
-                      const RunOptions& opts, const RestartPoint& restart, TraceRecorder* trace) {
+// compute rank is done. Returns why training diverged, if the holders saw it.
+std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
+                             const RunOptions& opts, const RestartPoint& restart,
+                             TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
   HolderServer server(layout, setup.table, setup.owner,
                       push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
@@ -168,6 +175,7 @@ void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                                       opts.verbose && layout.holder_index() == 0));
   }
   server.run();
+  return server.divergence();
 }
 
 // A compute rank: its parameters come from the holders (PD) or from its own replica (the

@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pdtrain/core/error.hpp"
@@ -26,6 +27,8 @@ struct TrainResult {
   std::uint32_t params_crc32c = 0;  // CRC32C of all parameters in canonical order
   std::int64_t final_step = 0;      // the last step run (the checkpoint's step)
   bool stopped = false;             // ended early by a signal
+  std::int64_t diverged_step = 0;   // > 0: training diverged at this step (every compute rank)
+  std::string divergence;           // why, on the ranks that saw it (exit status 5)
   double wall_seconds = 0.0;
 };
 
