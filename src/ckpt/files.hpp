@@ -10,7 +10,8 @@ namespace pdtrain::ckpt::detail {
 
 // fsync of a file or directory; throws Error(runtime) naming the path.
 void fsync_path(const std::string& path, bool directory);
-// Makes `tmp` durable and gives it its final name: fsync(tmp), rename, fsync(directory).
+// Makes `tmp` durable and gives it its final name: fsync(tmp), rename, fsync(directory);
+// retention then knows the file as good without reading it.
 void publish(const std::string& tmp, const std::string& final_path);
 // <dir>/latest := name, atomically (written to latest.tmp, fsync'ed, renamed).
 void write_latest(const std::string& dir, const std::string& name);
@@ -23,8 +24,10 @@ struct DirEntry {
 // Complete-named checkpoints (ckpt-<step>.h5) in `dir`, newest step first.
 std::vector<DirEntry> list_checkpoints(const std::string& dir);
 
-// Deletes checkpoints of steps <= current_step beyond the newest `keep` (and the anchors those
-// need), and leftover *.h5.tmp files of crashed writes. Returns the names deleted.
+// Deletes checkpoints of steps <= current_step beyond the newest `keep` that verify (and the
+// anchors those need), and leftover *.h5.tmp files of crashed writes; never a checkpoint that
+// does not verify (files this process published count as verified; others are read in full
+// once per process). Returns the names deleted.
 std::vector<std::string> apply_retention(const std::string& dir, std::int64_t current_step,
                                          int keep);
 

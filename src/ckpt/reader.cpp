@@ -370,6 +370,28 @@ Checkpoint read_checkpoint(const std::string& path, const ParamCatalog& catalog,
   return ck;
 }
 
+namespace {
+
+// "" if the checkpoint at `path` can be used (with `verify_data`, every block decodes with its
+// CRC32C correct), else "<path> does not verify: <why>" (the why may name its anchor).
+std::string check_file(const std::string& path, bool verify_data) {
+  try {
+    const CheckpointMeta m = read_meta(path);
+    const ParamCatalog catalog(m.shape);
+    detail::check_usable(m, catalog);
+    if (verify_data) {
+      std::vector<int> all(catalog.blocks().size());
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+      detail::BlockReader(path, catalog, nullptr).read(all);
+    }
+    return "";
+  } catch (const Error& err) {
+    return path + " does not verify: " + err.what();
+  }
+}
+
+}  // namespace
+
 LatestValid find_latest_valid(const std::string& dir, bool verify_data) {
   ensure_hdf5_ready();
   LatestValid out;
@@ -383,22 +405,19 @@ LatestValid find_latest_valid(const std::string& dir, bool verify_data) {
   }
   for (const detail::DirEntry& e : candidates) {
     const std::string path = dir + "/" + e.name;
-    try {
-      const CheckpointMeta m = read_meta(path);
-      const ParamCatalog catalog(m.shape);
-      detail::check_usable(m, catalog);
-      if (verify_data) {
-        std::vector<int> all(catalog.blocks().size());
-        for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-        detail::BlockReader(path, catalog, nullptr).read(all);
-      }
+    const std::string damage = check_file(path, verify_data);
+    if (damage.empty()) {
       out.path = path;
       return out;
-    } catch (const Error& err) {
-      out.warnings.push_back(std::string("skipping damaged checkpoint: ") + err.what());
     }
+    out.warnings.push_back(damage);
   }
   return out;
+}
+
+std::string checkpoint_damage(const std::string& path) {
+  ensure_hdf5_ready();
+  return check_file(path, true);
 }
 
 }  // namespace pdtrain::ckpt

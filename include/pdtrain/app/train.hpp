@@ -16,7 +16,7 @@ struct RunOptions {
   bool dry_run = false;   // print the layout and exit
   bool verbose = true;    // per-step lines and the header on stdout
   std::int64_t eval_batches = 0;  // > 0: evaluate the initial model on that many batches, no training
-  std::string restart;            // "" fresh, "auto" newest valid checkpoint, or a checkpoint path
+  std::string restart;  // "" or "fresh": step 0; "auto": newest valid checkpoint; or a path
   std::int64_t stop_after = 0;    // > 0: end after this step with a checkpoint
 };
 
