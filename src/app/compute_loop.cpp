@@ -108,7 +108,8 @@ void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
   }
   // The loss is the mean over every token of the global batch, so each micro-batch's and
   // each replica's gradient is a partial sum and they simply add.
-  runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
+  runner_.train(batch_of_step(step, opts_.skipped_batches),
+                1.0f / static_cast<float>(deck_.train.batch_size * T_));
   double waited = 0.0;
   const std::int64_t fetched0 = cache_ ? cache_->stats().bytes_fetched : 0;
   const double fetch_wait = cache_pass(step_plan_, [&] {

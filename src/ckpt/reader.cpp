@@ -392,10 +392,12 @@ std::string check_file(const std::string& path, bool verify_data) {
 
 }  // namespace
 
-LatestValid find_latest_valid(const std::string& dir, bool verify_data) {
+LatestValid find_latest_valid(const std::string& dir, bool verify_data,
+                              std::int64_t before_step) {
   ensure_hdf5_ready();
   LatestValid out;
   std::vector<detail::DirEntry> candidates = detail::list_checkpoints(dir);
+  std::erase_if(candidates, [&](const detail::DirEntry& e) { return e.step >= before_step; });
   // `latest` names the checkpoint the last writer published; prefer it (newer-numbered files
   // can be left over from an abandoned run that was restarted from an earlier step).
   if (const auto latest = detail::read_latest(dir)) {

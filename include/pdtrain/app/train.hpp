@@ -18,6 +18,9 @@ struct RunOptions {
   std::int64_t eval_batches = 0;  // > 0: evaluate the initial model on that many batches, no training
   std::string restart;  // "" or "fresh": step 0; "auto": newest valid checkpoint; or a path
   std::int64_t stop_after = 0;    // > 0: end after this step with a checkpoint
+  // Batches (by index: step s trains on batch s unless some are skipped) that rewinds skipped
+  // (train.on_divergence = rewind), ascending; steps train on the batches left, in order.
+  std::vector<std::int64_t> skipped_batches;
 };
 
 struct TrainResult {
@@ -32,7 +35,11 @@ struct TrainResult {
   double wall_seconds = 0.0;
 };
 
-// Throws pdtrain::Error (the same on every rank of `world`) for bad layouts or data.
+// Throws pdtrain::Error (the same on every rank of `world`) for bad layouts or data, and
+// ExitCode::diverged when training diverged (after train.max_rewinds rewinds, with rewind).
 TrainResult run_training(const Deck& deck, MPI_Comm world, const RunOptions& opts);
+
+// The batch step `step` trains on: the step-th batch not in `skipped` (ascending).
+std::int64_t batch_of_step(std::int64_t step, const std::vector<std::int64_t>& skipped);
 
 }  // namespace pdtrain

@@ -12,6 +12,7 @@
 // layout), find_latest_valid for restart, inspect for `pdtrain inspect`.
 #include <mpi.h>
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -147,9 +148,11 @@ struct LatestValid {
   std::string path;                   // "" when no checkpoint in `dir` verifies
   std::vector<std::string> warnings;  // one line per newer checkpoint skipped, naming it and why
 };
-// Local (call it on one holder and broadcast the path): the newest ckpt-*.h5 in `dir` that is
-// complete, opens and, with `verify_data`, decodes with every block's CRC correct.
-LatestValid find_latest_valid(const std::string& dir, bool verify_data = true);
+// Local (call it on one holder and broadcast the path): the newest ckpt-*.h5 in `dir` of a
+// step before `before_step` that is complete, opens and, with `verify_data`, decodes with every
+// block's CRC correct.
+LatestValid find_latest_valid(const std::string& dir, bool verify_data = true,
+                              std::int64_t before_step = INT64_MAX);
 
 // Local: a human-readable description of a checkpoint: step, codec, anchor, model shape, each
 // dataset's shape with stored and raw bytes, and the CRC status of every block.
