@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The divergence guard: 10 good steps with checkpoints, then a continuation at a learning rate
 # that makes the loss overflow. The job must exit 5 within seconds, naming the step, the
-# quantity and where it was seen; no step after it is reported; every checkpoint left holds
-# finite parameters and moments only, and the good ones (steps 5 and 10) are kept.
+# quantity and where it was seen; no step after it is reported; the parameters it ends with are
+# those before the diverged step (no holder touched one); every checkpoint left holds finite
+# parameters and moments only, and the good ones (steps 5 and 10) are kept.
 # Usage: check_divergence.sh PDTRAIN OUT_DIR WHERE_PATTERN "LAYOUT SETS" -- mpirun-prefix...
 set -u
 pdtrain=$1 out=$2 where=$3 layout=$4
@@ -35,6 +36,19 @@ if [ -n "$step" ]; then
     [ "$n" -lt "$step" ] || { echo "FAIL: $f written at or after the diverged step $step"; fail=1; }
   done
 fi
+# Nothing of the diverged step was applied: the parameters the run ends with are those of a run
+# stopped right before it (same restart point, same deck).
+if [ -n "$step" ]; then
+  crc=$(sed -nE "s/^final step=$step .*params_crc32c=([0-9a-f]+).*/\1/p" "$log")
+  ref=$(mktemp -d)
+  "$@" "$pdtrain" "${sets[@]}" --set run.out_dir="$ref" --set optimizer.lr=1e4 \
+    --set optimizer.warmup_steps=0 --restart "$out/checkpoints/ckpt-00000010.h5" \
+    --stop-after $((step - 1)) >"$ref/log" 2>&1
+  want=$(sed -nE "s/^final step=$((step - 1)) .*params_crc32c=([0-9a-f]+).*/\1/p" "$ref/log")
+  [ -n "$crc" ] && [ "$crc" = "$want" ] \
+    || { echo "FAIL: parameters after the divergence ($crc) differ from step $((step - 1))'s ($want)"; fail=1; }
+  rm -rf "$ref"
+fi
 for good in 5 10; do
   [ -f "$out/checkpoints/$(printf 'ckpt-%08d.h5' $good)" ] || { echo "FAIL: good checkpoint of step $good deleted"; fail=1; }
 done
@@ -45,6 +59,6 @@ for f in "$out"/checkpoints/ckpt-*.h5; do
     fi
   done
 done
-[ $fail -eq 0 ] && echo "PASS: $msg" || cat "$log"
+[ $fail -eq 0 ] && echo "PASS: $msg; final params_crc32c $crc as at step $((step - 1))" || cat "$log"
 rm -f "$log"
 exit $fail
