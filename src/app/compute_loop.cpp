@@ -211,20 +211,37 @@ bool ComputeLoop::stop_requested() {
 
 // ---------------------------------------------------------------- the divergence guard
 
-// A loss that is not finite ends the run after this step (every rank of the last stage sees it).
-// The baseline then applies no update of it; PD's holders applied it already (their gradient
-// norm was finite, or they would have stopped themselves).
+// A loss that is not finite, or (train.loss_spike_factor > 0) above that factor times the
+// median of the previous train.loss_spike_window losses, ends the run after this step (every
+// rank of the last stage sees it). The baseline then applies no update of it; PD's holders
+// applied it already (their gradient norm was finite, or they would have stopped themselves).
 void ComputeLoop::check_loss(std::int64_t step, double loss) {
-  if (std::isfinite(loss)) return;
-  const std::string where = "the mean over the global batch, on compute rank " +
+  std::string spike;
+  const double factor = deck_.train.loss_spike_factor;
+  const auto window = static_cast<std::size_t>(deck_.train.loss_spike_window);
+  if (std::isfinite(loss) && factor > 0.0 && recent_losses_.size() == window) {
+    const double m = median(std::vector<double>(recent_losses_.begin(), recent_losses_.end()));
+    if (loss > factor * m) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "over %g x %g, the median of the previous %zu steps; ",
+                    factor, m, window);
+      spike = buf;
+    }
+  }
+  if (std::isfinite(loss) && spike.empty()) {
+    recent_losses_.push_back(loss);
+    if (recent_losses_.size() > window) recent_losses_.pop_front();
+    return;
+  }
+  const std::string where = spike + "the mean over the global batch, on compute rank " +
                             std::to_string(layout_.compute_index()) + " (world rank " +
                             std::to_string(layout_.world_rank()) + ")";
   note_divergence(step, divergence_message(step, "the loss", loss, where) +
-                            (replica_ ? "; its update was not applied"
-                                      : "; the holders had applied its update (its gradient "
-                                        "norm was finite)") +
-                            ", and no checkpoint was written after step " +
-                            std::to_string(step - 1));
+                            (replica_ ? "; its update was not applied, and no checkpoint was "
+                                        "written after step " + std::to_string(step - 1)
+                                      : "; the holders had applied its update before the loss "
+                                        "was known (its gradient norm was finite), and no "
+                                        "final checkpoint was written"));
   service_->mark_diverged(step);  // the baseline's replica does not apply this step
 }
 

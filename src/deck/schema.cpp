@@ -166,6 +166,15 @@ std::vector<KeySpec> build_schema() {
       key(&D::train, &TrainConfig::max_rewinds, "train.max_rewinds",
           "train.on_divergence = rewind: rewinds per run before a divergence stops it.")
           .at_least(1),
+      key(&D::train, &TrainConfig::loss_spike_factor, "train.loss_spike_factor",
+          "> 0: a step whose loss exceeds this times the median of the previous "
+          "train.loss_spike_window losses (of this run since its start or restart, once that "
+          "many are known) diverges too; 0: only a loss or norm that is not finite does. In PD "
+          "the step's update is applied before its loss is known.")
+          .at_least(0.0),
+      key(&D::train, &TrainConfig::loss_spike_window, "train.loss_spike_window",
+          "train.loss_spike_factor: the steps whose median loss is the reference.")
+          .at_least(1),
 
       key(&D::compute, &ComputeConfig::device, "compute.device",
           "Where compute ranks run the model: cpu, or cuda (one NVIDIA GPU per compute rank, "

@@ -1,5 +1,6 @@
 #include "pdtrain/optim/divergence.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -9,6 +10,14 @@ int first_non_finite(const std::vector<double>& values) {
   for (std::size_t i = 0; i < values.size(); ++i)
     if (!std::isfinite(values[i])) return static_cast<int>(i);
   return -1;
+}
+
+double median(std::vector<double> values) {
+  const std::size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
+  const double upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  return 0.5 * (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid)) + upper);
 }
 
 std::string divergence_message(std::int64_t step, const std::string& quantity, double value,

@@ -106,6 +106,7 @@ class ComputeLoop {
   std::int64_t norm_checked_ = 0;   // updates whose gradient norm check_norms() has seen
   std::int64_t diverged_at_ = 0;    // the first step that diverged (agreed after each step)
   std::string divergence_;          // why, when this rank saw it
+  std::deque<double> recent_losses_;  // the last train.loss_spike_window losses
 };
 
 }  // namespace pdtrain

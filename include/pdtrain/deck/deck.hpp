@@ -68,6 +68,8 @@ struct TrainConfig {
   std::string on_divergence = "stop";  // stop | rewind
   double rewind_lr_factor = 0.5;       // each rewind multiplies optimizer.lr and min_lr by this
   std::int64_t max_rewinds = 3;        // rewinds per run before a divergence stops it
+  double loss_spike_factor = 0.0;      // > 0: a loss above this x the running median diverges
+  std::int64_t loss_spike_window = 20; // steps in that running median
 
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };

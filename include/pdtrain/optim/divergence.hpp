@@ -14,6 +14,9 @@ namespace pdtrain {
 // The first index of `values` that is not finite, or -1.
 int first_non_finite(const std::vector<double>& values);
 
+// The median of `values` (non-empty; the mean of the middle two for an even count).
+double median(std::vector<double> values);
+
 // "training diverged at step S: <quantity> is <value> (<where>)": the one wording of every
 // divergence report, whichever rank saw it (callers add what was and was not applied).
 std::string divergence_message(std::int64_t step, const std::string& quantity, double value,
