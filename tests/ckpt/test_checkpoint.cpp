@@ -294,6 +294,29 @@ TEST(Retention, KeepsTheNewestAndTheAnchorsTheyNeed) {
   for (int step : {6, 7}) EXPECT_EQ(read_error(dir / name(step), cat), "") << step;
 }
 
+TEST(Retention, NeverDeletesACheckpointThatDoesNotVerify) {
+  const ParamCatalog cat(tiny_shape());
+  // An earlier job's xor anchor (step 1) and its delta (step 2), the anchor's parameters then
+  // damaged on disk: neither verifies. Copied, so that this process has not written them.
+  ScratchDir before, dir;
+  write_two_steps(cat, before.path(), Codec::xor_delta, 3);
+  for (int step : {1, 2})
+    fs::copy_file(before / checkpoint_file_name(step), dir / checkpoint_file_name(step));
+  auto [off, size] = data_location(dir / checkpoint_file_name(1), "params/wte", {0, 0});
+  flip_byte(dir / checkpoint_file_name(1), off + size / 2);
+  ASSERT_NE(read_error(dir / checkpoint_file_name(2), cat), "");
+  // This job keeps one checkpoint (anchors at 3 and 6): the good 3, 4, 5 go, the damaged stay.
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 3, dir.path(), 1);
+  State s = random_state(cat, 9);
+  for (int step = 3; step <= 6; ++step) {
+    s = trained_like(s, static_cast<std::uint64_t>(step));
+    w.write(step, step, 0, kDeck, "", refs(s));
+  }
+  EXPECT_EQ(files_in(dir.path()),
+            (std::set<std::string>{checkpoint_file_name(1), checkpoint_file_name(2),
+                                   checkpoint_file_name(6), "latest"}));
+}
+
 TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
