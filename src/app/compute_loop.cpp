@@ -239,9 +239,9 @@ void ComputeLoop::check_loss(std::int64_t step, double loss) {
   note_divergence(step, divergence_message(step, "the loss", loss, where) +
                             (replica_ ? "; its update was not applied, and no checkpoint was "
                                         "written after step " + std::to_string(step - 1)
-                                      : "; the holders had applied its update before the loss "
-                                        "was known (its gradient norm was finite), and no "
-                                        "final checkpoint was written"));
+                                      : "; the holders may have applied its update (they do "
+                                        "before its loss is known, when its gradient norm is "
+                                        "finite), and no final checkpoint was written"));
   service_->mark_diverged(step);  // the baseline's replica does not apply this step
 }
 
