@@ -2,6 +2,7 @@
 // verification of every block's CRC32C. Each holder opens the file itself, read-only, through
 // the POSIX driver: reading needs no coordination, so only the verdict is collective.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -382,7 +383,13 @@ std::string check_file(const std::string& path, bool verify_data) {
     if (verify_data) {
       std::vector<int> all(catalog.blocks().size());
       for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-      detail::BlockReader(path, catalog, nullptr).read(all);
+      const std::map<int, BlockState> blocks = detail::BlockReader(path, catalog, nullptr).read(all);
+      // A diverged state is no restart point (pdtrain never writes one; an older one might).
+      for (const auto& [id, b] : blocks)
+        for (const std::vector<float>* v : {&b.param, &b.m, &b.v})
+          if (std::any_of(v->begin(), v->end(), [](float x) { return !std::isfinite(x); }))
+            return path + " does not verify: block " + catalog.block_name(catalog.block(id)) +
+                   " holds a value that is not finite (a diverged state)";
     }
     return "";
   } catch (const Error& err) {

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "ckpt_test_util.hpp"
@@ -338,6 +339,24 @@ TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
   // A truncated file does not even open.
   fs::resize_file(p2, fs::file_size(p2) / 2);
   EXPECT_EQ(find_latest_valid(dir.path(), false).path, dir / "ckpt-00000001.h5");
+}
+
+TEST(Latest, SkipsACheckpointHoldingADivergedState) {
+  // What an older pdtrain wrote after the loss overflowed: CRCs right, a value NaN.
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  State s = random_state(cat, 3);
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
+  const std::string good = w.write(1, 1, 0, kDeck, "", refs(s));
+  s.at(2).v[5] = std::numeric_limits<float>::quiet_NaN();
+  w.write(2, 2, 0, kDeck, "", refs(s));
+  const LatestValid l = find_latest_valid(dir.path());
+  EXPECT_EQ(l.path, good);
+  ASSERT_EQ(l.warnings.size(), 1u);
+  EXPECT_NE(l.warnings[0].find("ckpt-00000002.h5 does not verify: block " + cat.block_name(cat.block(2)) +
+                               " holds a value that is not finite"),
+            std::string::npos)
+      << l.warnings[0];
 }
 
 TEST(Checkpoint, WithoutTheCompleteFlagAFileIsRejected) {

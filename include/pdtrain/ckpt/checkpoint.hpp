@@ -141,7 +141,7 @@ CheckpointMeta read_meta(const std::string& path);
 
 // Local: why the checkpoint at `path` cannot be used, naming the file ("" when it is complete,
 // opens, fits its own model shape and every block decodes, against its anchor for a delta,
-// with its CRC32C correct). Reads the whole file.
+// with its CRC32C correct and every value finite). Reads the whole file.
 std::string checkpoint_damage(const std::string& path);
 
 struct LatestValid {
@@ -150,7 +150,7 @@ struct LatestValid {
 };
 // Local (call it on one holder and broadcast the path): the newest ckpt-*.h5 in `dir` of a
 // step before `before_step` that is complete, opens and, with `verify_data`, decodes with every
-// block's CRC correct.
+// block's CRC correct and every value finite.
 LatestValid find_latest_valid(const std::string& dir, bool verify_data = true,
                               std::int64_t before_step = INT64_MAX);
 
