@@ -80,7 +80,9 @@ class KnownFiles {
     }
     const std::string why = checkpoint_damage(path);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!why.empty()) std::fprintf(stderr, "pdtrain: warning: retention keeps a checkpoint that does not verify: %s\n",
+    if (!why.empty())
+      std::fprintf(stderr,
+                   "pdtrain: warning: retention keeps a checkpoint that does not verify: %s\n",
                    why.c_str());
     return damage_[path] = why;
   }

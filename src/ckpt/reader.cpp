@@ -383,7 +383,8 @@ std::string check_file(const std::string& path, bool verify_data) {
     if (verify_data) {
       std::vector<int> all(catalog.blocks().size());
       for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-      const std::map<int, BlockState> blocks = detail::BlockReader(path, catalog, nullptr).read(all);
+      const std::map<int, BlockState> blocks =
+          detail::BlockReader(path, catalog, nullptr).read(all);
       // A diverged state is no restart point (pdtrain never writes one; an older one might).
       for (const auto& [id, b] : blocks)
         for (const std::vector<float>* v : {&b.param, &b.m, &b.v})

@@ -13,11 +13,10 @@ int first_non_finite(const std::vector<double>& values) {
 }
 
 double median(std::vector<double> values) {
-  const std::size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
-  const double upper = values[mid];
-  if (values.size() % 2 == 1) return upper;
-  return 0.5 * (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid)) + upper);
+  const auto mid = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), mid, values.end());
+  if (values.size() % 2 == 1) return *mid;
+  return 0.5 * (*std::max_element(values.begin(), mid) + *mid);  // the lower middle is below
 }
 
 std::string divergence_message(std::int64_t step, const std::string& quantity, double value,
