@@ -11,14 +11,29 @@ namespace pdtrain {
 
 namespace {
 
+// Checkpoints present but none usable is an error, never a silent fresh start (which would
+// also let retention near the damaged files): each is named with why it does not verify.
+void refuse_damaged_only(const std::string& dir, const ckpt::LatestValid& latest) {
+  if (!latest.path.empty() || latest.warnings.empty()) return;
+  std::string msg = "--restart auto: none of the " + std::to_string(latest.warnings.size()) +
+                    " checkpoint(s) in " + dir + " verifies; they are left as they are:";
+  for (const std::string& w : latest.warnings) msg += "\n  " + w;
+  msg += "\nrestart from an earlier copy with --restart PATH, or start at step 0 anyway with "
+         "--restart fresh";
+  throw Error(ExitCode::data, msg);
+}
+
 RestartPoint locate(const Deck& deck, const std::string& restart) {
   RestartPoint rp;
+  if (restart == "fresh") return rp;  // asked for: step 0 whatever checkpoint.dir holds
   if (restart == "auto") {
     if (!std::filesystem::is_directory(deck.checkpoint.dir)) return rp;
     const ckpt::LatestValid latest = ckpt::find_latest_valid(deck.checkpoint.dir);
-    for (const std::string& w : latest.warnings) std::fprintf(stderr, "pdtrain: warning: %s\n", w.c_str());
+    refuse_damaged_only(deck.checkpoint.dir, latest);
+    for (const std::string& w : latest.warnings)
+      std::fprintf(stderr, "pdtrain: warning: skipping a newer checkpoint: %s\n", w.c_str());
     if (latest.path.empty()) {
-      std::printf("restart: no valid checkpoint in %s, starting fresh\n", deck.checkpoint.dir.c_str());
+      std::printf("restart: no checkpoint in %s, starting fresh\n", deck.checkpoint.dir.c_str());
       return rp;
     }
     rp.path = latest.path;
@@ -96,6 +111,9 @@ HolderHooks checkpoint_hooks(ckpt::CheckpointWriter& writer, const Deck& deck,
                                            const HolderHooks::BlocksGetter& blocks) {
     if (writer.pending()) writer.wait();
     if (*last_written != version) save(version, blocks(), false);
+  };
+  h.after_divergence = [&writer] {  // the checkpoints written before it stay as they are
+    if (writer.pending()) writer.wait();
   };
   h.stop_requested = [] { return stop_signal_received(); };
   return h;

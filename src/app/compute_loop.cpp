@@ -6,7 +6,9 @@
 #include "pdtrain/app/compute_loop.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "pdtrain/app/report.hpp"
@@ -15,6 +17,7 @@
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/core/signals.hpp"
 #include "pdtrain/io/output_file.hpp"
+#include "pdtrain/optim/divergence.hpp"
 
 namespace pdtrain {
 
@@ -38,9 +41,13 @@ TrainResult ComputeLoop::run() {
     rec.step = k;
     rec.fetch_ms = 1e3 * ensure_version(std::max(start_step_, k - 1 - staleness));
     forward_backward(k, rec);
-    reduce_and_push(k, rec);
+    // Before the update where the loss can stop it: the baseline's is applied in reduce_and_push
+    // (PD's holders update as the last pushes, sent during backward, arrive).
     rec.loss = reducer_.sum(runner_.loss_sum()) / tokens_per_step;
-    if (eval_due(k)) {  // on exactly the parameters after step k
+    check_loss(k, rec.loss);
+    reduce_and_push(k, rec);
+    check_norms();
+    if (eval_due(k) && diverged_at_ == 0) {  // on exactly the parameters after step k
       rec.fetch_ms += 1e3 * ensure_version(k);
       rec.val_loss = evaluate(deck_.train.eval_batches);
     }
@@ -54,12 +61,14 @@ TrainResult ComputeLoop::run() {
     const double done = static_cast<double>(k - start_step_);
     if (result.reporter) report_known((t - t_start) / done * static_cast<double>(last - k));
     if (k < last && stop_requested()) {
-      result.stopped = true;
+      result.stopped = diverged_at_ == 0;
       break;
     }
   }
   result.final_step = k;
   learn_updates(k);  // every update is known now
+  check_norms();
+  if (diverged_at_ > 0) end_diverged(result);
   if (result.reporter) {
     report_known(0.0);
     PDT_CHECK(pending_.empty(), "step " + std::to_string(pending_.empty() ? 0 : pending_.front().step) +
@@ -101,7 +110,8 @@ void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
   }
   // The loss is the mean over every token of the global batch, so each micro-batch's and
   // each replica's gradient is a partial sum and they simply add.
-  runner_.train(step, 1.0f / static_cast<float>(deck_.train.batch_size * T_));
+  runner_.train(batch_of_step(step, opts_.skipped_batches),
+                1.0f / static_cast<float>(deck_.train.batch_size * T_));
   double waited = 0.0;
   const std::int64_t fetched0 = cache_ ? cache_->stats().bytes_fetched : 0;
   const double fetch_wait = cache_pass(step_plan_, [&] {
@@ -176,6 +186,7 @@ double ComputeLoop::evaluate(std::int64_t batches) {
 // Reports, in step order, the records whose update (gradient norm, lr) is known.
 void ComputeLoop::report_known(double eta) {
   while (!pending_.empty()) {
+    if (diverged_at_ > 0 && pending_.front().step > diverged_at_) break;  // never reported
     const auto info = service_->update_info(pending_.front().step);
     if (!info) break;
     pending_.front().grad_norm = info->grad_norm;
@@ -185,14 +196,90 @@ void ComputeLoop::report_known(double eta) {
   }
 }
 
-// Whether any rank (compute or, through its replies, holder) got SIGTERM/SIGUSR1: all compute
-// ranks agree, so they all end after the same step.
+// Whether any rank (compute or, through its replies, holder) got SIGTERM/SIGUSR1, or saw
+// training diverge: all compute ranks agree, so they all end after the same step (and on the
+// earliest step any of them saw diverge).
 bool ComputeLoop::stop_requested() {
-  int stop = stop_signal_received() || service_->holders_asked_to_stop() ? 1 : 0;
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::min();
+  // MPI_MAX of {signal, -diverged step}: the earliest divergence wins.
+  std::int64_t v[2] = {stop_signal_received() || service_->holders_asked_to_stop() ? 1 : 0,
+                       diverged_at_ > 0 ? -diverged_at_ : kNone};
   MPI_Request r;
-  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, layout_.compute_comm(), &r));
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, layout_.compute_comm(), &r));
   wait_quietly(&r);
-  return stop != 0;
+  if (v[1] != kNone) diverged_at_ = -v[1];
+  return v[0] != 0 || v[1] != kNone;
+}
+
+// ---------------------------------------------------------------- the divergence guard
+
+// A loss that is not finite, or (train.loss_spike_factor > 0) above that factor times the
+// median of the previous train.loss_spike_window losses, ends the run after this step (every
+// rank of the last stage sees it). The baseline then applies no update of it; PD's holders
+// applied it already (their gradient norm was finite, or they would have stopped themselves).
+void ComputeLoop::check_loss(std::int64_t step, double loss) {
+  std::string spike;
+  const double factor = deck_.train.loss_spike_factor;
+  const auto window = static_cast<std::size_t>(deck_.train.loss_spike_window);
+  if (std::isfinite(loss) && factor > 0.0 && recent_losses_.size() == window) {
+    const double m = median(std::vector<double>(recent_losses_.begin(), recent_losses_.end()));
+    if (loss > factor * m) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "over %g x %g, the median of the previous %zu steps; ",
+                    factor, m, window);
+      spike = buf;
+    }
+  }
+  if (std::isfinite(loss) && spike.empty()) {
+    recent_losses_.push_back(loss);
+    if (recent_losses_.size() > window) recent_losses_.pop_front();
+    return;
+  }
+  const std::string where = spike + "the mean over the global batch, on compute rank " +
+                            std::to_string(layout_.compute_index()) + " (world rank " +
+                            std::to_string(layout_.world_rank()) + ")";
+  note_divergence(step, divergence_message(step, "the loss", loss, where) +
+                            (replica_ ? "; its update was not applied, and no checkpoint was "
+                                        "written after step " + std::to_string(step - 1)
+                                      : "; the holders may have applied its update (they do "
+                                        "before its loss is known, when its gradient norm is "
+                                        "finite), and no final checkpoint was written"));
+  service_->mark_diverged(step);  // the baseline's replica does not apply this step
+}
+
+// Updates this rank has learnt of (the baseline's at once, PD's with the replies of the next
+// fetch) whose gradient norm was not finite: the holders or the replica did not apply them.
+void ComputeLoop::check_norms() {
+  while (diverged_at_ == 0) {
+    const auto info = service_->update_info(norm_checked_ + 1);
+    if (!info) return;
+    ++norm_checked_;
+    if (std::isfinite(info->grad_norm)) continue;
+    note_divergence(info->version,
+                    replica_ ? replica_->divergence()
+                             : divergence_message(info->version, "the gradient norm",
+                                                  info->grad_norm, "agreed by the holders") +
+                                   "; the holders applied no update from this step on");
+  }
+}
+
+void ComputeLoop::note_divergence(std::int64_t step, const std::string& why) {
+  if (diverged_at_ > 0 && diverged_at_ <= step) return;
+  diverged_at_ = step;
+  divergence_ = why;
+}
+
+// After a divergence at step D: no record after D is reported (their steps computed on
+// parameters that did not change), the owners of the parameters write no final checkpoint, and
+// the ranks that saw why say so (train.cpp ends the job with status 5).
+void ComputeLoop::end_diverged(TrainResult& result) {
+  while (!pending_.empty() && pending_.back().step > diverged_at_) pending_.pop_back();
+  const auto kept = static_cast<std::size_t>(std::max<std::int64_t>(0, diverged_at_ - start_step_));
+  if (result.losses.size() > kept) result.losses.resize(kept), result.val_losses.resize(kept);
+  result.final_step = diverged_at_;
+  service_->mark_diverged(diverged_at_);
+  result.diverged_step = diverged_at_;
+  result.divergence = divergence_;
 }
 
 // The holders' figures (gradient norm, lr) of every update up to `version` arrive with any
@@ -249,6 +336,7 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
                 trace),
       reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
       service_(std::move(service)), replica_(replica) {
+  norm_checked_ = start_step;
   if (replica_ && layout.shape().dp > 1)
     packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
   PDT_CHECK(layout.replicated() == (replica_ != nullptr),

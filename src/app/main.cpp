@@ -41,8 +41,9 @@ const char* kUsage =
     "\n"
     "  --set k=v             override a deck key (checked like the deck), repeatable\n"
     "  --dry-run             print each rank's role, coordinates and blocks, then exit\n"
-    "  --restart PATH|auto   continue from a checkpoint (auto: the newest valid one in\n"
-    "                        checkpoint.dir, or a fresh start if there is none)\n"
+    "  --restart PATH|auto|fresh  continue from a checkpoint (auto: the newest valid one in\n"
+    "                        checkpoint.dir, a fresh start if it holds none, an error if none\n"
+    "                        of its checkpoints verifies); fresh: step 0 on purpose\n"
     "  --stop-after N        end after step N with a checkpoint (the schedule still targets\n"
     "                        run.steps), to cut a long training into several jobs\n"
     "  --sweep-index N       run point N of the deck's [sweep] (default: $SLURM_ARRAY_TASK_ID)\n"
@@ -53,7 +54,7 @@ const char* kUsage =
     "\n"
     "Exit status: 0 ok, 1 runtime fault, 2 bad deck or command line, 3 impossible layout,\n"
     "4 bad data file or I/O (unwritable directory, bad checkpoint, an output that cannot be\n"
-    "written). Deck keys: docs/deck.md.\n";
+    "written), 5 training diverged. Deck keys: docs/deck.md.\n";
 
 struct CommandLine {
   std::string command = "train";  // train | eval
@@ -119,7 +120,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     } else if (a == "--sweep-index") {
       c.sweep_index = integer_value(a, option_value(argc, argv, i, "N"), 0, "a point number");
     } else if (a == "--restart") {
-      c.restart = option_value(argc, argv, i, "PATH or auto");
+      c.restart = option_value(argc, argv, i, "PATH, auto or fresh");
     } else if (a == "--stop-after") {
       c.stop_after = integer_value(a, option_value(argc, argv, i, "a step"), 1, "a positive step");
     } else if (a == "--list-sweep") {

@@ -199,7 +199,7 @@ void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t star
     std::printf("device: %s | peak %s allocated by this rank\n", device.describe().c_str(),
                 human_bytes(static_cast<double>(device.peak_bytes())).c_str());
   if (r.losses.empty()) return;
-  if (r.final_step < deck.run.steps)
+  if (r.final_step < deck.run.steps && r.diverged_step == 0)
     std::printf("stopped after step %lld of %lld: checkpoint written; continue with "
                 "--restart auto\n",
                 static_cast<long long>(r.final_step), static_cast<long long>(deck.run.steps));

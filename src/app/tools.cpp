@@ -3,12 +3,17 @@
 #include <cstdio>
 
 #include "pdtrain/ckpt/checkpoint.hpp"
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/model/llmc_format.hpp"
 
 namespace pdtrain {
 
 void inspect_checkpoint(const std::string& path) {
-  std::fputs(ckpt::inspect(path).c_str(), stdout);
+  bool intact = false;
+  std::fputs(ckpt::inspect(path, &intact).c_str(), stdout);
+  std::fflush(stdout);
+  if (!intact)  // a script checking a checkpoint must not read "damaged" as success
+    throw Error(ExitCode::data, path + " is damaged or incomplete (see above)");
 }
 
 void export_llmc(const std::string& checkpoint, const std::string& out) {

@@ -4,6 +4,7 @@
 #include "pdtrain/app/train.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -55,16 +56,52 @@ std::vector<std::unique_ptr<RunLock>> lock_output_dirs(const Deck& deck);
 void write_resolved_deck(const Deck& deck);
 void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm world);
 TraceRecorder trace_recorder(const Deck& deck, const Layout& layout);
-void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
-                      const RunOptions& opts, const RestartPoint& restart, TraceRecorder* trace);
+std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
+                             const RunOptions& opts, const RestartPoint& restart,
+                             TraceRecorder* trace);
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
                              kernels::ComputeBackend& backend, TraceRecorder* trace);
 void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world);
+// One training run, the divergence guard's rewind between runs.
+TrainResult train_once(const Deck& deck, MPI_Comm job, const RunOptions& opts,
+                       std::int64_t* diverged_step);
+void rewind(Deck& deck, RunOptions& opts, const Error& divergence, std::int64_t diverged_step,
+            std::int64_t rewinds, MPI_Comm job);
 
 }  // namespace
 
+// With train.on_divergence = rewind, a diverged run (it ended in order, having applied and
+// checkpointed nothing of the diverged step) is run again from the newest valid checkpoint
+// before that step, with a lower learning rate and the step's batch skipped: all of it follows
+// from the deck, so a rewound run is reproducible.
 TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts) {
+  Deck d = deck;
+  RunOptions o = opts;
+  for (std::int64_t rewinds = 0;; ++rewinds) {
+    std::int64_t diverged_step = 0;
+    try {
+      return train_once(d, job, o, &diverged_step);
+    } catch (const Error& e) {
+      if (e.code() != ExitCode::diverged || d.train.on_divergence != "rewind" ||
+          rewinds == d.train.max_rewinds)
+        throw;
+      rewind(d, o, e, diverged_step, rewinds + 1, job);
+    }
+  }
+}
+
+std::int64_t batch_of_step(std::int64_t step, const std::vector<std::int64_t>& skipped) {
+  std::int64_t batch = step;
+  for (std::int64_t s : skipped)
+    if (s <= batch) ++batch;
+  return batch;
+}
+
+namespace {
+
+TrainResult train_once(const Deck& deck, MPI_Comm job, const RunOptions& opts,
+                       std::int64_t* diverged_step) {
   Setup setup;
   std::vector<std::unique_ptr<RunLock>> locks;  // held until the run returns
   run_collectively(job, ErrorScope::job, [&] {
@@ -99,14 +136,48 @@ TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts)
   TraceRecorder trace = trace_recorder(deck, layout);
   TrainResult result;
   if (layout.is_holder())
-    serve_parameters(deck, setup, layout, opts, restart, &trace);
+    result.divergence = serve_parameters(deck, setup, layout, opts, restart, &trace);
   else
     result = run_compute_rank(deck, setup, layout, opts, restart, backend, &trace);
   if (deck.output.trace) write_traces(deck, trace, world);
+  // A diverged run ended in order: every rank learns the step, and the job ends (or rewinds)
+  // with the lowest rank's account (a holder's names the block, a compute rank's the loss).
+  std::int64_t earliest = result.diverged_step > 0 ? result.diverged_step : INT64_MAX;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &earliest, 1, MPI_INT64_T, MPI_MIN, world));
+  *diverged_step = earliest == INT64_MAX ? 0 : earliest;
+  run_collectively(world, ErrorScope::job, [&] {
+    if (!result.divergence.empty()) throw Error(ExitCode::diverged, result.divergence);
+  });
   return result;
 }
 
-namespace {
+// Collective over `job`: the next run after a divergence at `diverged_step` starts from the
+// newest valid checkpoint before it (step 0 when there is none), with the learning rate
+// lowered and the batch that step trained on skipped; rank 0 logs it.
+void rewind(Deck& deck, RunOptions& opts, const Error& divergence, std::int64_t diverged_step,
+            std::int64_t rewinds, MPI_Comm job) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(job, &rank));
+  std::string from;
+  if (rank == 0 && std::filesystem::is_directory(deck.checkpoint.dir))
+    from = ckpt::find_latest_valid(deck.checkpoint.dir, true, diverged_step).path;
+  broadcast_string(job, from);
+  opts.restart = from.empty() ? "fresh" : from;
+  deck.optimizer.lr *= deck.train.rewind_lr_factor;
+  deck.optimizer.min_lr *= deck.train.rewind_lr_factor;
+  const std::int64_t batch = batch_of_step(diverged_step, opts.skipped_batches);
+  opts.skipped_batches.push_back(batch);
+  std::sort(opts.skipped_batches.begin(), opts.skipped_batches.end());
+  if (rank == 0) {
+    std::printf("rewind %lld of %lld: %s\nrewind: from %s with optimizer.lr %g (x%g), "
+                "skipping batch %lld (the one step %lld trained on)\n",
+                static_cast<long long>(rewinds), static_cast<long long>(deck.train.max_rewinds),
+                divergence.what(), from.empty() ? "step 0" : from.c_str(), deck.optimizer.lr,
+                deck.train.rewind_lr_factor, static_cast<long long>(batch),
+                static_cast<long long>(diverged_step));
+    std::fflush(stdout);
+  }
+}
 
 // Whether `dir` is `top` or lies below it (the default checkpoint.dir, OUT/checkpoints); false
 // when either cannot be resolved, so that both get locked.
@@ -191,9 +262,10 @@ void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_C
 }
 
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
-// compute rank is done.
-void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
-                      const RunOptions& opts, const RestartPoint& restart, TraceRecorder* trace) {
+// compute rank is done. Returns why training diverged, if the holders saw it.
+std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
+                             const RunOptions& opts, const RestartPoint& restart,
+                             TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
   HolderServer server(layout, setup.table, setup.owner,
                       push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
@@ -213,6 +285,7 @@ void serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                                       opts.verbose && layout.holder_index() == 0));
   }
   server.run();
+  return server.divergence();
 }
 
 // A compute rank: its parameters come from the holders (PD) or from its own replica (the

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include "format.hpp"
@@ -41,6 +43,49 @@ std::string dir_of(const std::string& path) {
 }
 
 std::string base_of(const std::string& path) { return fs::path(path).filename().string(); }
+
+namespace {
+
+// What retention knows of checkpoint files without reading them again: those this process
+// published (written from the state in memory, so known good) and those it verified, with
+// why each damaged one does not verify.
+class KnownFiles {
+ public:
+  static KnownFiles& get() {
+    static KnownFiles k;
+    return k;
+  }
+  void published(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    damage_[path] = "";
+  }
+  // "" when `path` verifies; verified once per process (a full read), then remembered.
+  std::string damage(const std::string& path) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = damage_.find(path);
+      if (it != damage_.end()) return it->second;
+    }
+    const std::string why = checkpoint_damage(path);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!why.empty())
+      std::fprintf(stderr,
+                   "pdtrain: warning: retention keeps a checkpoint that does not verify: %s\n",
+                   why.c_str());
+    return damage_[path] = why;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::string> damage_;  // by path; "" = good
+};
+
+}  // namespace
+
+void publish(const std::string& tmp, const std::string& final_path) {
+  publish_file(tmp, final_path);  // fsync, rename, fsync the directory; removes tmp on failure
+  KnownFiles::get().published(final_path);
+}
 
 void write_latest(const std::string& dir, const std::string& name) {
   write_file_atomically(dir + "/latest", name + "\n");
@@ -83,11 +128,19 @@ std::vector<std::string> apply_retention(const std::string& dir, std::int64_t cu
   std::vector<DirEntry> older;
   for (const DirEntry& e : list_checkpoints(dir))
     if (e.step <= current_step) older.push_back(e);
+  // The newest `keep` that verify count; a file that does not verify is never deleted (nor is
+  // what it names as its anchor): it may be the only copy of the progress, for a person to look
+  // at. All are judged before anything is deleted, so a delta is verified with its anchor.
   std::set<std::string> needed;
-  for (std::size_t i = 0; i < older.size() && i < static_cast<std::size_t>(keep); ++i) {
-    needed.insert(older[i].name);
+  int good = 0;
+  for (const DirEntry& e : older) {
+    const std::string path = dir + "/" + e.name;
+    const bool damaged = !KnownFiles::get().damage(path).empty();
+    if (!damaged && good == keep) continue;
+    if (!damaged) ++good;
+    needed.insert(e.name);
     try {
-      const CheckpointMeta m = read_meta(dir + "/" + older[i].name);
+      const CheckpointMeta m = read_meta(path);
       if (!m.anchor.empty()) needed.insert(m.anchor);
     } catch (const Error&) {
       // An unreadable kept file needs no anchor; it is kept so that a person can look at it.

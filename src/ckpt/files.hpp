@@ -8,6 +8,9 @@
 
 namespace pdtrain::ckpt::detail {
 
+// Makes `tmp` the checkpoint `final_path` (io/output_file's publish_file: fsync, rename, fsync
+// of the directory); retention then knows the file as good without reading it.
+void publish(const std::string& tmp, const std::string& final_path);
 // <dir>/latest := name, atomically (io/output_file's write_file_atomically: latest.tmp written,
 // fsync'ed, renamed; Error(data) naming the file if it cannot).
 void write_latest(const std::string& dir, const std::string& name);
@@ -20,8 +23,10 @@ struct DirEntry {
 // Complete-named checkpoints (ckpt-<step>.h5) in `dir`, newest step first.
 std::vector<DirEntry> list_checkpoints(const std::string& dir);
 
-// Deletes checkpoints of steps <= current_step beyond the newest `keep` (and the anchors those
-// need), and leftover *.h5.tmp files of crashed writes. Returns the names deleted.
+// Deletes checkpoints of steps <= current_step beyond the newest `keep` that verify (and the
+// anchors those need), and leftover *.h5.tmp files of crashed writes; never a checkpoint that
+// does not verify (files this process published count as verified; others are read in full
+// once per process). Returns the names deleted.
 std::vector<std::string> apply_retention(const std::string& dir, std::int64_t current_step,
                                          int keep);
 

@@ -43,7 +43,7 @@ void add_row(hid_t file, const std::string& name, std::int64_t raw, std::vector<
 
 }  // namespace
 
-std::string inspect(const std::string& path) {
+std::string inspect(const std::string& path, bool* intact) {
   ensure_hdf5_ready();
   std::ostringstream out;
   const CheckpointMeta m = read_meta(path);
@@ -98,6 +98,7 @@ std::string inspect(const std::string& path) {
   } catch (const Error& e) {
     problems.push_back(e.what());
   }
+  if (intact) *intact = m.complete && problems.empty();
   if (problems.empty()) {
     out << "  crc32c: all " << good << " blocks verify (params, adam_m, adam_v)\n";
   } else {

@@ -2,6 +2,7 @@
 // verification of every block's CRC32C. Each holder opens the file itself, read-only, through
 // the POSIX driver: reading needs no coordination, so only the verdict is collective.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -370,10 +371,41 @@ Checkpoint read_checkpoint(const std::string& path, const ParamCatalog& catalog,
   return ck;
 }
 
-LatestValid find_latest_valid(const std::string& dir, bool verify_data) {
+namespace {
+
+// "" if the checkpoint at `path` can be used (with `verify_data`, every block decodes with its
+// CRC32C correct), else "<path> does not verify: <why>" (the why may name its anchor).
+std::string check_file(const std::string& path, bool verify_data) {
+  try {
+    const CheckpointMeta m = read_meta(path);
+    const ParamCatalog catalog(m.shape);
+    detail::check_usable(m, catalog);
+    if (verify_data) {
+      std::vector<int> all(catalog.blocks().size());
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+      const std::map<int, BlockState> blocks =
+          detail::BlockReader(path, catalog, nullptr).read(all);
+      // A diverged state is no restart point (pdtrain never writes one; an older one might).
+      for (const auto& [id, b] : blocks)
+        for (const std::vector<float>* v : {&b.param, &b.m, &b.v})
+          if (std::any_of(v->begin(), v->end(), [](float x) { return !std::isfinite(x); }))
+            return path + " does not verify: block " + catalog.block_name(catalog.block(id)) +
+                   " holds a value that is not finite (a diverged state)";
+    }
+    return "";
+  } catch (const Error& err) {
+    return path + " does not verify: " + err.what();
+  }
+}
+
+}  // namespace
+
+LatestValid find_latest_valid(const std::string& dir, bool verify_data,
+                              std::int64_t before_step) {
   ensure_hdf5_ready();
   LatestValid out;
   std::vector<detail::DirEntry> candidates = detail::list_checkpoints(dir);
+  std::erase_if(candidates, [&](const detail::DirEntry& e) { return e.step >= before_step; });
   // `latest` names the checkpoint the last writer published; prefer it (newer-numbered files
   // can be left over from an abandoned run that was restarted from an earlier step).
   if (const auto latest = detail::read_latest(dir)) {
@@ -383,22 +415,19 @@ LatestValid find_latest_valid(const std::string& dir, bool verify_data) {
   }
   for (const detail::DirEntry& e : candidates) {
     const std::string path = dir + "/" + e.name;
-    try {
-      const CheckpointMeta m = read_meta(path);
-      const ParamCatalog catalog(m.shape);
-      detail::check_usable(m, catalog);
-      if (verify_data) {
-        std::vector<int> all(catalog.blocks().size());
-        for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-        detail::BlockReader(path, catalog, nullptr).read(all);
-      }
+    const std::string damage = check_file(path, verify_data);
+    if (damage.empty()) {
       out.path = path;
       return out;
-    } catch (const Error& err) {
-      out.warnings.push_back(std::string("skipping damaged checkpoint: ") + err.what());
     }
+    out.warnings.push_back(damage);
   }
   return out;
+}
+
+std::string checkpoint_damage(const std::string& path) {
+  ensure_hdf5_ready();
+  return check_file(path, true);
 }
 
 }  // namespace pdtrain::ckpt

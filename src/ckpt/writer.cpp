@@ -619,7 +619,7 @@ void CheckpointWriter::publish(const Job& j) {
   if (rank_ == 0) {
     try {
       test_hooks::checkpoint_write_point("before_rename");
-      publish_file(j.tmp, j.path);  // removes j.tmp if it fails
+      detail::publish(j.tmp, j.path);  // removes j.tmp if it fails
       test_hooks::checkpoint_write_point("before_latest");
       detail::write_latest(dir_, detail::base_of(j.path));
       stats_.deleted = detail::apply_retention(dir_, j.step, keep_);

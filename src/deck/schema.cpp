@@ -174,6 +174,32 @@ std::vector<KeySpec> build_schema() {
           "stay fp32 (pd.push_codec decides the wire). No loss scaling: bf16 has fp32's exponent "
           "range.")
           .one_of({"fp32", "bf16"}),
+      key(&D::train, &TrainConfig::on_divergence, "train.on_divergence",
+          "When a step's loss or gradient norm is not finite (no parameter is updated with it, "
+          "nothing after it is checkpointed): stop ends the run with exit status 5, naming the "
+          "step, the quantity and the rank; rewind restarts from the newest valid checkpoint "
+          "before that step (or step 0) with optimizer.lr and min_lr times "
+          "train.rewind_lr_factor, skipping the batch of the step that diverged, at most "
+          "train.max_rewinds times (then it stops). Rewinds are logged and reproducible.")
+          .one_of({"stop", "rewind"}),
+      key(&D::train, &TrainConfig::rewind_lr_factor, "train.rewind_lr_factor",
+          "train.on_divergence = rewind: the learning-rate factor of each rewind.")
+          .above(0.0)
+          .below(1.0),
+      key(&D::train, &TrainConfig::max_rewinds, "train.max_rewinds",
+          "train.on_divergence = rewind: rewinds per run before a divergence stops it.")
+          .at_least(1)
+          .at_most(kMaxCount(10)),
+      key(&D::train, &TrainConfig::loss_spike_factor, "train.loss_spike_factor",
+          "> 0: a step whose loss exceeds this times the median of the previous "
+          "train.loss_spike_window losses (of this run since its start or restart, once that "
+          "many are known) diverges too; 0: only a loss or norm that is not finite does. In PD "
+          "the step's update is applied before its loss is known.")
+          .at_least(0.0),
+      key(&D::train, &TrainConfig::loss_spike_window, "train.loss_spike_window",
+          "train.loss_spike_factor: the steps whose median loss is the reference.")
+          .at_least(1)
+          .at_most(kMaxCount(20)),
 
       key(&D::compute, &ComputeConfig::device, "compute.device",
           "Where compute ranks run the model: cpu, or cuda (one NVIDIA GPU per compute rank, "

@@ -1,8 +1,10 @@
 #include "pdtrain/pd/device_replica.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/optim/divergence.hpp"
 
 namespace pdtrain {
 
@@ -57,18 +59,32 @@ UpdateInfo DeviceReplica::update(std::int64_t step, const float* g) {
   sumsq_.download();
   device_.synchronize();
   const double* s = sumsq_.host();
-  const double norm = global_norm(std::vector<double>(s, s + sizes_.size()));
+  const std::vector<double> by_block(s, s + sizes_.size());
+  const double norm = global_norm(by_block);
   const double lr = learning_rate(opt_, step);
   const auto scale = static_cast<float>(clip_factor(opt_, norm));
+  last_ = UpdateInfo{step, norm, lr};
+  history_[step] = last_;
+  if (diverged(step, norm, by_block)) return last_;  // the version advances, nothing changes
   for (const DecayRun& r : runs_) {
     const std::int64_t at = offsets_[r.first], n = offsets_[r.last] - at;
     ops_.adamw(params_.device() + at, m_.device() + at, v_.device() + at, g + at, n,
                adamw_step(opt_, step, lr, scale, r.decay));
   }
-  last_ = UpdateInfo{step, norm, lr};
-  history_[step] = last_;
   if (hooks_.after_update) hooks_.after_update(step, [this] { return owned_blocks(); });
   return last_;
+}
+
+// The divergence guard, as on the holders: a norm that is not finite is never applied (nor any
+// later step's), naming the first block whose gradient is not finite.
+bool DeviceReplica::diverged(std::int64_t step, double norm, const std::vector<double>& by_block) {
+  if (diverged_at_ > 0 || diverged_step_ > 0) return true;  // diverged_step_: the loss did
+  if (std::isfinite(norm)) return false;
+  diverged_at_ = step;
+  divergence_ = norm_divergence_message(step, norm, by_block, [this](int b) {
+    return table_.blocks[b].name + " (the replicated baseline: every compute rank)";
+  });
+  return true;
 }
 
 std::optional<UpdateInfo> DeviceReplica::update_info(std::int64_t version) const {
@@ -115,7 +131,11 @@ void DeviceReplica::restore(std::int64_t version, std::map<int, BlockState> bloc
 }
 
 std::uint32_t DeviceReplica::finish() {
-  if (hooks_.at_end) hooks_.at_end(last_.version, [this] { return owned_blocks(); });
+  if (diverged_at_ > 0 || diverged_step_ > 0) {
+    if (hooks_.after_divergence) hooks_.after_divergence();
+  } else if (hooks_.at_end) {
+    hooks_.at_end(last_.version, [this] { return owned_blocks(); });
+  }
   params_.download();
   device_.synchronize();
   std::vector<const float*> ptrs;

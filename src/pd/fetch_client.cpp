@@ -660,9 +660,9 @@ void FetchClient::wait_push(PushTicket ticket) {
 }
 
 std::uint32_t FetchClient::finish() {
-  std::int64_t none = 0;
+  // `done` carries the step the run diverged at (0: none), so holders skip the final checkpoint.
   for (int h = 0; h < layout_.shape().holders; ++h)
-    MPI_CHECK(MPI_Send(&none, 1, MPI_INT64_T, layout_.holder_world_rank(h), wire::kDone,
+    MPI_CHECK(MPI_Send(&diverged_step_, 1, MPI_INT64_T, layout_.holder_world_rank(h), wire::kDone,
                        layout_.world()));
   if (!layout_.is_reporter()) return 0;
   std::uint32_t crc = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <span>
@@ -11,6 +12,7 @@
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/optim/divergence.hpp"
 #include "pdtrain/pd/wire.hpp"
 
 namespace pdtrain {
@@ -115,7 +117,11 @@ void HolderServer::run() {
     }
   }
   drain_sent_replies();
-  if (hooks_.at_end) hooks_.at_end(version_, [this] { return owned_blocks(); });
+  if (diverged_at_ > 0 || compute_diverged_) {
+    if (hooks_.after_divergence) hooks_.after_divergence();
+  } else if (hooks_.at_end) {
+    hooks_.at_end(version_, [this] { return owned_blocks(); });
+  }
   if (verbose_) print_traffic();
   send_final_crc();
 }
@@ -158,9 +164,15 @@ void HolderServer::handle(int source, int tag, std::span<const char> msg) {
     case wire::kPush:
       take_push(source, msg, receive_push_payload(source, msg));
       break;
-    case wire::kDone:
+    case wire::kDone: {
+      std::int64_t diverged_step = 0;  // a compute rank's loss diverged at this step
+      PDT_CHECK(msg.size() >= sizeof(diverged_step),
+                "malformed done message from rank " + std::to_string(source));
+      std::memcpy(&diverged_step, msg.data(), sizeof(diverged_step));
+      compute_diverged_ = compute_diverged_ || diverged_step > 0;
       ++done_ranks_;
       break;
+    }
     default:
       PDT_CHECK(false, "holder received unexpected message tag " + std::to_string(tag) +
                            " from rank " + std::to_string(source));
@@ -366,6 +378,11 @@ void HolderServer::finish_step() {
   // ones served while the update runs (the reporting rank may see no other reply of this step).
   recent_[version_] = UpdateInfo{version_, norm, lr};
   recent_.erase(recent_.begin(), recent_.lower_bound(version_ - staleness_));
+  if (diverged_at_ > 0) {  // not applied: the compute ranks stop once they learn the norm
+    keep_blocks(step);
+    serve_deferred();
+    return;
+  }
   update_blocks(step, lr, scale);
   if (hooks_.after_update) hooks_.after_update(version_, [this] { return owned_blocks(); });
   serve_deferred();
@@ -392,7 +409,31 @@ double HolderServer::agree_on_norm(std::int64_t step) {
   std::vector<double> by_block(owner_.size());
   std::vector<int> next(displs);
   for (std::size_t b = 0; b < owner_.size(); ++b) by_block[b] = all[next[owner_[b]]++];
-  return global_norm(by_block);
+  const double norm = global_norm(by_block);
+  check_norm(step, norm, by_block);
+  return norm;
+}
+
+// The divergence guard, on every holder alike (they hold the same per-block sums): a norm that
+// is not finite stops every holder before it touches a parameter, naming the first block whose
+// gradient is not finite and the holder that owns it.
+void HolderServer::check_norm(std::int64_t step, double norm, const std::vector<double>& by_block) {
+  if (diverged_at_ > 0 || std::isfinite(norm)) return;
+  diverged_at_ = step;
+  divergence_ = norm_divergence_message(step, norm, by_block, [this](int b) {
+    return table_.blocks[b].name + " on holder " + std::to_string(owner_[b]) + " (world rank " +
+           std::to_string(layout_.holder_world_rank(owner_[b])) + ")";
+  });
+}
+
+// A step not applied (training diverged): its version is the previous parameters, so that the
+// compute ranks' fetches of it are answered and the run ends in order.
+void HolderServer::keep_blocks(std::int64_t step) {
+  for (auto& [id, o] : owned_) {
+    encode(o);  // as version_ (== step)
+    give_buffer(std::move(o.grads.at(step).sum));
+    o.grads.erase(step);
+  }
 }
 
 // The fused update of every owned block on the pool. Meanwhile this thread publishes blocks in

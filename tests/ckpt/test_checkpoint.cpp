@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "ckpt_test_util.hpp"
@@ -294,6 +295,29 @@ TEST(Retention, KeepsTheNewestAndTheAnchorsTheyNeed) {
   for (int step : {6, 7}) EXPECT_EQ(read_error(dir / name(step), cat), "") << step;
 }
 
+TEST(Retention, NeverDeletesACheckpointThatDoesNotVerify) {
+  const ParamCatalog cat(tiny_shape());
+  // An earlier job's xor anchor (step 1) and its delta (step 2), the anchor's parameters then
+  // damaged on disk: neither verifies. Copied, so that this process has not written them.
+  ScratchDir before, dir;
+  write_two_steps(cat, before.path(), Codec::xor_delta, 3);
+  for (int step : {1, 2})
+    fs::copy_file(before / checkpoint_file_name(step), dir / checkpoint_file_name(step));
+  auto [off, size] = data_location(dir / checkpoint_file_name(1), "params/wte", {0, 0});
+  flip_byte(dir / checkpoint_file_name(1), off + size / 2);
+  ASSERT_NE(read_error(dir / checkpoint_file_name(2), cat), "");
+  // This job keeps one checkpoint (anchors at 3 and 6): the good 3, 4, 5 go, the damaged stay.
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::xor_delta, 3, dir.path(), 1);
+  State s = random_state(cat, 9);
+  for (int step = 3; step <= 6; ++step) {
+    s = trained_like(s, static_cast<std::uint64_t>(step));
+    w.write(step, step, 0, kDeck, "", refs(s));
+  }
+  EXPECT_EQ(files_in(dir.path()),
+            (std::set<std::string>{checkpoint_file_name(1), checkpoint_file_name(2),
+                                   checkpoint_file_name(6), "latest"}));
+}
+
 TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
@@ -315,6 +339,24 @@ TEST(Latest, SkipsADamagedNewestCheckpointWithAWarning) {
   // A truncated file does not even open.
   fs::resize_file(p2, fs::file_size(p2) / 2);
   EXPECT_EQ(find_latest_valid(dir.path(), false).path, dir / "ckpt-00000001.h5");
+}
+
+TEST(Latest, SkipsACheckpointHoldingADivergedState) {
+  // What an older pdtrain wrote after the loss overflowed: CRCs right, a value NaN.
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  State s = random_state(cat, 3);
+  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::raw, 1, dir.path(), 0);
+  const std::string good = w.write(1, 1, 0, kDeck, "", refs(s));
+  s.at(2).v[5] = std::numeric_limits<float>::quiet_NaN();
+  w.write(2, 2, 0, kDeck, "", refs(s));
+  const LatestValid l = find_latest_valid(dir.path());
+  EXPECT_EQ(l.path, good);
+  ASSERT_EQ(l.warnings.size(), 1u);
+  EXPECT_NE(l.warnings[0].find("ckpt-00000002.h5 does not verify: block " + cat.block_name(cat.block(2)) +
+                               " holds a value that is not finite"),
+            std::string::npos)
+      << l.warnings[0];
 }
 
 TEST(Checkpoint, WithoutTheCompleteFlagAFileIsRejected) {

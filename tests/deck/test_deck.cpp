@@ -94,36 +94,41 @@ const std::vector<std::string> kFullDeck = {
     "eval_batches = 10",                 // 36
     "recompute = \"full\"",               // 37
     "precision = \"bf16\"",               // 38
-    "[optimizer]",                       // 39
-    "lr = 6e-4",                         // 40
-    "min_lr = 6e-5",                     // 41
-    "warmup_steps = 700",                // 42
-    "weight_decay = 0.0",                // 43
-    "grad_clip = 0.5",                   // 44
-    "beta1 = 0.85",                      // 45
-    "beta2 = 0.999",                     // 46
-    "eps = 1e-6",                        // 47
-    "[pd]",                              // 48
-    "fetch_codec = \"bf16\"",             // 49
-    "push_codec = \"zstd\"",              // 50
-    "staleness = 2",                     // 51
-    "prefetch_depth = 3",                // 52
-    "cache_mb = 64.5",                   // 53
-    "fetch_thread = true",               // 54
-    "cache_warm_steps = 7",              // 55
-    "holder_threads = 2",                // 56
-    "[checkpoint]",                      // 57
-    "every = 100",                       // 58
-    "codec = \"xor\"",                   // 59
-    "anchor_every = 5",                  // 60
-    "keep = 2",                          // 61
-    "async = true",                      // 62
-    "dir = \"/scratch/ckpt\"",           // 63
-    "[output]",                          // 64
-    "trace = true",                      // 65
-    "[compute]",                         // 66
-    "device = \"cuda\"",                 // 67
-    "tf32 = true",                       // 68
+    "on_divergence = \"rewind\"",        // 39
+    "rewind_lr_factor = 0.25",           // 40
+    "max_rewinds = 2",                   // 41
+    "loss_spike_factor = 4.0",           // 42
+    "loss_spike_window = 8",             // 43
+    "[optimizer]",                       // 44
+    "lr = 6e-4",                         // 45
+    "min_lr = 6e-5",                     // 46
+    "warmup_steps = 700",                // 47
+    "weight_decay = 0.0",                // 48
+    "grad_clip = 0.5",                   // 49
+    "beta1 = 0.85",                      // 50
+    "beta2 = 0.999",                     // 51
+    "eps = 1e-6",                        // 52
+    "[pd]",                              // 53
+    "fetch_codec = \"bf16\"",             // 54
+    "push_codec = \"zstd\"",              // 55
+    "staleness = 2",                     // 56
+    "prefetch_depth = 3",                // 57
+    "cache_mb = 64.5",                   // 58
+    "fetch_thread = true",               // 59
+    "cache_warm_steps = 7",              // 60
+    "holder_threads = 2",                // 61
+    "[checkpoint]",                      // 62
+    "every = 100",                       // 63
+    "codec = \"xor\"",                   // 64
+    "anchor_every = 5",                  // 65
+    "keep = 2",                          // 66
+    "async = true",                      // 67
+    "dir = \"/scratch/ckpt\"",           // 68
+    "[output]",                          // 69
+    "trace = true",                      // 70
+    "[compute]",                         // 71
+    "device = \"cuda\"",                 // 72
+    "tf32 = true",                       // 73
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -175,6 +180,11 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.train.batch_size, 64);
   EXPECT_EQ(d.train.eval_every, 0);
   EXPECT_EQ(d.train.eval_batches, 10);
+  EXPECT_EQ(d.train.on_divergence, "rewind");
+  EXPECT_EQ(d.train.rewind_lr_factor, 0.25);
+  EXPECT_EQ(d.train.max_rewinds, 2);
+  EXPECT_EQ(d.train.loss_spike_factor, 4.0);
+  EXPECT_EQ(d.train.loss_spike_window, 8);
   EXPECT_EQ(d.optimizer.lr, 6e-4);
   EXPECT_EQ(d.optimizer.min_lr, 6e-5);
   EXPECT_EQ(d.optimizer.warmup_steps, 700);
@@ -189,7 +199,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:47");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:52");
   EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
@@ -608,9 +618,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 5 train + 2 compute + 8 optimizer + 8 pd +
+  // 5 run + 9 model + 6 data + 7 parallel + 10 train + 2 compute + 8 optimizer + 8 pd +
   // 6 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 57u);
+  EXPECT_EQ(deck::schema().size(), 62u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -23,9 +23,10 @@ struct RestartPoint {
   bool lossy = false;  // a bitdelta checkpoint: parameters are approximate
 };
 
-// Collective over `world`: `restart` is "" (fresh), "auto" (the newest complete, valid
-// checkpoint in checkpoint.dir, or fresh if none; damaged newer ones are skipped with a
-// warning) or a path. Errors are the same on every rank.
+// Collective over `world`: `restart` is "" or "fresh" (step 0, whatever checkpoint.dir holds),
+// "auto" (the newest complete, valid checkpoint in checkpoint.dir, or fresh if it holds none;
+// damaged newer ones are skipped with a warning; checkpoints present but none valid is a data
+// error naming each) or a path. Errors are the same on every rank.
 RestartPoint resolve_restart(const Deck& deck, const std::string& restart, MPI_Comm world);
 
 // Collective over `comm` (the holders, or MPI_COMM_SELF): the state of `ids` at the restart point.

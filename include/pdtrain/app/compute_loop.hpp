@@ -53,6 +53,11 @@ class ComputeLoop {
   void report_known(double eta);
   bool stop_requested();
   void learn_updates(std::int64_t version);
+  // The divergence guard (a loss or gradient norm that is not finite ends the run).
+  void check_loss(std::int64_t step, double loss);
+  void check_norms();
+  void note_divergence(std::int64_t step, const std::string& why);
+  void end_diverged(TrainResult& result);
 
   // Parameters: a pass of the PD cache, or the baseline replica's (publish).
   template <class Body>
@@ -98,6 +103,10 @@ class ComputeLoop {
   PhaseTimers timers_;
   std::int64_t have_version_ = -1;  // baseline: parameter version published to stage_params_
   std::deque<StepRecord> pending_;  // records waiting for their update's figures
+  std::int64_t norm_checked_ = 0;   // updates whose gradient norm check_norms() has seen
+  std::int64_t diverged_at_ = 0;    // the first step that diverged (agreed after each step)
+  std::string divergence_;          // why, when this rank saw it
+  std::deque<double> recent_losses_;  // the last train.loss_spike_window losses
 };
 
 }  // namespace pdtrain

@@ -5,7 +5,8 @@
 
 namespace pdtrain {
 
-// Prints step, codec, anchor, each tensor's shape, stored and raw bytes, and CRC status.
+// Prints step, codec, anchor, each tensor's shape, stored and raw bytes, and CRC status;
+// throws Error(data) after printing when the file is damaged or incomplete (exit status 4).
 void inspect_checkpoint(const std::string& path);
 
 // Writes the parameters of checkpoint `path` as an llm.c GPT-2 checkpoint (header + fp32

@@ -12,6 +12,7 @@
 // layout), find_latest_valid for restart, inspect for `pdtrain inspect`.
 #include <mpi.h>
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -138,17 +139,25 @@ Checkpoint read_checkpoint(const std::string& path, const ParamCatalog& catalog,
 // Reads only the root attributes (no data, no verification beyond the format). Local.
 CheckpointMeta read_meta(const std::string& path);
 
+// Local: why the checkpoint at `path` cannot be used, naming the file ("" when it is complete,
+// opens, fits its own model shape and every block decodes, against its anchor for a delta,
+// with its CRC32C correct and every value finite). Reads the whole file.
+std::string checkpoint_damage(const std::string& path);
+
 struct LatestValid {
   std::string path;                   // "" when no checkpoint in `dir` verifies
-  std::vector<std::string> warnings;  // one line per newer checkpoint skipped, and why
+  std::vector<std::string> warnings;  // one line per newer checkpoint skipped, naming it and why
 };
-// Local (call it on one holder and broadcast the path): the newest ckpt-*.h5 in `dir` that is
-// complete, opens and, with `verify_data`, decodes with every block's CRC correct.
-LatestValid find_latest_valid(const std::string& dir, bool verify_data = true);
+// Local (call it on one holder and broadcast the path): the newest ckpt-*.h5 in `dir` of a
+// step before `before_step` that is complete, opens and, with `verify_data`, decodes with every
+// block's CRC correct and every value finite.
+LatestValid find_latest_valid(const std::string& dir, bool verify_data = true,
+                              std::int64_t before_step = INT64_MAX);
 
 // Local: a human-readable description of a checkpoint: step, codec, anchor, model shape, each
 // dataset's shape with stored and raw bytes, and the CRC status of every block.
-std::string inspect(const std::string& path);
+// `intact` (if given) says whether the file is complete and every block verifies.
+std::string inspect(const std::string& path, bool* intact = nullptr);
 
 // The file name of the checkpoint of `step`: "ckpt-00000100.h5".
 std::string checkpoint_file_name(std::int64_t step);

@@ -13,6 +13,7 @@ enum class ExitCode : int {
   deck = 2,     // bad deck, bad --set, bad command line
   layout = 3,   // world size or parallel layout that cannot work
   data = 4,     // unreadable or malformed data file / checkpoint
+  diverged = 5, // training diverged: a loss or gradient norm that is not finite
 };
 
 class Error : public std::runtime_error {

@@ -63,6 +63,13 @@ struct TrainConfig {
   std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
   std::string recompute = "none";  // none | attention | full (activation recomputation)
   std::string precision = "fp32";  // fp32 | bf16 (bf16 matmuls, fp32 master weights)
+  // The divergence guard (a loss or gradient norm that is not finite): stop (exit status 5),
+  // or rewind to the last checkpoint before it with a lower learning rate, skipping its batch.
+  std::string on_divergence = "stop";  // stop | rewind
+  double rewind_lr_factor = 0.5;       // each rewind multiplies optimizer.lr and min_lr by this
+  std::int64_t max_rewinds = 3;        // rewinds per run before a divergence stops it
+  double loss_spike_factor = 0.0;      // > 0: a loss above this x the running median diverges
+  std::int64_t loss_spike_window = 20; // steps in that running median
 
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };

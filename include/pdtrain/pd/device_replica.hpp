@@ -10,6 +10,7 @@
 // optimizer step on the device.
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "pdtrain/device/device.hpp"
@@ -46,6 +47,9 @@ class DeviceReplica final : public ParameterService {
   // update, then the hooks.
   UpdateInfo update(std::int64_t step, const float* device_grads);
 
+  // Why training diverged (its gradient norm was not finite), "" if it did not.
+  const std::string& divergence() const { return divergence_; }
+
   // The same checkpoint hooks as a holder's (after each update, at the end).
   void set_hooks(HolderHooks hooks) { hooks_ = std::move(hooks); }
   void restore(std::int64_t version, std::map<int, BlockState> blocks);
@@ -70,8 +74,12 @@ class DeviceReplica final : public ParameterService {
   Mirrored<float> grads_;
   Mirrored<double> sumsq_;
   mutable std::vector<BlockState> host_;  // owned_blocks()'s copies
+  bool diverged(std::int64_t step, double norm, const std::vector<double>& by_block);
+
   UpdateInfo last_;
   std::map<std::int64_t, UpdateInfo> history_{{0, UpdateInfo{}}};  // by version
+  std::int64_t diverged_at_ = 0;  // the first update not applied (its norm was not finite)
+  std::string divergence_;
   HolderHooks hooks_;
 };
 

@@ -43,6 +43,8 @@ struct HolderHooks {
   std::function<void(std::int64_t version, const BlocksGetter&)> after_update;
   // Once, after every compute rank has finished, with all holders at the final version.
   std::function<void(std::int64_t version, const BlocksGetter&)> at_end;
+  // Instead of at_end when training diverged: finishes what is being written, writes nothing.
+  std::function<void()> after_divergence;
   // True once this holder was asked to stop (SIGTERM/SIGUSR1); told to compute ranks in replies.
   std::function<bool()> stop_requested;
 };
@@ -59,6 +61,9 @@ class HolderServer {
   void run();
 
   std::int64_t version() const { return version_; }
+  // Why training diverged, when this holder saw it (the agreed gradient norm was not
+  // finite); "" otherwise. Every holder holds the same text.
+  const std::string& divergence() const { return divergence_; }
   void set_hooks(HolderHooks hooks) { hooks_ = std::move(hooks); }
   // Replaces the initial state by a restored one (a checkpoint at `version`, for its blocks).
   void restore(std::int64_t version, std::map<int, BlockState> blocks);
@@ -107,6 +112,8 @@ class HolderServer {
   void finish_completed_steps();
   void finish_step();
   double agree_on_norm(std::int64_t step);
+  void check_norm(std::int64_t step, double norm, const std::vector<double>& by_block);
+  void keep_blocks(std::int64_t step);
   void update_blocks(std::int64_t step, double lr, float scale);
   void publish(Owned& o, std::int64_t step, Encoded fresh, std::uint32_t crc);
   bool serves_in_place() const;
@@ -145,6 +152,11 @@ class HolderServer {
   };
   std::deque<Sending> sending_;  // replies on their way (std::deque: elements never move)
   int done_ranks_ = 0;
+  // The divergence guard: the first step whose agreed gradient norm was not finite (that update
+  // and every later one are not applied), why, and whether a compute rank's loss diverged.
+  std::int64_t diverged_at_ = 0;
+  std::string divergence_;
+  bool compute_diverged_ = false;
   std::int64_t sent_ = 0, received_ = 0;  // bytes on the wire, for the traffic line
   bool verbose_ = false;
   HolderHooks hooks_;

@@ -81,11 +81,17 @@ class ParameterService {
   virtual void wait_push(PushTicket) {}
   // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.
   virtual std::uint32_t finish() = 0;
+  // Training diverged at 1-based step `step` (its loss or gradient norm was not finite): the
+  // parameters' owners write no final checkpoint when the run finishes.
+  void mark_diverged(std::int64_t step) { diverged_step_ = step; }
   // True once a holder has said it was asked to stop (a signal reached it).
   virtual bool holders_asked_to_stop() const { return false; }
   // Bytes this rank moved through the service so far (fetched, pushed).
   virtual std::int64_t bytes_fetched() const = 0;
   virtual std::int64_t bytes_pushed() const = 0;
+
+ protected:
+  std::int64_t diverged_step_ = 0;  // 0: the run did not diverge
 
  private:
   struct Queued {
