@@ -6,6 +6,7 @@
 #include "pdtrain/app/compute_loop.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -54,6 +55,13 @@ TrainResult ComputeLoop::run() {
     if (result.reporter) report_known((t - t_start) / done * static_cast<double>(last - k));
     if (k < last && stop_requested()) {
       result.stopped = true;
+      // Said before the checkpoint is written: should the job be killed while writing it, the
+      // log says why the run ended, and the previous checkpoint is the one to resume from.
+      if (result.reporter) {
+        std::printf("stop requested by a signal: step %lld is the last; writing a checkpoint\n",
+                    static_cast<long long>(k));
+        std::fflush(stdout);
+      }
       break;
     }
   }
@@ -183,7 +191,7 @@ void ComputeLoop::report_known(double eta) {
   }
 }
 
-// Whether any rank (compute or, through its replies, holder) got SIGTERM/SIGUSR1: all compute
+// Whether any rank (compute or, through its replies, holder) got a stop signal: all compute
 // ranks agree, so they all end after the same step.
 bool ComputeLoop::stop_requested() {
   int stop = stop_signal_received() || service_->holders_asked_to_stop() ? 1 : 0;

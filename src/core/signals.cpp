@@ -1,10 +1,18 @@
 #include "pdtrain/core/signals.hpp"
 
+#include <cerrno>
 #include <csignal>
+#include <cstring>
+#include <string>
+
+#include "pdtrain/core/error.hpp"
 
 namespace pdtrain {
 
 namespace {
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+// Set by the first stop signal; later ones change nothing (a stop is under way, and a
+// scheduler and a launcher may each send one).
 volatile std::sig_atomic_t g_stop = 0;
 extern "C" void on_stop_signal(int) { g_stop = 1; }
 }  // namespace
@@ -14,11 +22,14 @@ void install_stop_signals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
+  for (int sig : kStopSignals)
+    PDT_CHECK(sigaction(sig, &sa, nullptr) == 0,
+              "cannot install the handler of signal " + std::to_string(sig) + ": " +
+                  std::strerror(errno));
 }
 
 bool stop_signal_received() { return g_stop != 0; }
+
 void request_stop_for_testing() { g_stop = 1; }
 
 }  // namespace pdtrain

@@ -1,6 +1,8 @@
 #pragma once
-// SIGTERM and SIGUSR1 (what Slurm sends before a time limit, directly or through the batch
-// script) ask pdtrain to finish the current step, write a checkpoint and exit 0.
+// SIGUSR1 (what Slurm's --signal and the launch scripts send), SIGTERM (a user's `kill`,
+// `scancel`, Slurm's time limit, srun passing either on) and SIGINT (Ctrl-C) all ask pdtrain to
+// finish the current step, write a checkpoint and exit 0. The table of the ways a job is
+// stopped, and what each leaves behind, is in docs/running.md.
 namespace pdtrain {
 
 void install_stop_signals();
