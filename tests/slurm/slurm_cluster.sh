@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts (or stops) a one-node Slurm cluster on this host for the tests: munged, slurmctld and
 # slurmd with a minimal slurm.conf under $SLURM_TEST_DIR. Facts that matter here: NodeName must
-# be `hostname -s`; proctrack/linuxproc and task/none avoid cgroups; clients need SLURM_CONF.
+# be `hostname -s`; proctrack/linuxproc and task/none avoid cgroups; clients need SLURM_CONF;
+# cred_expire is also how long a requeued job waits before it may start (default 120 s).
 # Usage: slurm_cluster.sh start|stop DIR
 set -eu
 cmd=$1 dir=$2
@@ -34,7 +35,7 @@ ClusterName=pdtrain-test
 SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=30
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
