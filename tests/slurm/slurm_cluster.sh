@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Starts (or stops) a one-node Slurm cluster on this host for the tests: munged, slurmctld and
 # slurmd with a minimal slurm.conf under $SLURM_TEST_DIR. Facts that matter here: NodeName must
-# be `hostname -s`; proctrack/linuxproc and task/none avoid cgroups; clients need SLURM_CONF;
-# cred_expire is also how long a requeued job waits before it may start (default 120 s).
+# be `hostname -s`; proctrack/linuxproc and task/none avoid cgroups; clients need SLURM_CONF.
 # Usage: slurm_cluster.sh start|stop DIR
 set -eu
 cmd=$1 dir=$2
@@ -35,7 +34,7 @@ ClusterName=pdtrain-test
 SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket,cred_expire=30
+AuthInfo=socket=$dir/munge/munge.socket
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc

@@ -78,8 +78,9 @@ grep -q "restart: from .*ckpt-" "$out" || { echo "FAIL: the requeued job did not
 [ -n "$killed_at" ] || { echo "FAIL: no rank of job $heal was killed"; fail=1; }
 grep -q "pdtrain failed (status [0-9]*): a lost rank or node; requeueing job $heal" "$heal_out" \
   || { echo "FAIL: job $heal did not requeue itself after the lost rank"; fail=1; }
-# The design's bound. The test cluster waits cred_expire = 30 s before starting a requeued
-# job (slurm_cluster.sh); Slurm's default of 120 s adds 90 s to the figure printed above.
+# The design's bound. Most of it is Slurm's: KillWait (30 s) for the surviving ranks, which
+# take SIGTERM as a request to checkpoint but wait on the dead one, and a requeued job may
+# start only cred_expire (AuthInfo, 120 s by default) after it was requeued.
 [ -n "$recovered" ] && [ "$recovered" -le 180 ] \
   || { echo "FAIL: job $heal not training again within 180 s (${recovered:-never})"; fail=1; }
 mpirun --oversubscribe --mca mpi_yield_when_idle 1 -np 3 "$pdtrain" "$src/tests/slurm/long.toml" \

@@ -5,6 +5,10 @@
 // stopped, and what each leaves behind, is in docs/running.md.
 namespace pdtrain {
 
+// First thing in main: SIGUSR1 (Slurm's warning, which can come while a requeued job's ranks
+// start) sets the flag instead of ending the process; training then stops after its first step.
+void catch_usr1_from_start();
+// When training starts: SIGTERM and SIGINT too (before that they end a command as usual).
 void install_stop_signals();
 bool stop_signal_received();
 void request_stop_for_testing();  // as if a signal had arrived
