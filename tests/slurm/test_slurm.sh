@@ -47,12 +47,14 @@ out=runs/slurm-pdtrain-$job.out heal_out=runs/slurm-pdtrain-$heal.out
 field() { scontrol show job "$1" 2>/dev/null | grep -oE "$2=[A-Z_0-9]+" | cut -d= -f2; }
 ended() { case "$1" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
 resumes() { grep -c "^restart: from .*ckpt-" "$1" 2>/dev/null; }
-state="" heal_state="" killed_at="" recovered=""
+state="" heal_state="" restarts="" heal_restarts="" killed_at="" recovered=""
 # Up to 18 minutes: each segment runs ~30 s before the signal, and Slurm takes a while to
 # start a requeued job; on a loaded 2-core machine that can add up to 4-5 segments.
 deadline=$((SECONDS + 1080))
 while ((SECONDS < deadline)); do
-  state=$(field "$job" JobState) restarts=$(field "$job" Restarts) heal_state=$(field "$heal" JobState)
+  # A job's last state is kept: Slurm forgets a finished job after MinJobAge.
+  ended "$state" || { state=$(field "$job" JobState); restarts=$(field "$job" Restarts); }
+  ended "$heal_state" || { heal_state=$(field "$heal" JobState); heal_restarts=$(field "$heal" Restarts); }
   ended "$state" && ended "$heal_state" && break
   # Once the second job has a checkpoint (step 1000, of 4000), SIGKILL one of its ranks, as a
   # crash or a lost node would end it.
@@ -69,7 +71,7 @@ while ((SECONDS < deadline)); do
   fi
   sleep 1
 done
-echo "job $job: $state, restarts ${restarts:-?}; job $heal: $heal_state, restarts $(field "$heal" Restarts)"
+echo "job $job: $state, restarts ${restarts:-?}; job $heal: $heal_state, restarts ${heal_restarts:-?}"
 [ "$state" = COMPLETED ] || { echo "FAIL: job $job ended $state"; fail=1; }
 [ "${restarts:-0}" -ge 1 ] || { echo "FAIL: the job was never requeued"; fail=1; }
 grep -q "stopped after step" "$out" || { echo "FAIL: no checkpoint on the signal"; fail=1; }
