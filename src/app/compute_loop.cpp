@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -62,6 +63,13 @@ TrainResult ComputeLoop::run() {
     if (result.reporter) report_known((t - t_start) / done * static_cast<double>(last - k));
     if (k < last && stop_requested()) {
       result.stopped = diverged_at_ == 0;
+      // Said before the checkpoint is written: should the job be killed while writing it, the
+      // log says why the run ended, and the previous checkpoint is the one to resume from.
+      if (result.stopped && result.reporter) {
+        std::printf("stop requested by a signal: step %lld is the last; writing a checkpoint\n",
+                    static_cast<long long>(k));
+        std::fflush(stdout);
+      }
       break;
     }
   }
@@ -196,7 +204,7 @@ void ComputeLoop::report_known(double eta) {
   }
 }
 
-// Whether any rank (compute or, through its replies, holder) got SIGTERM/SIGUSR1, or saw
+// Whether any rank (compute or, through its replies, holder) got a stop signal, or saw
 // training diverge: all compute ranks agree, so they all end after the same step (and on the
 // earliest step any of them saw diverge).
 bool ComputeLoop::stop_requested() {

@@ -289,7 +289,8 @@ std::vector<KeySpec> build_schema() {
           .at_most(256),
 
       key(&D::checkpoint, &CheckpointConfig::every, "checkpoint.every",
-          "Write a checkpoint every N steps; 0: only at the end (and on SIGTERM/SIGUSR1).")
+          "Write a checkpoint every N steps; 0: only at the end (and on a stop signal: SIGTERM, "
+          "SIGINT, SIGUSR1).")
           .at_least(0)
           .at_most(kMaxCount(40)),
       key(&D::checkpoint, &CheckpointConfig::codec, "checkpoint.codec",

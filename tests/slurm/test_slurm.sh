@@ -4,7 +4,10 @@
 #     `pdtrain summarize` covers them all;
 #  2. a job whose time limit runs out mid-training: it checkpoints on the warning signal, is
 #     requeued, resumes, and ends with the same params_crc32c as an uninterrupted run;
-#  3. the daemons it started are stopped (also on failure).
+#  3. meanwhile a job one of whose ranks is killed (SIGKILL, as a crash or a lost node leaves
+#     it) comes back by itself within 3 minutes (the time is printed) and ends the same way;
+#     both jobs' losses at every step are the uninterrupted run's;
+#  4. the daemons it started are stopped (also on failure).
 # Usage: test_slurm.sh SOURCE_DIR BUILD_DIR
 set -u
 src=$1 build=$2
@@ -33,31 +36,73 @@ done
 [ "$(tail -n +2 runs/slurm-sweep/summary.csv | wc -l)" -eq 2 ] || { echo "FAIL: summary rows"; cat summary.txt; fail=1; }
 
 echo "== 2. time limit: checkpoint on the signal, requeue, resume"
+echo "== 3. at the same time, a job one of whose ranks is killed comes back by itself"
 job=$(sbatch --parsable --time=00:02:00 --signal=B:USR1@90 "$src/jobscripts/single_node.sbatch" \
         "$src/tests/slurm/long.toml")
-echo "job $job"
-state=""
+# No time limit in the way: only the lost rank ends a run early.
+heal=$(sbatch --parsable --time=00:20:00 "$src/jobscripts/single_node.sbatch" \
+         "$src/tests/slurm/long.toml" --set run.out_dir=runs/slurm-heal)
+echo "jobs: time limit $job, lost rank $heal"
+out=runs/slurm-pdtrain-$job.out heal_out=runs/slurm-pdtrain-$heal.out
+field() { scontrol show job "$1" 2>/dev/null | grep -oE "$2=[A-Z_0-9]+" | cut -d= -f2; }
+ended() { case "$1" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
+resumes() { grep -c "^restart: from .*ckpt-" "$1" 2>/dev/null; }
+state="" heal_state="" restarts="" heal_restarts="" killed_at="" recovered=""
 # Up to 18 minutes: each segment runs ~30 s before the signal, and Slurm takes a while to
 # start a requeued job; on a loaded 2-core machine that can add up to 4-5 segments.
 deadline=$((SECONDS + 1080))
 while ((SECONDS < deadline)); do
-  state=$(scontrol show job "$job" 2>/dev/null | grep -oE "JobState=[A-Z_]+" | cut -d= -f2)
-  restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" | cut -d= -f2)
-  case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
+  # A job's last state is kept: Slurm forgets a finished job after MinJobAge.
+  ended "$state" || { state=$(field "$job" JobState); restarts=$(field "$job" Restarts); }
+  ended "$heal_state" || { heal_state=$(field "$heal" JobState); heal_restarts=$(field "$heal" Restarts); }
+  ended "$state" && ended "$heal_state" && break
+  # Once the second job has a checkpoint (step 1000, of 4000), SIGKILL one of its ranks, as a
+  # crash or a lost node would end it.
+  if [ -z "$killed_at" ] && [ -f runs/slurm-heal/checkpoints/ckpt-00001000.h5 ]; then
+    rank=$(pgrep -n -f "^$pdtrain .*slurm-heal")
+    if [ -n "$rank" ] && kill -9 "$rank"; then
+      killed_at=$SECONDS resumes_before=$(resumes "$heal_out")
+      echo "$(date -u +%T) killed rank process $rank of job $heal"
+    fi
+  fi
+  if [ -n "$killed_at" ] && [ -z "$recovered" ] && [ "$(resumes "$heal_out")" -gt "$resumes_before" ]; then
+    recovered=$((SECONDS - killed_at))
+    echo "$(date -u +%T) job $heal trains again, ${recovered} s after one of its ranks was killed"
+  fi
   sleep 1
 done
-out=$(ls runs/slurm-pdtrain-"$job".out 2>/dev/null)
-echo "state $state, restarts ${restarts:-?}"
-[ "$state" = COMPLETED ] || { echo "FAIL: job ended $state"; fail=1; }
+echo "job $job: $state, restarts ${restarts:-?}; job $heal: $heal_state, restarts ${heal_restarts:-?}"
+[ "$state" = COMPLETED ] || { echo "FAIL: job $job ended $state"; fail=1; }
 [ "${restarts:-0}" -ge 1 ] || { echo "FAIL: the job was never requeued"; fail=1; }
 grep -q "stopped after step" "$out" || { echo "FAIL: no checkpoint on the signal"; fail=1; }
 grep -q "restart: from .*ckpt-" "$out" || { echo "FAIL: the requeued job did not resume"; fail=1; }
-got=$(grep -oE "final step=4000 .*params_crc32c=[0-9a-f]{8}" "$out" | tail -n 1 | grep -oE "[0-9a-f]{8}$")
+[ "$heal_state" = COMPLETED ] || { echo "FAIL: job $heal ended $heal_state"; fail=1; }
+[ -n "$killed_at" ] || { echo "FAIL: no rank of job $heal was killed"; fail=1; }
+grep -q "pdtrain failed (status [0-9]*): a lost rank or node; requeueing job $heal" "$heal_out" \
+  || { echo "FAIL: job $heal did not requeue itself after the lost rank"; fail=1; }
+# The design's bound. Most of it is Slurm's: KillWait (30 s) for the surviving ranks, which
+# take SIGTERM as a request to checkpoint but wait on the dead one, and a requeued job may
+# start only cred_expire (AuthInfo, 120 s by default) after it was requeued.
+[ -n "$recovered" ] && [ "$recovered" -le 180 ] \
+  || { echo "FAIL: job $heal not training again within 180 s (${recovered:-never})"; fail=1; }
 mpirun --oversubscribe --mca mpi_yield_when_idle 1 -np 3 "$pdtrain" "$src/tests/slurm/long.toml" \
   --set run.out_dir=runs/uninterrupted > uninterrupted.out 2>&1
 want=$(grep -oE "params_crc32c=[0-9a-f]{8}" uninterrupted.out | tail -n 1 | cut -d= -f2)
-echo "interrupted+requeued: ${got:-none}  uninterrupted: ${want:-none}"
-[ -n "$got" ] && [ "$got" = "$want" ] || { echo "FAIL: final params_crc32c differs"; fail=1; }
-if [ $fail -ne 0 ]; then echo "--- job output"; cat "$out" 2>/dev/null | tail -40; fi
-[ $fail -eq 0 ] && echo "PASS: sweep array and preemption-safe requeue under Slurm"
+cut -d, -f1,2 runs/uninterrupted/metrics.csv >losses-straight.csv
+# Both jobs end where the uninterrupted run ends, and their losses continue as before:
+# metrics.csv (resumed at each restart) holds every step's loss as the uninterrupted run has it.
+for j in "$job:runs/slurm-long" "$heal:runs/slurm-heal"; do
+  id=${j%%:*} dir=${j#*:}
+  got=$(grep -oE "final step=4000 .*params_crc32c=[0-9a-f]{8}" "runs/slurm-pdtrain-$id.out" | tail -n 1 \
+        | grep -oE "[0-9a-f]{8}$")
+  echo "job $id: ${got:-none}  uninterrupted: ${want:-none}"
+  [ -n "$got" ] && [ "$got" = "$want" ] || { echo "FAIL: job $id: final params_crc32c differs"; fail=1; }
+  cut -d, -f1,2 "$dir/metrics.csv" >"losses-$id.csv"
+  cmp -s "losses-$id.csv" losses-straight.csv && [ "$(wc -l <"losses-$id.csv")" -eq 4001 ] \
+    || { echo "FAIL: job $id: losses differ from the uninterrupted run's"; fail=1; }
+done
+if [ $fail -ne 0 ]; then
+  for o in "$out" "$heal_out"; do echo "--- $o"; grep -v "^step" "$o" 2>/dev/null | tail -40; done
+fi
+[ $fail -eq 0 ] && echo "PASS: sweep array, preemption-safe requeue and a self-healing job under Slurm"
 exit $fail

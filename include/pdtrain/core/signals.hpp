@@ -1,8 +1,14 @@
 #pragma once
-// SIGTERM and SIGUSR1 (what Slurm sends before a time limit, directly or through the batch
-// script) ask pdtrain to finish the current step, write a checkpoint and exit 0.
+// SIGUSR1 (what Slurm's --signal and the launch scripts send), SIGTERM (a user's `kill`,
+// `scancel`, Slurm's time limit, srun passing either on) and SIGINT (Ctrl-C) all ask pdtrain to
+// finish the current step, write a checkpoint and exit 0. The table of the ways a job is
+// stopped, and what each leaves behind, is in docs/running.md.
 namespace pdtrain {
 
+// First thing in main: SIGUSR1 (Slurm's warning, which can come while a requeued job's ranks
+// start) sets the flag instead of ending the process; training then stops after its first step.
+void catch_usr1_from_start();
+// When training starts: SIGTERM and SIGINT too (before that they end a command as usual).
 void install_stop_signals();
 bool stop_signal_received();
 void request_stop_for_testing();  // as if a signal had arrived

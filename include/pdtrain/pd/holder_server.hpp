@@ -45,7 +45,8 @@ struct HolderHooks {
   std::function<void(std::int64_t version, const BlocksGetter&)> at_end;
   // Instead of at_end when training diverged: finishes what is being written, writes nothing.
   std::function<void()> after_divergence;
-  // True once this holder was asked to stop (SIGTERM/SIGUSR1); told to compute ranks in replies.
+  // True once this holder was asked to stop (SIGTERM, SIGINT or SIGUSR1); told to compute ranks
+  // in replies.
   std::function<bool()> stop_requested;
 };
 
