@@ -1,0 +1,222 @@
+// Bounded staleness, checked exactly: PD runs at pd.staleness 0, 1 and 2 (one holder and one
+// compute rank, and two holders) against a hand-written reference of delayed AdamW. The
+// reference uses the model's forward/backward (one GptStage holding the whole model, on the
+// batch of each step) but its own optimizer and its own versioning:
+//   version 0 = the initial parameters; step k takes the gradient of its batch on version
+//   max(0, k-1-s), clips it by its global norm, and applies AdamW with the lr of step k (weight
+//   decay on the parameters being updated) to version k-1, giving version k.
+// The run writes a raw checkpoint after every step; every parameter and moment of version k
+// is compared with the reference's. Runs under mpiexec with 3 ranks.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "pdtrain/app/setup.hpp"
+#include "pdtrain/app/train.hpp"
+#include "pdtrain/ckpt/checkpoint.hpp"
+#include "pdtrain/deck/deck.hpp"
+#include "pdtrain/model/gpt_stage.hpp"
+#include "run_helpers.hpp"
+
+namespace pdtrain::test {
+namespace {
+
+constexpr std::int64_t kSteps = 6;
+
+// The tiny deck for 6 steps: warm-up over 3 (the lr changes every step), weight decay, and a
+// clip low enough that some steps are clipped and others not.
+std::string staleness_deck() {
+  return tiny_deck({"run.steps=6", "optimizer.warmup_steps=3", "optimizer.weight_decay=0.1",
+                    "optimizer.grad_clip=1.6"});
+}
+
+// Every block of the model, packed (catalog order): one parameter version, or a moment.
+using Blocks = std::vector<std::vector<float>>;
+
+// The reference: delayed AdamW written out, on the model's gradient.
+class DelayedAdamW {
+ public:
+  DelayedAdamW(const Deck& deck, int staleness)
+      : deck_(deck), s_(staleness), setup_(make_setup(deck, MPI_COMM_SELF, false)),
+        cat_(*setup_.catalog), params_(cat_, stage_spec(deck, setup_.shape, 0, 0)),
+        B_(deck.train.batch_size), T_(deck.model.seq_len), stage_(params_, B_, T_, tp_) {
+    Blocks init, zero;
+    for (const BlockInfo& b : cat_.blocks()) {
+      init.emplace_back(static_cast<std::size_t>(b.numel()));
+      setup_.table.init(b.id, init.back().data());
+      zero.emplace_back(static_cast<std::size_t>(b.numel()), 0.0f);
+    }
+    versions_.push_back(init);
+    m_ = zero;
+    v_ = zero;
+  }
+
+  // Steps 1..n.
+  void train(std::int64_t n) {
+    for (std::int64_t k = 1; k <= n; ++k) step(k);
+  }
+  const Blocks& version(std::int64_t k) const { return versions_.at(static_cast<std::size_t>(k)); }
+  const Blocks& m() const { return m_; }
+  const Blocks& v() const { return v_; }
+  const ParamCatalog& catalog() const { return cat_; }
+  std::vector<double> clip_scales;  // per step, to show that some steps were clipped
+
+ private:
+  void step(std::int64_t k) {
+    const std::int64_t read = std::max<std::int64_t>(0, k - 1 - s_);
+    const Blocks g = gradient(k, version(read));
+    double sumsq = 0.0;
+    for (const auto& blk : g)
+      for (float x : blk) sumsq += static_cast<double>(x) * static_cast<double>(x);
+    const double norm = std::sqrt(sumsq), clip = deck_.optimizer.grad_clip;
+    const double scale = clip > 0.0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
+    clip_scales.push_back(scale);
+    Blocks next = version(k - 1);  // the newest version is the one updated
+    const auto& o = deck_.optimizer;
+    const float b1 = static_cast<float>(o.beta1), b2 = static_cast<float>(o.beta2);
+    const float c1 = static_cast<float>(1.0 - std::pow(o.beta1, static_cast<double>(k)));
+    const float c2 = static_cast<float>(1.0 - std::pow(o.beta2, static_cast<double>(k)));
+    const float lr = static_cast<float>(learning_rate(k)), eps = static_cast<float>(o.eps);
+    const float sc = static_cast<float>(scale);
+    for (const BlockInfo& b : cat_.blocks()) {
+      const float wd =
+          cat_.tensor(b.tensor).weight_decay ? static_cast<float>(o.weight_decay) : 0.0f;
+      auto& p = next[b.id];
+      auto& m = m_[b.id];
+      auto& v = v_[b.id];
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        const float gi = g[b.id][i] * sc;
+        m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        const float mh = m[i] / c1, vh = v[i] / c2;
+        p[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * p[i]);
+      }
+    }
+    versions_.push_back(std::move(next));
+  }
+
+  // Linear warm-up to optimizer.lr, then cosine to min_lr at the last step (run.steps).
+  double learning_rate(std::int64_t k) const {
+    const auto& o = deck_.optimizer;
+    const std::int64_t w = o.warmup_steps, total = deck_.run.steps;
+    if (w > 0 && k <= w) return o.lr * static_cast<double>(k) / static_cast<double>(w);
+    const double x = static_cast<double>(k - w) / static_cast<double>(total - w);
+    return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + std::cos(3.141592653589793 * x));
+  }
+
+  // The gradient of step k's batch (mean loss over its tokens) at parameters `at`.
+  Blocks gradient(std::int64_t k, const Blocks& at) {
+    for (const BlockInfo& b : cat_.blocks()) params_.unpack_param(b, at[b.id].data());
+    params_.upload_params();
+    std::vector<std::int32_t> seq(static_cast<std::size_t>(B_ * (T_ + 1)));
+    std::vector<std::int32_t> in(static_cast<std::size_t>(B_ * T_)), tgt(in.size());
+    setup_.source->train_sequences(batch_of_step(k, {}), 0, B_, seq.data());
+    data::split_inputs_targets(seq.data(), B_, T_, in.data(), tgt.data());
+    params_.zero_grads();
+    stage_.forward(0, in.data(), nullptr, tgt.data());
+    stage_.take_loss_sum();
+    stage_.backward(0, 1.0f / static_cast<float>(B_ * T_), nullptr);
+    params_.download_grads();
+    Blocks g;
+    for (const BlockInfo& b : cat_.blocks()) {
+      g.emplace_back(static_cast<std::size_t>(b.numel()));
+      params_.pack_grad(b, g.back().data());
+    }
+    return g;
+  }
+
+  const Deck& deck_;
+  const int s_;
+  Setup setup_;
+  const ParamCatalog& cat_;
+  StageParams params_;
+  const std::int64_t B_, T_;
+  NoTensorParallel tp_;
+  GptStage stage_;
+  std::vector<Blocks> versions_;
+  Blocks m_, v_;
+};
+
+// The largest difference between `got` (a checkpoint's blocks) and `want`, with where it is.
+struct Worst {
+  double diff = 0.0;
+  std::string where;
+};
+void compare(const char* what, const ParamCatalog& cat, const std::vector<float>& got,
+             const std::vector<float>& want, int id, Worst& worst) {
+  ASSERT_EQ(got.size(), want.size()) << what << " of block " << id;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+    if (!(d <= worst.diff)) {  // NaN counts as the worst
+      worst.diff = std::isnan(d) ? INFINITY : d;
+      worst.where = std::string(what) + " " + std::to_string(i) + " of block " +
+                    std::to_string(id) + " (" + cat.tensor(cat.block(id).tensor).name + "): " +
+                    std::to_string(got[i]) + " vs reference " + std::to_string(want[i]);
+    }
+  }
+}
+
+// The run at `holders` holders and pd.staleness `s` on the first 1 + holders ranks; on rank 0,
+// every step's checkpoint against the reference. Tolerance: the gradients are the model's own
+// (bitwise those the compute rank pushes, one replica), and the update's arithmetic is written
+// in the same order, but the reference adds the squares for the norm in a plain loop while the
+// holders add per-block chunked sums: the clip factor may then differ in its last bit, which
+// moves a parameter by about 1e-7 of its update (lr <= 1e-2). 1e-6 is far below what one
+// version too early or too late changes (about the lr, 1e-3 to 1e-2, after one step).
+void check_against_reference(int holders, int staleness) {
+  const std::string tag = "h" + std::to_string(holders) + "-s" + std::to_string(staleness);
+  const std::string dir = temp_path("stale-" + tag);
+  if (world_rank() == 0) std::filesystem::remove_all(dir + "-0");
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string deck_text = staleness_deck();
+  first_group_run(deck_text, 1 + holders,
+                  {"parallel.holders=" + std::to_string(holders),
+                   "pd.staleness=" + std::to_string(staleness), "checkpoint.every=1",
+                   "checkpoint.keep=0", "checkpoint.codec=raw"},
+                  dir);
+  if (world_rank() != 0) return;
+  const Deck deck = parse_deck(deck_text, "test.toml", {});
+  DelayedAdamW ref(deck, staleness);
+  ref.train(kSteps);
+  int clipped = 0;
+  for (double c : ref.clip_scales) clipped += c < 1.0;
+  EXPECT_GT(clipped, 0) << "no step was clipped: the clip is not checked";
+  EXPECT_LT(clipped, kSteps) << "every step was clipped: the unclipped path is not checked";
+  const ParamCatalog& cat = ref.catalog();
+  std::vector<int> ids;
+  for (const BlockInfo& b : cat.blocks()) ids.push_back(b.id);
+  for (std::int64_t k = 1; k <= kSteps; ++k) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/ckpt-%08lld.h5", static_cast<long long>(k));
+    const ckpt::Checkpoint c =
+        ckpt::read_checkpoint(dir + "-0/checkpoints" + name, cat, MPI_COMM_SELF, ids);
+    ASSERT_EQ(c.meta.version, k);
+    Worst params, moments;
+    for (int id : ids) {
+      compare("parameter", cat, c.blocks.at(id).param, ref.version(k)[id], id, params);
+      if (k == kSteps) {  // the reference keeps the newest moments only
+        compare("m", cat, c.blocks.at(id).m, ref.m()[id], id, moments);
+        compare("v", cat, c.blocks.at(id).v, ref.v()[id], id, moments);
+      }
+    }
+    EXPECT_LE(params.diff, 1e-6) << tag << ", version " << k << ": worst " << params.where;
+    EXPECT_LE(moments.diff, 1e-6) << tag << ", version " << k << ": worst " << moments.where;
+    std::printf("%s version %lld: largest parameter difference %.3g\n", tag.c_str(),
+                static_cast<long long>(k), params.diff);
+  }
+}
+
+TEST(Staleness, SynchronousRunIsPlainAdamW) { check_against_reference(1, 0); }
+TEST(Staleness, OneStepDelayIsDelayedAdamW) { check_against_reference(1, 1); }
+TEST(Staleness, TwoStepDelayIsDelayedAdamW) { check_against_reference(1, 2); }
+TEST(Staleness, TwoHoldersOneStepDelay) { check_against_reference(2, 1); }
+TEST(Staleness, TwoHoldersTwoStepDelay) { check_against_reference(2, 2); }
+
+}  // namespace
+}  // namespace pdtrain::test
