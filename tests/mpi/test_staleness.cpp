@@ -169,17 +169,20 @@ void compare(const char* what, const ParamCatalog& cat, const std::vector<float>
 // holders add per-block chunked sums: the clip factor may then differ in its last bit, which
 // moves a parameter by about 1e-7 of its update (lr <= 1e-2). 1e-6 is far below what one
 // version too early or too late changes (about the lr, 1e-3 to 1e-2, after one step).
-void check_against_reference(int holders, int staleness) {
-  const std::string tag = "h" + std::to_string(holders) + "-s" + std::to_string(staleness);
+// `extra`: deck changes that must not change a number (the reference ignores them).
+void check_against_reference(int holders, int staleness, std::vector<std::string> extra = {}) {
+  const std::string tag = "h" + std::to_string(holders) + "-s" + std::to_string(staleness) +
+                          (extra.empty() ? "" : "-extra");
   const std::string dir = temp_path("stale-" + tag);
   if (world_rank() == 0) std::filesystem::remove_all(dir + "-0");
   MPI_Barrier(MPI_COMM_WORLD);
   const std::string deck_text = staleness_deck();
-  first_group_run(deck_text, 1 + holders,
-                  {"parallel.holders=" + std::to_string(holders),
-                   "pd.staleness=" + std::to_string(staleness), "checkpoint.every=1",
-                   "checkpoint.keep=0", "checkpoint.codec=raw"},
-                  dir);
+  std::vector<std::string> sets = {"parallel.holders=" + std::to_string(holders),
+                                   "pd.staleness=" + std::to_string(staleness),
+                                   "checkpoint.every=1", "checkpoint.keep=0",
+                                   "checkpoint.codec=raw"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  first_group_run(deck_text, 1 + holders, sets, dir);
   if (world_rank() != 0) return;
   const Deck deck = parse_deck(deck_text, "test.toml", {});
   DelayedAdamW ref(deck, staleness);
@@ -217,6 +220,12 @@ TEST(Staleness, OneStepDelayIsDelayedAdamW) { check_against_reference(1, 1); }
 TEST(Staleness, TwoStepDelayIsDelayedAdamW) { check_against_reference(1, 2); }
 TEST(Staleness, TwoHoldersOneStepDelay) { check_against_reference(2, 1); }
 TEST(Staleness, TwoHoldersTwoStepDelay) { check_against_reference(2, 2); }
+// Evaluations between steps (each waits for the newest version, then the next step goes back
+// to an older one) and a cache too small for the stage (units evicted and fetched again in
+// backward, at the step's version) change nothing.
+TEST(Staleness, EvaluationsAndABoundedCacheKeepTheDelay) {
+  check_against_reference(2, 2, {"train.eval_every=2", "pd.cache_mb=0.02", "pd.prefetch_depth=1"});
+}
 
 }  // namespace
 }  // namespace pdtrain::test
