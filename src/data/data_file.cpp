@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/posix_io.hpp"
 
 namespace pdtrain::data {
 namespace {
@@ -91,17 +92,14 @@ void DataFile::check_unchanged() const {
 
 void DataFile::read(std::int64_t offset, std::size_t n, std::uint8_t* out) const {
   check_unchanged();
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) fail(path_, "cannot read at byte " + std::to_string(offset + done) + ": " + errno_text());
-    if (got == 0)
-      fail(path_, "the data file ends at byte " + std::to_string(offset + done) + ", before the " +
-                      std::to_string(n) + " bytes at offset " + std::to_string(offset) +
-                      " (it was " + std::to_string(size_) + " bytes when opened)");
-    done += static_cast<std::size_t>(got);
-  }
+  const IoResult r = pread_full(fd_, out, n, offset);
+  const std::int64_t at = offset + static_cast<std::int64_t>(r.done);
+  if (r.err != 0)
+    fail(path_, "cannot read at byte " + std::to_string(at) + ": " + std::strerror(r.err));
+  if (r.done < n)
+    fail(path_, "the data file ends at byte " + std::to_string(at) + ", before the " +
+                    std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                    " (it was " + std::to_string(size_) + " bytes when opened)");
 }
 
 }  // namespace pdtrain::data

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/posix_io.hpp"
 
 namespace pdtrain {
 
@@ -38,18 +39,12 @@ OutputFile::~OutputFile() {
 }
 
 void OutputFile::write(std::string_view bytes) {
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      // A row half on disk would be a malformed last line: cut it off (best effort: on a full
-      // disk shrinking a file always works).
-      if (done > 0 && ::ftruncate(fd_, size_) != 0) { /* the error below says enough */ }
-      fail("cannot write", path_, err);
-    }
-    done += static_cast<std::size_t>(n);
+  const IoResult r = write_full(fd_, bytes.data(), bytes.size());
+  if (r.err != 0) {
+    // A row half on disk would be a malformed last line: cut it off (best effort: on a full
+    // disk shrinking a file always works).
+    if (r.done > 0 && ::ftruncate(fd_, size_) != 0) { /* the error below says enough */ }
+    fail("cannot write", path_, r.err);
   }
   size_ += static_cast<off_t>(bytes.size());
 }

@@ -1,6 +1,7 @@
 #include "pdtrain/io/run_lock.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <sstream>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/posix_io.hpp"
 
 namespace pdtrain {
 
@@ -32,15 +34,11 @@ std::string read_text(const std::string& path) {
 // The lock file's contents through its own descriptor: opening and closing the file again
 // would drop a classic (non-OFD) fcntl lock of this process.
 std::string read_fd(int fd) {
-  std::string text;
-  char buf[512];
-  for (off_t at = 0;;) {
-    const ssize_t n = ::pread(fd, buf, sizeof(buf), at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return text;
-    text.append(buf, static_cast<std::size_t>(n));
-    at += n;
-  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return "";
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  text.resize(pread_full(fd, text.data(), text.size(), 0).done);
+  return text;
 }
 
 // A process as /proc/PID/stat describes it: its state (field 3) and start time (field 22,

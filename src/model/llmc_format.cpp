@@ -13,14 +13,12 @@
 #include <limits>
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/posix_io.hpp"
 
 namespace pdtrain {
 namespace {
 
 constexpr bool kLittleEndianHost = std::endian::native == std::endian::little;
-// Largest single read()/write() request (Linux transfers at most ~2 GiB per call anyway).
-constexpr std::size_t kMaxIo = std::size_t{1} << 30;
-
 [[noreturn]] void data_error(const std::string& msg) { throw Error(ExitCode::data, msg); }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -47,33 +45,19 @@ class Fd {
 };
 
 // Reads up to n bytes at `offset`; returns how many were read (fewer only at end of file).
-std::size_t pread_full(int fd, void* buf, std::size_t n, std::int64_t offset, const std::string& path) {
-  auto* p = static_cast<unsigned char*>(buf);
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t got = ::pread(fd, p + done, std::min(n - done, kMaxIo),
-                                static_cast<off_t>(offset + static_cast<std::int64_t>(done)));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      data_error(path + ": cannot read llm.c checkpoint: " + errno_text());
-    }
-    if (got == 0) break;
-    done += static_cast<std::size_t>(got);
-  }
-  return done;
+std::size_t read_at(int fd, void* buf, std::size_t n, std::int64_t offset,
+                    const std::string& path) {
+  const IoResult r = pread_full(fd, buf, n, offset);
+  if (r.err != 0)
+    data_error(path + ": cannot read llm.c checkpoint: " + std::strerror(r.err));
+  return r.done;
 }
 
-void write_full(int fd, const void* buf, std::size_t n, const std::string& path) {
-  const auto* p = static_cast<const unsigned char*>(buf);
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t put = ::write(fd, p + done, std::min(n - done, kMaxIo));
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      throw Error(ExitCode::runtime, path + ": cannot write llm.c checkpoint: " + errno_text());
-    }
-    done += static_cast<std::size_t>(put);
-  }
+void write_all(int fd, const void* buf, std::size_t n, const std::string& path) {
+  const IoResult r = write_full(fd, buf, n);
+  if (r.err != 0)
+    throw Error(ExitCode::runtime,
+                path + ": cannot write llm.c checkpoint: " + std::strerror(r.err));
 }
 
 std::uint32_t get_le32(const unsigned char* b) {
@@ -97,7 +81,7 @@ void swap_words(void* data, std::size_t n) {
 // Parses and validates the header of the open file `fd` (including the file size).
 LlmcHeader read_header_fd(int fd, const std::string& path) {
   std::array<unsigned char, kLlmcHeaderBytes> buf{};
-  const std::size_t got = pread_full(fd, buf.data(), buf.size(), 0, path);
+  const std::size_t got = read_at(fd, buf.data(), buf.size(), 0, path);
   if (got < buf.size())
     data_error(path + ": short header: an llm.c checkpoint header is " +
                std::to_string(kLlmcHeaderBytes) + " bytes but the file has only " +
@@ -232,7 +216,7 @@ void read_llmc_params(const std::string& path, const ParamCatalog& cat,
                " parameters but the model has " + std::to_string(n));
   canonical.resize(static_cast<std::size_t>(n));
   const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
-  const std::size_t got = pread_full(fd.get(), canonical.data(), bytes, kLlmcHeaderBytes, path);
+  const std::size_t got = read_at(fd.get(), canonical.data(), bytes, kLlmcHeaderBytes, path);
   if (got != bytes)  // the file shrank after its size was checked
     data_error(path + ": read only " + std::to_string(got) + " of " + std::to_string(bytes) +
                " parameter bytes");
@@ -257,17 +241,17 @@ void write_llmc(const std::string& path, const ParamCatalog& cat, const float* c
   if (fd.get() < 0)
     throw Error(ExitCode::runtime, tmp + ": cannot create llm.c checkpoint: " + errno_text());
   try {
-    write_full(fd.get(), header.data(), header.size(), tmp);
+    write_all(fd.get(), header.data(), header.size(), tmp);
     const std::size_t n = static_cast<std::size_t>(cat.total_numel());
     if constexpr (kLittleEndianHost) {
-      write_full(fd.get(), canonical, n * sizeof(float), tmp);
+      write_all(fd.get(), canonical, n * sizeof(float), tmp);
     } else {
       std::vector<float> chunk(std::min<std::size_t>(n, std::size_t{1} << 20));
       for (std::size_t i = 0; i < n; i += chunk.size()) {
         const std::size_t k = std::min(chunk.size(), n - i);
         std::memcpy(chunk.data(), canonical + i, k * sizeof(float));
         swap_words(chunk.data(), k);
-        write_full(fd.get(), chunk.data(), k * sizeof(float), tmp);
+        write_all(fd.get(), chunk.data(), k * sizeof(float), tmp);
       }
     }
     if (::fsync(fd.get()) != 0)
