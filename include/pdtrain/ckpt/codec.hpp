@@ -55,7 +55,7 @@ enum class Quantizer { delta, linear, log };
 // The bit widths of a bitdelta file: params 1..8, moments 0 (lossless xor) or 2..8.
 struct BitDeltaBits {
   int params = 4;
-  int moments = 8;
+  int moments = 6;
   friend bool operator==(const BitDeltaBits&, const BitDeltaBits&) = default;
 };
 
