@@ -98,7 +98,8 @@ CheckpointMeta read_meta_of(hid_t file, const std::string& path) {
                                " is not supported (this pdtrain reads version " +
                                std::to_string(supported) + ")" +
                                (bitdelta && m.format_version == 1
-                                    ? "; restart from its anchor instead"
+                                    ? "; restart from its anchor " +
+                                          read_attr_str(file, "anchor").value_or("?") + " instead"
                                     : ""));
   auto need_i64 = [&](const char* name) {
     const auto v = read_attr_i64(file, name);

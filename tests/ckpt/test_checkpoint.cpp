@@ -200,6 +200,25 @@ TEST(Checkpoint, BitDeltaRoundTripsWithinTheStatedBoundsPerBlock) {
   }
 }
 
+// A bitdelta file of format version 1 (1 bit per weight in params_signs, before issue 16) is
+// refused with a message naming the file and the anchor to restart from instead.
+TEST(Checkpoint, AVersionOneBitdeltaFileIsRefusedNamingItsAnchor) {
+  const ParamCatalog cat(tiny_shape());
+  ScratchDir dir;
+  const std::string delta = write_two_steps(cat, dir.path(), Codec::bitdelta, 2).p2;
+  ASSERT_EQ(read_error(delta, cat), "");
+  const hid_t f = H5Fopen(delta.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  const hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  const std::int64_t one = 1;
+  ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &one), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+  const std::string msg = read_error(delta, cat);
+  EXPECT_NE(msg.find(delta + ": format_version 1 of a bitdelta file is not supported"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("restart from its anchor ckpt-00000001.h5 instead"), std::string::npos) << msg;
+}
+
 TEST(Checkpoint, AnyAssignmentOfBlocksReadsTheSameBits) {
   const ParamCatalog cat(uneven_shape());
   ScratchDir dir;
