@@ -209,7 +209,7 @@ class FileWriter {
     H5_CHECK(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI));
     // bitdelta files (format version 2) hold ~100 small chunked datasets; HDF5 1.10's own
     // file format indexes their chunks with fixed arrays instead of 1.8's version-1 B-trees,
-    // whose nodes would be a seventh of a small model's file. Other codecs keep their format.
+    // whose nodes would be a tenth of a small model's file. Other codecs keep their format.
     if (job.file_codec == Codec::bitdelta)
       H5_CHECK(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
     dxpl_ = H5Id(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)));
