@@ -44,13 +44,15 @@ void put_code(std::uint8_t* codes, std::size_t i, int bits, unsigned c) {
   const std::size_t bit = i * static_cast<std::size_t>(bits);
   const unsigned w = c << (bit % 8);
   codes[bit / 8] |= static_cast<std::uint8_t>(w & 0xffu);
-  if (bit % 8 + static_cast<std::size_t>(bits) > 8) codes[bit / 8 + 1] |= static_cast<std::uint8_t>(w >> 8);
+  if (bit % 8 + static_cast<std::size_t>(bits) > 8)
+    codes[bit / 8 + 1] |= static_cast<std::uint8_t>(w >> 8);
 }
 
 unsigned get_code(const std::uint8_t* codes, std::size_t i, int bits) {
   const std::size_t bit = i * static_cast<std::size_t>(bits);
   unsigned w = codes[bit / 8];
-  if (bit % 8 + static_cast<std::size_t>(bits) > 8) w |= static_cast<unsigned>(codes[bit / 8 + 1]) << 8;
+  if (bit % 8 + static_cast<std::size_t>(bits) > 8)
+    w |= static_cast<unsigned>(codes[bit / 8 + 1]) << 8;
   return (w >> (bit % 8)) & ((1u << bits) - 1u);
 }
 
@@ -67,14 +69,15 @@ float float_of(std::uint32_t u) {
 
 // A linear level: lo + c * step, exact in double (c has at most 8 bits), rounded once to fp32.
 float level(float lo, float step, unsigned c) {
-  return static_cast<float>(static_cast<double>(lo) + static_cast<double>(c) * static_cast<double>(step));
+  return static_cast<float>(static_cast<double>(lo) +
+                            static_cast<double>(c) * static_cast<double>(step));
 }
 
 void check_value(Quantizer q, float x) {
   if (!std::isfinite(x) || (q == Quantizer::log && x < 0))
-    throw Error(ExitCode::runtime, "checkpoint: bitdelta cannot encode the value " +
-                                       std::to_string(x) +
-                                       (q == Quantizer::log ? " (a second moment must be >= 0)" : ""));
+    throw Error(ExitCode::runtime,
+                "checkpoint: bitdelta cannot encode the value " + std::to_string(x) +
+                    (q == Quantizer::log ? " (a second moment must be >= 0)" : ""));
 }
 
 // One group of delta or linear values y (x - ref, or x, exact in double): its scale pair
@@ -129,7 +132,8 @@ void quantize_log_group(int bits, const float* x, std::size_t n, std::size_t fir
 float log_level(std::uint32_t lo, std::uint32_t hi, int bits, unsigned c) {
   if (c == 0) return 0.0f;
   const std::uint64_t intervals = (1u << bits) - 2u, span = hi - lo;
-  return float_of(lo + static_cast<std::uint32_t>((2 * (c - 1u) * span + intervals) / (2 * intervals)));
+  return float_of(lo + static_cast<std::uint32_t>((2 * (c - 1u) * span + intervals) /
+                                                  (2 * intervals)));
 }
 
 }  // namespace

@@ -89,11 +89,11 @@ struct CheckpointWriter::Job {
 
 // What every holder must know alike before the collective write.
 struct CheckpointWriter::Agreed {
-  std::vector<TensorGeom> geom;                   // of the model's tensors
+  std::vector<TensorGeom> geom;                     // of the model's tensors
   std::vector<std::uint32_t> crc[3], max_error[3];  // per block, every holder's merged
-  std::int64_t raw_bytes = 0;                     // all holders' state, unencoded
-  std::uint32_t params_crc = 0;                   // canonical CRC of the decoded parameters
-  std::vector<std::uint32_t> calls;               // H5Dwrite calls per tensor (FileWriter)
+  std::int64_t raw_bytes = 0;                       // all holders' state, unencoded
+  std::uint32_t params_crc = 0;                     // canonical CRC of the decoded parameters
+  std::vector<std::uint32_t> calls;                 // H5Dwrite calls per tensor (FileWriter)
 };
 
 namespace {
@@ -123,8 +123,8 @@ void encode_block(const BlockInfo& b, const BlockState& s, const BlockState* bas
     if (const auto sq = state_quant(codec, bits, k)) {
       e.codes[k].assign(g.code_row(sq->bits), 0);
       e.scales[k].assign(g.scale_row(), 0);
-      e.max_error[k] = quantize(sq->q, sq->bits, x.data(), ref ? ref->data() : nullptr, n, e.codes[k].data(),
-                                e.scales[k].data(), lossy.data());
+      e.max_error[k] = quantize(sq->q, sq->bits, x.data(), ref ? ref->data() : nullptr, n,
+                                e.codes[k].data(), e.scales[k].data(), lossy.data());
       e.crc[k] = crc_of(lossy);  // of what a reader will decode, so lossy states verify too
       if (k == 0) decoded = lossy;
       continue;
@@ -195,8 +195,9 @@ using TensorBlocks = std::map<int, std::vector<const EncodedBlock*>>;  // tensor
 
 class FileWriter {
  public:
-  // calls[t] (calls[T + t] for bitdelta's per-block rows): how many H5Dwrite calls the holder with the
-  // most boxes of tensor t needs; every holder makes that many (collective calls must match).
+  // calls[t] (calls[T + t] for bitdelta's per-block rows): how many H5Dwrite calls the holder
+  // with the most boxes of tensor t needs; every holder makes that many (collective calls
+  // must match).
   FileWriter(const Job& job, const std::vector<TensorGeom>& geom, std::vector<std::uint32_t> calls,
              int level, MPI_Comm comm, int rank, int size)
       : job_(job), geom_(geom), calls_(std::move(calls)), level_(level), rank_(rank) {
@@ -257,7 +258,7 @@ class FileWriter {
         [k](const EncodedBlock& e) -> const std::vector<std::uint32_t>& { return e.scales[k]; });
   }
 
-  // A small 1-D dataset every holder knows in full (CRCs, scales); holder 0 writes it.
+  // A small 1-D dataset every holder knows in full (CRCs, error bounds); holder 0 writes it.
   void write_small(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
                    const void* data, std::size_t n) {
     H5Context ctx(job_.tmp, name);
