@@ -118,6 +118,25 @@ TEST(Restart, BitdeltaDeltaRestartsOnAnotherLayout) {
   }
 }
 
+// Where exactness matters, a bitdelta run's anchors give it: they are lossless zstd files, so
+// a restart from one continues bit for bit, whatever widths the deltas between them use.
+TEST(Restart, FromABitdeltaRunsAnchorIsBitExact) {
+  const std::vector<std::string> sets = {"checkpoint.codec=bitdelta", "checkpoint.every=2",
+                                         "checkpoint.anchor_every=2", "checkpoint.bitdelta_bits=2",
+                                         "checkpoint.moment_bits=4"};
+  const RunOutcome full = run(sets, fresh_dir("bd-anchor-full"), "", 0);
+  const std::string dir = fresh_dir("bd-anchor-cut");
+  const RunOutcome first = run(sets, dir, "", 6);  // an anchor at 2, a delta at 4, an anchor at 6
+  EXPECT_EQ(ckpt::read_meta(dir + "/checkpoints/ckpt-00000004.h5").codec, ckpt::Codec::bitdelta);
+  EXPECT_EQ(ckpt::read_meta(dir + "/checkpoints/ckpt-00000006.h5").codec, ckpt::Codec::zstd);
+  const RunOutcome second = run(sets, dir, "auto", 0);
+  ASSERT_EQ(second.losses.size(), 6u);
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, full.losses);
+  EXPECT_EQ(second.crc, full.crc);
+}
+
 // --restart auto takes the newest checkpoint that verifies: with the newest bitdelta delta
 // damaged, the delta before it (not its anchor, not step 0).
 TEST(Restart, AutoTakesTheNewestValidBitdeltaDelta) {
