@@ -10,6 +10,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -80,8 +81,11 @@ std::map<int, BlockState> random_state(const ParamCatalog& cat, std::uint64_t se
     BlockState& x = s[b.id];
     for (auto* v : {&x.param, &x.m, &x.v}) {
       v->resize(static_cast<std::size_t>(b.numel()));
-      for (std::size_t i = 0; i < v->size(); ++i)
-        (*v)[i] = static_cast<float>(0.02 * rng_normal(rng_key(seed, b.id, v == &x.m), i));
+      for (std::size_t i = 0; i < v->size(); ++i) {
+        const double r = 0.02 * rng_normal(rng_key(seed, b.id, v == &x.m), i);
+        // A second moment is an average of squares: never negative (bitdelta relies on it).
+        (*v)[i] = static_cast<float>(v == &x.v ? std::abs(r) : r);
+      }
     }
   }
   return s;

@@ -66,7 +66,7 @@ RestartPoint resolve_restart(const Deck& deck, const std::string& restart, MPI_C
   if (rank == 0 && !rp.path.empty()) {
     std::printf("restart: from %s (step %lld)%s\n", rp.path.c_str(),
                 static_cast<long long>(rp.step),
-                rp.lossy ? " | APPROXIMATE: bitdelta parameters (1 bit per weight)" : "");
+                rp.lossy ? " | APPROXIMATE: a lossy bitdelta checkpoint (pdtrain inspect shows its error bounds)" : "");
     std::fflush(stdout);
   }
   return rp;

@@ -228,7 +228,9 @@ std::unique_ptr<ckpt::CheckpointWriter> make_writer(const Deck& deck, const Para
   return std::make_unique<ckpt::CheckpointWriter>(
       comm, cat, ckpt::parse_codec(deck.checkpoint.codec),
       static_cast<int>(deck.checkpoint.anchor_every), deck.checkpoint.dir,
-      static_cast<int>(deck.checkpoint.keep));
+      static_cast<int>(deck.checkpoint.keep), 3,
+      ckpt::BitDeltaBits{static_cast<int>(deck.checkpoint.bitdelta_bits),
+                         static_cast<int>(deck.checkpoint.moment_bits)});
 }
 
 // Loads the restart state into `target` (a holder's server or a baseline replica) for the

@@ -6,14 +6,18 @@
 namespace pdtrain::ckpt::detail {
 
 constexpr const char* kFormat = "pdtrain-checkpoint";
-constexpr std::int64_t kFormatVersion = 1;
+constexpr std::int64_t kFormatVersion = 1;          // raw, zstd, xor (and anchors)
+constexpr std::int64_t kBitDeltaFormatVersion = 2;  // bitdelta files: quantized states
 
 // Groups: one dataset per tensor, except the CRC and bitdelta groups.
 constexpr const char* kParams = "params";
 constexpr const char* kAdamM = "adam_m";
 constexpr const char* kAdamV = "adam_v";
-constexpr const char* kSigns = "params_signs";  // bitdelta: uint8 [blocks of tensor, bytes]
-constexpr const char* kScale = "params_scale";  // bitdelta: fp32 [blocks of tensor]
+// bitdelta, per quantized state: "<state>_codes" uint8 [blocks of tensor, code bytes],
+// "<state>_scales" uint32 [blocks of tensor, 2 x groups], and max_error/<state> fp32 [n_blocks].
+constexpr const char* kCodesSuffix = "_codes";
+constexpr const char* kScalesSuffix = "_scales";
+constexpr const char* kMaxError = "max_error";
 constexpr const char* kCrc = "crc32c";          // uint32 [n_blocks] per state group
 
 // The three states of a block, in file order.

@@ -15,7 +15,7 @@ std::vector<TensorGeom> tensor_geometry(const ParamCatalog& catalog) {
     if (g.n_blocks++ == 0) g.first_block = b.id;
     g.chunk_rows = std::max(g.chunk_rows, b.rows);
     g.chunk_cols = std::max(g.chunk_cols, b.cols);
-    g.sign_bytes = std::max(g.sign_bytes, sign_bytes(static_cast<std::size_t>(b.numel())));
+    g.max_numel = std::max(g.max_numel, static_cast<std::size_t>(b.numel()));
   }
   for (TensorGeom& g : out) {
     const TensorInfo& t = *g.info;
@@ -136,7 +136,8 @@ std::vector<Box> boxes_of(const TensorGeom& g, std::vector<const BlockInfo*> blo
   return out;
 }
 
-std::vector<Box> sign_boxes_of(const TensorGeom& g, std::vector<const BlockInfo*> blocks) {
+std::vector<Box> row_boxes_of(const TensorGeom& g, std::vector<const BlockInfo*> blocks,
+                              std::size_t width) {
   std::sort(blocks.begin(), blocks.end(),
             [](const BlockInfo* a, const BlockInfo* b) { return a->id < b->id; });
   std::vector<Box> out;
@@ -145,12 +146,12 @@ std::vector<Box> sign_boxes_of(const TensorGeom& g, std::vector<const BlockInfo*
     if (out.empty() || out.back().start[0] + out.back().count[0] != row) {
       out.emplace_back();
       out.back().start[0] = row;
-      out.back().count[1] = g.sign_bytes;
+      out.back().count[1] = width;
     }
     Box& box = out.back();
     ++box.count[0];
     box.blocks.push_back(b);
-    box.numel += g.sign_bytes;  // bytes, for this dataset
+    box.numel += width;  // elements of this dataset
   }
   return out;
 }

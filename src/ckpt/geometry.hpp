@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "pdtrain/ckpt/codec.hpp"
 #include "pdtrain/model/catalog.hpp"
 
 namespace pdtrain::ckpt::detail {
@@ -23,7 +24,10 @@ struct TensorGeom {
   int rank = 0;                       // dataset rank, 1..3
   hsize_t dims[3] = {0, 0, 0}, chunk[3] = {0, 0, 0};
   std::int64_t chunk_rows = 0, chunk_cols = 0;
-  std::size_t sign_bytes = 0;         // bitdelta: packed sign bytes of the largest block
+  std::size_t max_numel = 0;          // values of the largest block (bitdelta row widths)
+  // bitdelta: the row widths of the tensor's per-block datasets (each row one block, padded)
+  std::size_t code_row(int bits) const { return code_bytes(max_numel, bits); }
+  std::size_t scale_row() const { return 2 * quant_groups(max_numel); }
   const std::string& name() const { return info->name; }
 };
 
@@ -56,9 +60,10 @@ struct Box {
 };
 // Merges blocks (all of tensor g) into boxes, in the dataset's order.
 std::vector<Box> boxes_of(const TensorGeom& g, std::vector<const BlockInfo*> blocks);
-// The same for a bitdelta signs dataset [blocks of the tensor, sign_bytes]: runs of
+// The same for a bitdelta per-block dataset [blocks of the tensor, width]: runs of
 // consecutive block ids.
-std::vector<Box> sign_boxes_of(const TensorGeom& g, std::vector<const BlockInfo*> blocks);
+std::vector<Box> row_boxes_of(const TensorGeom& g, std::vector<const BlockInfo*> blocks,
+                              std::size_t width);
 // Selects exactly `box` in `space`.
 void select_box(hid_t space, const Box& box);
 

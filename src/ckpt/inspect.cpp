@@ -1,5 +1,7 @@
 // `pdtrain inspect CKPT`: what a checkpoint holds and whether every block verifies.
+#include <algorithm>
 #include <cstdio>
+#include <ostream>
 #include <filesystem>
 #include <sstream>
 
@@ -41,6 +43,50 @@ void add_row(hid_t file, const std::string& name, std::int64_t raw, std::vector<
   rows.push_back({name, shape + "]", static_cast<std::int64_t>(H5Dget_storage_size(d)), raw});
 }
 
+// A bitdelta file's max_error/<state> (fp32 per block), or nothing when the state is exact.
+std::vector<float> read_max_errors(hid_t file, const std::string& path, const char* state,
+                                   std::size_t n_blocks) {
+  const std::string name = std::string(detail::kMaxError) + "/" + state;
+  if (!detail::exists(file, name)) return {};
+  H5Context ctx(path, name);
+  H5Id d(H5_CHECK(H5Dopen2(file, name.c_str(), H5P_DEFAULT)));
+  H5Id space(H5_CHECK(H5Dget_space(d)));
+  if (H5_CHECK(H5Sget_simple_extent_npoints(space)) != static_cast<hssize_t>(n_blocks))
+    throw Error(ExitCode::data, "checkpoint " + path + ": dataset " + name + " has the wrong size");
+  std::vector<float> out(n_blocks);
+  H5_CHECK(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()));
+  return out;
+}
+
+// Per tensor, the largest error of any of its blocks' decode (what the writer measured).
+void print_error_bounds(hid_t file, const CheckpointMeta& m,
+                        const std::vector<detail::TensorGeom>& geom, std::ostream& out) {
+  std::vector<float> errors[3];
+  for (int k = 0; k < 3; ++k)
+    errors[k] = read_max_errors(file, m.path, detail::kStateGroups[k],
+                                static_cast<std::size_t>(m.n_blocks));
+  out << "  bitdelta: params " << m.bits.params << " bit(s) per value (delta to the anchor), "
+      << "moments " << m.bits.moments << " bit(s)"
+      << (m.bits.moments == 0 ? " (exact, xor)" : " (m linear, v log domain)") << ", groups of "
+      << kQuantGroup << " values\n";
+  out << "  error bounds, largest per tensor: |decoded - written| for params and adam_m, "
+         "|decoded - written| / written for adam_v\n";
+  char line[256];
+  for (const detail::TensorGeom& g : geom) {
+    std::string text;
+    for (int k = 0; k < 3; ++k) {
+      if (errors[k].empty()) continue;
+      float worst = 0.0f;
+      for (int i = 0; i < g.n_blocks; ++i)
+        worst = std::max(worst, errors[k][static_cast<std::size_t>(g.first_block + i)]);
+      std::snprintf(line, sizeof line, "  %s %.3g", detail::kStateGroups[k], worst);
+      text += line;
+    }
+    std::snprintf(line, sizeof line, "    %-10s%s\n", g.name().c_str(), text.c_str());
+    out << line;
+  }
+}
+
 }  // namespace
 
 std::string inspect(const std::string& path, bool* intact) {
@@ -62,11 +108,16 @@ std::string inspect(const std::string& path, bool* intact) {
 
   std::vector<Row> rows;
   const auto geom = detail::tensor_geometry(catalog);
-  for (const char* group : {detail::kParams, detail::kSigns, detail::kAdamM, detail::kAdamV})
-    for (const auto& g : geom)
-      add_row(reader.file(), std::string(group) + "/" + g.name(), g.info->numel() * 4, rows);
-  for (const auto& g : geom)
-    add_row(reader.file(), std::string(detail::kScale) + "/" + g.name(), g.n_blocks * 4, rows);
+  // A state is stored exactly (fp32 or xor) or, in a bitdelta file, as codes plus scale pairs
+  // (the codes stand for the state's fp32 bytes; the scales for none).
+  for (const char* state : detail::kStateGroups)
+    for (const auto& g : geom) {
+      add_row(reader.file(), std::string(state) + "/" + g.name(), g.info->numel() * 4, rows);
+      add_row(reader.file(), std::string(state) + detail::kCodesSuffix + "/" + g.name(),
+              g.info->numel() * 4, rows);
+      add_row(reader.file(), std::string(state) + detail::kScalesSuffix + "/" + g.name(), 0,
+              rows);
+    }
   for (const char* state : detail::kStateGroups)
     add_row(reader.file(), std::string(detail::kCrc) + "/" + state, m.n_blocks * 4, rows);
   std::snprintf(line, sizeof line, "  %-24s %-16s %12s %12s %7s\n", "dataset", "shape", "stored",
@@ -74,10 +125,13 @@ std::string inspect(const std::string& path, bool* intact) {
   out << line;
   std::int64_t stored = 0, raw = 0;
   for (const Row& r : rows) {
-    std::snprintf(line, sizeof line, "  %-24s %-16s %12s %12s %7.2f\n", r.name.c_str(),
+    char ratio[16] = "      -";
+    if (r.raw > 0 && r.stored > 0)
+      std::snprintf(ratio, sizeof ratio, "%7.2f",
+                    static_cast<double>(r.raw) / static_cast<double>(r.stored));
+    std::snprintf(line, sizeof line, "  %-24s %-16s %12s %12s %s\n", r.name.c_str(),
                   r.shape.c_str(), human(static_cast<double>(r.stored)).c_str(),
-                  human(static_cast<double>(r.raw)).c_str(),
-                  r.stored > 0 ? static_cast<double>(r.raw) / static_cast<double>(r.stored) : 0.0);
+                  human(static_cast<double>(r.raw)).c_str(), ratio);
     out << line;
     stored += r.stored;
     raw += r.raw;
@@ -87,6 +141,7 @@ std::string inspect(const std::string& path, bool* intact) {
   out << "  total stored " << human(static_cast<double>(stored)) << ", raw "
       << human(static_cast<double>(raw)) << ", file " << human(static_cast<double>(file_bytes))
       << "\n";
+  if (m.codec == Codec::bitdelta) print_error_bounds(reader.file(), m, geom, out);
 
   // Decode every block (with the anchor for deltas) and check its CRCs.
   detail::Problems problems;

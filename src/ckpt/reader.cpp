@@ -87,10 +87,20 @@ CheckpointMeta read_meta_of(hid_t file, const std::string& path) {
   if (!format || *format != kFormat)
     throw data_error(path, "not a pdtrain checkpoint (no format = \"pdtrain-checkpoint\")");
   m.format_version = read_attr_i64(file, "format_version").value_or(0);
-  if (m.format_version != kFormatVersion)
+  const auto codec = read_attr_str(file, "codec");
+  const bool bitdelta = codec && *codec == codec_name(Codec::bitdelta);
+  // bitdelta files have their own version: version 1's (1 bit per weight, params_signs) is
+  // no longer read; its anchor, a zstd file, still is.
+  const std::int64_t supported = bitdelta ? kBitDeltaFormatVersion : kFormatVersion;
+  if (m.format_version != supported)
     throw data_error(path, "format_version " + std::to_string(m.format_version) +
+                               (bitdelta ? " of a bitdelta file" : "") +
                                " is not supported (this pdtrain reads version " +
-                               std::to_string(kFormatVersion) + ")");
+                               std::to_string(supported) + ")" +
+                               (bitdelta && m.format_version == 1
+                                    ? "; restart from its anchor " +
+                                          read_attr_str(file, "anchor").value_or("?") + " instead"
+                                    : ""));
   auto need_i64 = [&](const char* name) {
     const auto v = read_attr_i64(file, name);
     if (!v) throw data_error(path, std::string("attribute ") + name + " is missing");
@@ -99,7 +109,6 @@ CheckpointMeta read_meta_of(hid_t file, const std::string& path) {
   m.step = need_i64("step");
   m.version = need_i64("version");
   m.tokens_seen = need_i64("tokens_seen");
-  const auto codec = read_attr_str(file, "codec");
   if (!codec || !codec_from_string(*codec))
     throw data_error(path, "attribute codec is missing or unknown");
   m.codec = *codec_from_string(*codec);
@@ -107,6 +116,16 @@ CheckpointMeta read_meta_of(hid_t file, const std::string& path) {
     m.anchor = read_attr_str(file, "anchor").value_or("");
     if (m.anchor.empty()) throw data_error(path, "delta checkpoint without an anchor attribute");
     m.anchor_crc32c = static_cast<std::uint32_t>(need_i64("anchor_crc32c"));
+  }
+  if (bitdelta) {
+    m.bits.params = static_cast<int>(need_i64("bitdelta_bits"));
+    m.bits.moments = static_cast<int>(need_i64("moment_bits"));
+    const std::int64_t group = need_i64("quant_group");
+    if (m.bits.params < 1 || m.bits.params > 8 || m.bits.moments < 0 || m.bits.moments == 1 ||
+        m.bits.moments > 8 || group != static_cast<std::int64_t>(kQuantGroup))
+      throw data_error(path, "bitdelta_bits " + std::to_string(m.bits.params) + ", moment_bits " +
+                                 std::to_string(m.bits.moments) + ", quant_group " +
+                                 std::to_string(group) + " are not a layout this pdtrain reads");
   }
   m.params_crc32c = static_cast<std::uint32_t>(need_i64("params_crc32c"));
   m.deck = read_attr_str(file, "deck").value_or("");
@@ -208,39 +227,44 @@ std::map<int, std::vector<std::uint32_t>> BlockReader::read_state(int k, bool xo
   return out;
 }
 
-std::map<int, std::vector<std::uint8_t>> BlockReader::read_signs(const std::vector<int>& ids) {
-  std::map<int, std::vector<std::uint8_t>> out;
+template <class T>
+std::map<int, std::vector<T>> BlockReader::read_rows(const std::string& group, std::size_t bits,
+                                                     const std::vector<int>& ids) {
+  std::map<int, std::vector<T>> out;
   std::map<int, std::vector<const BlockInfo*>> by_tensor;
   for (int id : ids) by_tensor[static_cast<int>(catalog_.block(id).tensor)].push_back(&catalog_.block(id));
+  const hid_t mem_type = sizeof(T) == 1 ? H5T_NATIVE_UINT8 : H5T_NATIVE_UINT32;
   for (const auto& [t, blocks] : by_tensor) {
     const TensorGeom& g = geom_[t];
-    const std::string name = std::string(kSigns) + "/" + g.name();
+    // codes: bits > 0; scale pairs: bits = 0
+    const std::size_t width = bits ? g.code_row(static_cast<int>(bits)) : g.scale_row();
+    const std::string name = group + "/" + g.name();
     H5Context ctx(path_, name);
-    const hsize_t dims[2] = {static_cast<hsize_t>(g.n_blocks), g.sign_bytes};
-    H5Id d = open_dataset(file_, path_, name, 2, dims, H5T_INTEGER, 1);
+    const hsize_t dims[2] = {static_cast<hsize_t>(g.n_blocks), width};
+    H5Id d = open_dataset(file_, path_, name, 2, dims, H5T_INTEGER, sizeof(T));
     H5Id fspace(H5_CHECK(H5Dget_space(d)));
-    for (const Box& box : sign_boxes_of(g, blocks)) {
-      std::vector<std::uint8_t> buf(box.numel);
+    for (const Box& box : row_boxes_of(g, blocks, width)) {
+      std::vector<T> buf(box.numel);
       select_box(fspace, box);
-      const bool ok = read_selection(d, H5T_NATIVE_UINT8, fspace, buf.data(), buf.size()) >= 0;
+      const bool ok = read_selection(d, mem_type, fspace, buf.data(), buf.size()) >= 0;
       for (std::size_t i = 0; i < box.blocks.size(); ++i) {
         const int id = box.blocks[i]->id;
         if (ok) {
-          out[id].assign(buf.begin() + static_cast<std::ptrdiff_t>(i * g.sign_bytes),
-                         buf.begin() + static_cast<std::ptrdiff_t>((i + 1) * g.sign_bytes));
+          out[id].assign(buf.begin() + static_cast<std::ptrdiff_t>(i * width),
+                         buf.begin() + static_cast<std::ptrdiff_t>((i + 1) * width));
           continue;
         }
         Box one;  // find the damaged rows one at a time, to name them
         one.start[0] = static_cast<hsize_t>(id - g.first_block);
         one.count[0] = 1;
-        one.count[1] = g.sign_bytes;
+        one.count[1] = width;
         select_box(fspace, one);
-        std::vector<std::uint8_t> signs(g.sign_bytes);
-        if (read_selection(d, H5T_NATIVE_UINT8, fspace, signs.data(), signs.size()) < 0)
+        std::vector<T> row(width);
+        if (read_selection(d, mem_type, fspace, row.data(), row.size()) < 0)
           report(data_error(path_, block_text(catalog_, name, id) + ": cannot be read (damaged chunk)"),
                  id);
         else
-          out[id] = std::move(signs);
+          out[id] = std::move(row);
       }
     }
   }
@@ -276,18 +300,21 @@ std::map<int, BlockState> BlockReader::read(const std::vector<int>& ids) {
   for (int k = 0; k < 3; ++k)
     crc[k] = read_small(std::string(kCrc) + "/" + kStateGroups[k], nb, H5T_INTEGER);
 
-  std::map<int, std::vector<std::uint32_t>> bits[3];
-  std::map<int, std::vector<std::uint8_t>> signs;
-  std::map<std::string, std::vector<std::uint32_t>> scales;  // per tensor
-  if (codec == Codec::bitdelta) {
-    signs = read_signs(ids);
-    for (const TensorGeom& g : geom_)
-      scales[g.name()] = read_small(std::string(kScale) + "/" + g.name(),
-                                    static_cast<std::size_t>(g.n_blocks), H5T_FLOAT);
-  } else {
-    bits[0] = read_state(0, codec == Codec::xor_delta, ids);
+  // Each state is quantized (bitdelta) or stored as fp32 / xor bits.
+  std::map<int, std::vector<std::uint32_t>> bits[3], scales[3];
+  std::map<int, std::vector<std::uint8_t>> codes[3];
+  std::optional<StateQuant> quant[3];
+  for (int k = 0; k < 3; ++k) {
+    quant[k] = state_quant(codec, meta_.bits, k);
+    const std::string state = kStateGroups[k];
+    if (quant[k]) {
+      codes[k] = read_rows<std::uint8_t>(state + kCodesSuffix,
+                                         static_cast<std::size_t>(quant[k]->bits), ids);
+      scales[k] = read_rows<std::uint32_t>(state + kScalesSuffix, 0, ids);
+    } else {
+      bits[k] = read_state(k, is_delta(codec), ids);
+    }
   }
-  for (int k = 1; k < 3; ++k) bits[k] = read_state(k, is_delta(codec), ids);
 
   std::map<int, BlockState> out;
   for (int id : ids) {
@@ -303,10 +330,9 @@ std::map<int, BlockState> BlockReader::read(const std::vector<int>& ids) {
                                         a ? &a->v : nullptr};
     for (int k = 0; k < 3; ++k) {
       dst[k]->resize(n);
-      if (k == 0 && codec == Codec::bitdelta) {
-        float scale;
-        std::memcpy(&scale, &scales[g.name()][static_cast<std::size_t>(id - g.first_block)], 4);
-        bitdelta_decode(ref[0]->data(), signs.at(id).data(), scale, n, dst[0]->data());
+      if (quant[k]) {
+        dequantize(quant[k]->q, quant[k]->bits, codes[k].at(id).data(), scales[k].at(id).data(),
+                   ref[k] ? ref[k]->data() : nullptr, n, dst[k]->data());
       } else {
         std::vector<std::uint32_t>& w = bits[k].at(id);
         if (a) {
@@ -318,7 +344,7 @@ std::map<int, BlockState> BlockReader::read(const std::vector<int>& ids) {
       }
       const std::uint32_t got = crc32c(dst[k]->data(), n * 4);
       if (got != crc[k][id]) {
-        const std::string ds = std::string(k == 0 && codec == Codec::bitdelta ? kSigns : kStateGroups[k]) +
+        const std::string ds = std::string(kStateGroups[k]) + (quant[k] ? kCodesSuffix : "") +
                                "/" + g.name();
         report(data_error(path_, "CRC32C mismatch in " + block_text(catalog_, ds, id) +
                                      " (stored " + hex32(crc[k][id]) + ", data " + hex32(got) + ")"),

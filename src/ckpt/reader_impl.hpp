@@ -41,7 +41,11 @@ class BlockReader {
   std::vector<std::uint32_t> read_small(const std::string& name, std::size_t n, H5T_class_t cls);
   std::map<int, std::vector<std::uint32_t>> read_state(int k, bool xored,
                                                        const std::vector<int>& ids);
-  std::map<int, std::vector<std::uint8_t>> read_signs(const std::vector<int>& ids);
+  // A bitdelta per-block dataset group/<tensor> [blocks, width]: codes of `bits` bits (uint8),
+  // or with bits = 0 the scale pairs (uint32); the rows of blocks `ids`.
+  template <class T>
+  std::map<int, std::vector<T>> read_rows(const std::string& group, std::size_t bits,
+                                          const std::vector<int>& ids);
 
   std::string path_;
   const ParamCatalog& catalog_;

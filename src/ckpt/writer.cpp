@@ -56,10 +56,11 @@ std::uint32_t crc_of(const std::vector<float>& v) {
 // One block as it goes into the file.
 struct EncodedBlock {
   const BlockInfo* info = nullptr;
-  std::vector<std::uint32_t> state[3];  // fp32 bits or xor bits; state[0] empty for bitdelta
-  std::vector<std::uint8_t> signs;      // bitdelta, padded to the tensor's sign_bytes
-  float scale = 0.0f;
-  std::uint32_t crc[3] = {0, 0, 0};     // of the decoded fp32 data
+  std::vector<std::uint32_t> state[3];   // fp32 bits or xor bits; empty where quantized
+  std::vector<std::uint8_t> codes[3];    // quantized states: codes, padded to the tensor's row
+  std::vector<std::uint32_t> scales[3];  // quantized states: scale pairs, padded likewise
+  float max_error[3] = {0, 0, 0};        // quantized states: the decode's largest error
+  std::uint32_t crc[3] = {0, 0, 0};      // of the decoded fp32 data
 };
 
 }  // namespace
@@ -70,6 +71,7 @@ struct CheckpointWriter::Job {
   std::string deck, layout, path, tmp;
   bool anchor = false;
   Codec file_codec = Codec::raw;
+  BitDeltaBits bits;                     // of a bitdelta file
   std::shared_ptr<const Anchor> base;    // deltas: the anchor they refer to
   std::map<int, BlockState> snapshot;    // this holder's state at write time
 
@@ -87,11 +89,11 @@ struct CheckpointWriter::Job {
 
 // What every holder must know alike before the collective write.
 struct CheckpointWriter::Agreed {
-  std::vector<TensorGeom> geom;                   // of the model's tensors
-  std::vector<std::uint32_t> crc[3], scale_bits;  // per block, every holder's merged
-  std::int64_t raw_bytes = 0;                     // all holders' state, unencoded
-  std::uint32_t params_crc = 0;                   // canonical CRC of the decoded parameters
-  std::vector<std::uint32_t> calls;               // H5Dwrite calls per tensor (FileWriter)
+  std::vector<TensorGeom> geom;                     // of the model's tensors
+  std::vector<std::uint32_t> crc[3], max_error[3];  // per block, every holder's merged
+  std::int64_t raw_bytes = 0;                       // all holders' state, unencoded
+  std::uint32_t params_crc = 0;                     // canonical CRC of the decoded parameters
+  std::vector<std::uint32_t> calls;                 // H5Dwrite calls per tensor (FileWriter)
 };
 
 namespace {
@@ -102,31 +104,36 @@ using Agreed = CheckpointWriter::Agreed;
 // ---------------------------------------------------------------- encoding (no MPI, no HDF5)
 
 void encode_block(const BlockInfo& b, const BlockState& s, const BlockState* base, Codec codec,
-                  std::size_t sign_bytes, EncodedBlock& e, std::vector<float>& decoded) {
+                  const BitDeltaBits& bits, const TensorGeom& g, EncodedBlock& e,
+                  std::vector<float>& decoded) {
   e.info = &b;
-  for (const std::vector<float>* v : {&s.param, &s.m, &s.v})
+  const std::vector<float>* values[3] = {&s.param, &s.m, &s.v};
+  for (const std::vector<float>* v : values)
     if (v->size() != static_cast<std::size_t>(b.numel()))
       throw Error(ExitCode::runtime, "checkpoint: block " + std::to_string(b.id) + " has " +
                                          std::to_string(v->size()) + " values, expected " +
                                          std::to_string(b.numel()));
   const std::size_t n = s.param.size();
-  decoded = s.param;
-  if (codec == Codec::bitdelta) {
-    e.signs.assign(sign_bytes, 0);
-    e.scale = bitdelta_encode(s.param.data(), base->param.data(), n, e.signs.data());
-    bitdelta_decode(base->param.data(), e.signs.data(), e.scale, n, decoded.data());
-  } else {
-    e.state[0] = bits_of(s.param);
-  }
-  e.state[1] = bits_of(s.m);
-  e.state[2] = bits_of(s.v);
-  e.crc[0] = crc_of(decoded);  // of what a reader will decode, so lossy params verify too
-  e.crc[1] = crc_of(s.m);
-  e.crc[2] = crc_of(s.v);
-  if (is_delta(codec)) {
-    const std::vector<float>* ref[3] = {&base->param, &base->m, &base->v};
-    for (int k = codec == Codec::bitdelta ? 1 : 0; k < 3; ++k) {
-      const std::vector<std::uint32_t> rb = bits_of(*ref[k]);
+  std::vector<float> lossy(n);
+  const std::vector<float>* refs[3] = {base ? &base->param : nullptr, base ? &base->m : nullptr,
+                                       base ? &base->v : nullptr};
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float>& x = *values[k];
+    const std::vector<float>* ref = refs[k];
+    if (const auto sq = state_quant(codec, bits, k)) {
+      e.codes[k].assign(g.code_row(sq->bits), 0);
+      e.scales[k].assign(g.scale_row(), 0);
+      e.max_error[k] = quantize(sq->q, sq->bits, x.data(), ref ? ref->data() : nullptr, n,
+                                e.codes[k].data(), e.scales[k].data(), lossy.data());
+      e.crc[k] = crc_of(lossy);  // of what a reader will decode, so lossy states verify too
+      if (k == 0) decoded = lossy;
+      continue;
+    }
+    e.state[k] = bits_of(x);
+    e.crc[k] = crc_of(x);
+    if (k == 0) decoded = x;
+    if (is_delta(codec)) {
+      const std::vector<std::uint32_t> rb = bits_of(*ref);
       xor_bits(e.state[k].data(), rb.data(), e.state[k].data(), n);
     }
   }
@@ -153,7 +160,7 @@ void encode(Job& j, const ParamCatalog& catalog, const std::vector<TensorGeom>& 
                                              " is not in this holder's anchor");
         base = &it->second;
       }
-      encode_block(b, s, base, j.file_codec, geom[static_cast<int>(b.tensor)].sign_bytes,
+      encode_block(b, s, base, j.file_codec, j.bits, geom[static_cast<int>(b.tensor)],
                    j.blocks[i++], decoded);
       append_crc_pieces(catalog, b, decoded.data(), j.pieces);
     }
@@ -162,7 +169,11 @@ void encode(Job& j, const ParamCatalog& catalog, const std::vector<TensorGeom>& 
         if (detail::block_is_chunk(geom[static_cast<int>(e.info->tensor)], *e.info))
           for (const auto& st : e.state)
             if (!st.empty()) j.chunks.add(st.data(), st.size() * 4, 4, level);
-        if (!e.signs.empty()) j.chunks.add(e.signs.data(), e.signs.size(), 1, level);
+        for (int k = 0; k < 3; ++k) {  // bitdelta rows: one chunk per block whatever its shape
+          if (!e.codes[k].empty()) j.chunks.add(e.codes[k].data(), e.codes[k].size(), 1, level);
+          if (!e.scales[k].empty())
+            j.chunks.add(e.scales[k].data(), e.scales[k].size() * 4, 4, level);
+        }
       }
     }
     if (keep_anchor) {
@@ -184,8 +195,9 @@ using TensorBlocks = std::map<int, std::vector<const EncodedBlock*>>;  // tensor
 
 class FileWriter {
  public:
-  // calls[t] (calls[T + t] for bitdelta signs): how many H5Dwrite calls the holder with the
-  // most boxes of tensor t needs; every holder makes that many (collective calls must match).
+  // calls[t] (calls[T + t] for bitdelta's per-block rows): how many H5Dwrite calls the holder
+  // with the most boxes of tensor t needs; every holder makes that many (collective calls
+  // must match).
   FileWriter(const Job& job, const std::vector<TensorGeom>& geom, std::vector<std::uint32_t> calls,
              int level, MPI_Comm comm, int rank, int size)
       : job_(job), geom_(geom), calls_(std::move(calls)), level_(level), rank_(rank) {
@@ -196,6 +208,11 @@ class FileWriter {
     // Closing the file must really close it (it is fsync'ed and renamed next): an object left
     // open makes H5Fclose fail instead of silently keeping the file open.
     H5_CHECK(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI));
+    // bitdelta files (format version 2) hold ~100 small chunked datasets; HDF5 1.10's own
+    // file format indexes their chunks with fixed arrays instead of 1.8's version-1 B-trees,
+    // whose nodes would be a tenth of a small model's file. Other codecs keep their format.
+    if (job.file_codec == Codec::bitdelta)
+      H5_CHECK(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
     dxpl_ = H5Id(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)));
     if (size > 1) {
       // Parallel writes through filters must be collective.
@@ -212,8 +229,7 @@ class FileWriter {
   void write_state(int k) {
     const char* group_name = detail::kStateGroups[k];
     H5Id group(H5_CHECK(H5Gcreate2(file_, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-    const bool xored = job_.file_codec == Codec::xor_delta ||
-                       (job_.file_codec == Codec::bitdelta && k > 0);
+    const bool xored = is_delta(job_.file_codec);  // quantized states are not written here
     for (const TensorGeom& g : geom_) {
       H5Context ctx(job_.tmp, std::string(group_name) + "/" + g.name());
       H5Id space(H5_CHECK(H5Screate_simple(g.rank, g.dims, nullptr)));
@@ -227,45 +243,22 @@ class FileWriter {
     }
   }
 
-  // bitdelta params: per tensor, uint8 signs [blocks of the tensor, sign_bytes]: one chunk
-  // per block.
-  void write_signs() {
-    H5Id group(H5_CHECK(H5Gcreate2(file_, detail::kSigns, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-    for (const TensorGeom& g : geom_) {
-      H5Context ctx(job_.tmp, std::string(detail::kSigns) + "/" + g.name());
-      const hsize_t dims[2] = {static_cast<hsize_t>(g.n_blocks), g.sign_bytes};
-      const hsize_t chunk[2] = {1, g.sign_bytes};
-      H5Id space(H5_CHECK(H5Screate_simple(2, dims, nullptr)));
-      H5Id p = dcpl(chunk, 2, false);
-      H5Id dset(H5_CHECK(H5Dcreate2(group, g.name().c_str(), H5T_STD_U8LE, space, H5P_DEFAULT,
-                                    p, H5P_DEFAULT)));
-      std::map<int, const EncodedBlock*> by_id;
-      std::vector<const BlockInfo*> infos;
-      for (const EncodedBlock* e : blocks_of(g)) {
-        by_id[e->info->id] = e;
-        infos.push_back(e->info);
-      }
-      const std::vector<detail::Box> boxes = detail::sign_boxes_of(g, infos);
-      detail::PrecompressedChunks::Counting counting;
-      const std::uint32_t calls = calls_[geom_.size() + static_cast<std::size_t>(g.info->id)];
-      for (std::uint32_t c = 0; c < calls; ++c) {
-        std::vector<std::uint8_t> buf;
-        if (c < boxes.size()) {
-          detail::select_box(space, boxes[c]);
-          for (const BlockInfo* b : boxes[c].blocks) {  // by id: the box's row order
-            const auto& signs = by_id[b->id]->signs;
-            buf.insert(buf.end(), signs.begin(), signs.end());
-          }
-        } else {
-          H5_CHECK(H5Sselect_none(space));
-        }
-        write_selection(dset, H5T_NATIVE_UINT8, space, buf.data(), buf.size());
-      }
-      dset.close_checked(__FILE__, __LINE__);
-    }
+  // A quantized state k of a bitdelta file: per tensor, its codes (uint8) and its scale pairs
+  // (uint32, shuffled), each [blocks of the tensor, row width], one chunk per block.
+  void write_quantized(int k) {
+    const std::string state = detail::kStateGroups[k];
+    const int bits = state_quant(job_.file_codec, job_.bits, k)->bits;
+    write_rows<std::uint8_t>(
+        state + detail::kCodesSuffix, H5T_STD_U8LE, H5T_NATIVE_UINT8, false,
+        [bits](const TensorGeom& g) { return g.code_row(bits); },
+        [k](const EncodedBlock& e) -> const std::vector<std::uint8_t>& { return e.codes[k]; });
+    write_rows<std::uint32_t>(
+        state + detail::kScalesSuffix, H5T_STD_U32LE, H5T_NATIVE_UINT32, true,
+        [](const TensorGeom& g) { return g.scale_row(); },
+        [k](const EncodedBlock& e) -> const std::vector<std::uint32_t>& { return e.scales[k]; });
   }
 
-  // A small 1-D dataset every holder knows in full (CRCs, scales); holder 0 writes it.
+  // A small 1-D dataset every holder knows in full (CRCs, error bounds); holder 0 writes it.
   void write_small(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
                    const void* data, std::size_t n) {
     H5Context ctx(job_.tmp, name);
@@ -295,6 +288,47 @@ class FileWriter {
       H5_CHECK(H5Pset_filter(p, kZstdFilterId, H5Z_FLAG_MANDATORY, 1, cd));
     }
     return p;
+  }
+
+  // One dataset per tensor in group `group_name`, [blocks of the tensor, width(g)], a row per
+  // block (row(e): exactly width(g) elements), written box by box of consecutive blocks.
+  template <class T, class Width, class Row>
+  void write_rows(const std::string& group_name, hid_t file_type, hid_t mem_type, bool shuffle,
+                  Width width, Row row) {
+    H5Id group(H5_CHECK(H5Gcreate2(file_, group_name.c_str(), H5P_DEFAULT, H5P_DEFAULT,
+                                   H5P_DEFAULT)));
+    for (const TensorGeom& g : geom_) {
+      H5Context ctx(job_.tmp, group_name + "/" + g.name());
+      const hsize_t dims[2] = {static_cast<hsize_t>(g.n_blocks), width(g)};
+      const hsize_t chunk[2] = {1, width(g)};
+      H5Id space(H5_CHECK(H5Screate_simple(2, dims, nullptr)));
+      H5Id p = dcpl(chunk, 2, shuffle);
+      H5Id dset(H5_CHECK(H5Dcreate2(group, g.name().c_str(), file_type, space, H5P_DEFAULT, p,
+                                    H5P_DEFAULT)));
+      std::map<int, const EncodedBlock*> by_id;
+      std::vector<const BlockInfo*> infos;
+      for (const EncodedBlock* e : blocks_of(g)) {
+        by_id[e->info->id] = e;
+        infos.push_back(e->info);
+      }
+      const std::vector<detail::Box> boxes = detail::row_boxes_of(g, infos, width(g));
+      detail::PrecompressedChunks::Counting counting;
+      const std::uint32_t calls = calls_[geom_.size() + static_cast<std::size_t>(g.info->id)];
+      for (std::uint32_t c = 0; c < calls; ++c) {
+        std::vector<T> buf;
+        if (c < boxes.size()) {
+          detail::select_box(space, boxes[c]);
+          for (const BlockInfo* b : boxes[c].blocks) {  // by id: the box's row order
+            const std::vector<T>& r = row(*by_id[b->id]);
+            buf.insert(buf.end(), r.begin(), r.end());
+          }
+        } else {
+          H5_CHECK(H5Sselect_none(space));
+        }
+        write_selection(dset, mem_type, space, buf.data(), buf.size());
+      }
+      dset.close_checked(__FILE__, __LINE__);
+    }
   }
 
   std::vector<const EncodedBlock*> blocks_of(const TensorGeom& g) const {
@@ -353,11 +387,18 @@ void write_attributes(hid_t file, const Job& j, const ParamCatalog& catalog,
   using detail::write_attr_str;
   const ModelShape& s = catalog.shape();
   write_attr_str(file, "format", detail::kFormat);
-  write_attr_i64(file, "format_version", detail::kFormatVersion);
+  write_attr_i64(file, "format_version", j.file_codec == Codec::bitdelta
+                                             ? detail::kBitDeltaFormatVersion
+                                             : detail::kFormatVersion);
   write_attr_i64(file, "step", j.step);
   write_attr_i64(file, "version", j.version);
   write_attr_i64(file, "tokens_seen", j.tokens);
   write_attr_str(file, "codec", codec_name(j.file_codec));
+  if (j.file_codec == Codec::bitdelta) {
+    write_attr_i64(file, "bitdelta_bits", j.bits.params);
+    write_attr_i64(file, "moment_bits", j.bits.moments);
+    write_attr_i64(file, "quant_group", static_cast<std::int64_t>(kQuantGroup));
+  }
   if (!j.anchor) {
     write_attr_str(file, "anchor", anchor_file);
     write_attr_i64(file, "anchor_crc32c", anchor_crc);
@@ -378,15 +419,21 @@ void write_attributes(hid_t file, const Job& j, const ParamCatalog& catalog,
 
 // Per-block arrays each holder fills for its own blocks; the file gets them whole.
 void merge_block_tables(MPI_Comm comm, const Job& j, std::size_t n_blocks, Agreed& a) {
-  for (auto& c : a.crc) c.assign(n_blocks, 0);
-  a.scale_bits.assign(n_blocks, 0);
+  for (int k = 0; k < 3; ++k) {
+    a.crc[k].assign(n_blocks, 0);
+    a.max_error[k].assign(n_blocks, 0);
+  }
   for (const EncodedBlock& e : j.blocks) {
-    for (int k = 0; k < 3; ++k) a.crc[k][e.info->id] = e.crc[k];
-    std::memcpy(&a.scale_bits[e.info->id], &e.scale, 4);
+    for (int k = 0; k < 3; ++k) {
+      a.crc[k][e.info->id] = e.crc[k];
+      std::memcpy(&a.max_error[k][e.info->id], &e.max_error[k], 4);
+    }
     a.raw_bytes += 3 * e.info->bytes();
   }
-  for (auto& c : a.crc) detail::allreduce_bor(comm, c);
-  detail::allreduce_bor(comm, a.scale_bits);
+  for (int k = 0; k < 3; ++k) {
+    detail::allreduce_bor(comm, a.crc[k]);
+    if (state_quant(j.file_codec, j.bits, k)) detail::allreduce_bor(comm, a.max_error[k]);
+  }
   a.raw_bytes = detail::allreduce_sum(comm, a.raw_bytes);
 }
 
@@ -414,7 +461,7 @@ std::vector<std::uint32_t> count_collective_writes(MPI_Comm comm, const Job& j,
     calls[static_cast<std::size_t>(t)] =
         static_cast<std::uint32_t>(detail::boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
     calls[geom.size() + static_cast<std::size_t>(t)] = static_cast<std::uint32_t>(
-        detail::sign_boxes_of(geom[static_cast<std::size_t>(t)], infos).size());
+        detail::row_boxes_of(geom[static_cast<std::size_t>(t)], infos, 1).size());
   }
   detail::allreduce_max(comm, calls);
   return calls;
@@ -447,20 +494,26 @@ void write_contents(FileWriter& w, const Job& j, const ParamCatalog& catalog, co
   test_hooks::checkpoint_write_point("file_created");
   write_attributes(w.file(), j, catalog, a.params_crc, j.base ? j.base->file : "",
                    j.base ? j.base->params_crc : 0);
-  if (j.file_codec == Codec::bitdelta) {
-    w.write_signs();
-    H5Id scales(H5_CHECK(
-        H5Gcreate2(w.file(), detail::kScale, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-    for (const TensorGeom& g : a.geom)
-      w.write_small(scales, g.name(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
-                    a.scale_bits.data() + g.first_block, static_cast<std::size_t>(g.n_blocks));
-  } else {
-    w.write_state(0);
-  }
+  // A bitdelta state is quantized or (moments at 0 bits) xor, like an xor file's.
+  auto write = [&](int k) {
+    if (state_quant(j.file_codec, j.bits, k))
+      w.write_quantized(k);
+    else
+      w.write_state(k);
+  };
+  write(0);
   test_hooks::checkpoint_write_point("params_written");
-  w.write_state(1);
-  w.write_state(2);
+  write(1);
+  write(2);
   test_hooks::checkpoint_write_point("moments_written");
+  if (j.file_codec == Codec::bitdelta) {
+    H5Id errors(H5_CHECK(
+        H5Gcreate2(w.file(), detail::kMaxError, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+    for (int k = 0; k < 3; ++k)
+      if (state_quant(j.file_codec, j.bits, k))
+        w.write_small(errors, detail::kStateGroups[k], H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                      a.max_error[k].data(), catalog.blocks().size());
+  }
   H5Id crcs(H5_CHECK(H5Gcreate2(w.file(), detail::kCrc, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
   for (int k = 0; k < 3; ++k)
     w.write_small(crcs, detail::kStateGroups[k], H5T_STD_U32LE, H5T_NATIVE_UINT32,
@@ -477,9 +530,14 @@ void write_contents(FileWriter& w, const Job& j, const ParamCatalog& catalog, co
 
 CheckpointWriter::CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& catalog,
                                    Codec codec, int anchor_every, std::string dir, int keep,
-                                   int zstd_level)
+                                   int zstd_level, BitDeltaBits bits)
     : catalog_(catalog), codec_(codec), anchor_every_(std::max(1, anchor_every)),
-      keep_(std::max(0, keep)), level_(zstd_level), dir_(std::move(dir)) {
+      keep_(std::max(0, keep)), level_(zstd_level), dir_(std::move(dir)), bits_(bits) {
+  if (bits.params < 1 || bits.params > 8 || bits.moments < 0 || bits.moments == 1 ||
+      bits.moments > 8)
+    throw Error(ExitCode::deck, "checkpoint: bitdelta bits must be 1..8 for the parameters and "
+                                "0 or 2..8 for the moments (got " + std::to_string(bits.params) +
+                                    " and " + std::to_string(bits.moments) + ")");
   ensure_hdf5_ready();
   MPI_CHECK(MPI_Comm_dup(holders_comm, &comm_));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -550,6 +608,7 @@ std::string CheckpointWriter::start(bool async, std::int64_t step, std::int64_t 
   job->anchor = !is_delta(codec_) || !anchor_ || written_ % anchor_every_ == 0;
   job->file_codec = job->anchor ? (codec_ == Codec::raw ? Codec::raw : Codec::zstd) : codec_;
   job->base = job->anchor ? nullptr : anchor_;
+  job->bits = bits_;
   for (const auto& [id, s] : blocks) job->snapshot[id] = *s;  // the only work before returning
 
   Job* j = job.get();

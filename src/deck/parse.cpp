@@ -353,6 +353,15 @@ const std::vector<CrossRule>& cross_rules() {
          return "bf16 serves bf16 weights, which pd.fetch_codec = " + val(d, "pd.fetch_codec") +
                 " cannot carry; got " + val(d, "train.precision");
        }},
+      // Second moments need a code for zero besides their levels.
+      {"checkpoint.moment_bits", "checkpoint.moment_bits",
+       [](const Deck& d) { return d.checkpoint.moment_bits != 1; },
+       [](const Deck& d) {
+         return "must be 0 (lossless) or 2..8, got " + val(d, "checkpoint.moment_bits");
+       },
+       [](const Deck& d) {
+         return "must be 0 (lossless) or 2..8, got " + val(d, "checkpoint.moment_bits");
+       }},
       {"optimizer.min_lr", "optimizer.lr",
        [](const Deck& d) { return d.optimizer.min_lr <= d.optimizer.lr; },
        [](const Deck& d) {

@@ -294,9 +294,22 @@ std::vector<KeySpec> build_schema() {
           .at_least(0)
           .at_most(kMaxCount(40)),
       key(&D::checkpoint, &CheckpointConfig::codec, "checkpoint.codec",
-          "raw, zstd (lossless), xor (lossless delta to the last anchor), bitdelta (1 bit per "
-          "weight + a scale per block, lossy for parameters; Adam state as xor).")
+          "raw, zstd (lossless), xor (lossless delta to the last anchor), bitdelta (lossy: "
+          "parameters as a few-bit delta to the last anchor, Adam m and v quantized; see "
+          "checkpoint.bitdelta_bits, checkpoint.moment_bits). Anchors are always lossless.")
           .one_of({"raw", "zstd", "xor", "bitdelta"}),
+      key(&D::checkpoint, &CheckpointConfig::bitdelta_bits, "checkpoint.bitdelta_bits",
+          "bitdelta: bits per parameter of its delta to the anchor, with a scale pair per 256 "
+          "values; 1 is BitDelta's sign x mean |delta|, 2..8 uniform levels between the "
+          "group's least and largest delta.")
+          .at_least(1)
+          .at_most(8),
+      key(&D::checkpoint, &CheckpointConfig::moment_bits, "checkpoint.moment_bits",
+          "bitdelta: bits per Adam moment value, with a scale pair per 256 values (m: uniform "
+          "levels; v: levels of its log, code 0 exact zero); 0 keeps m and v lossless (xor to "
+          "the anchor). 1 is not a choice.")
+          .at_least(0)
+          .at_most(8),
       key(&D::checkpoint, &CheckpointConfig::anchor_every, "checkpoint.anchor_every",
           "Delta codecs: every N-th checkpoint is a full (zstd) anchor.")
           .at_least(1)

@@ -4,6 +4,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -65,6 +66,32 @@ inline State trained_like(const State& s0, std::uint64_t seed, double step_size 
       st.v[i] = static_cast<float>(0.6 * st.v[i] + 0.4e-5 * std::abs(rng_normal(key, c + 2)));
     }
   return s;
+}
+
+// What a bitdelta file of state `s` against its anchor `a` decodes to (each quantized state
+// through the codec's own quantizer, the others exact), and each block's error bounds.
+struct Lossy {
+  State decoded;
+  std::map<int, std::array<float, 3>> bounds;  // by block: params, adam_m, adam_v
+};
+inline Lossy bitdelta_of(const State& s, const State& a, BitDeltaBits bits) {
+  Lossy out{s, {}};
+  for (auto& [id, st] : out.decoded) {
+    std::vector<float>* dst[3] = {&st.param, &st.m, &st.v};
+    const std::vector<float>* src[3] = {&s.at(id).param, &s.at(id).m, &s.at(id).v};
+    const std::vector<float>* ref[3] = {&a.at(id).param, &a.at(id).m, &a.at(id).v};
+    out.bounds[id] = {0, 0, 0};
+    for (int k = 0; k < 3; ++k) {
+      const auto q = state_quant(Codec::bitdelta, bits, k);
+      if (!q) continue;
+      const std::size_t n = src[k]->size();
+      std::vector<std::uint8_t> codes(code_bytes(n, q->bits));
+      std::vector<std::uint32_t> scales(2 * quant_groups(n));
+      out.bounds[id][k] = quantize(q->q, q->bits, src[k]->data(), ref[k]->data(), n,
+                                   codes.data(), scales.data(), dst[k]->data());
+    }
+  }
+  return out;
 }
 
 inline BlockRefs refs(const State& s) {

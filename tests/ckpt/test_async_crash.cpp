@@ -167,14 +167,15 @@ struct Ratios {
 };
 
 // raw bytes / stored bytes of the second of two checkpoints (anchor a, then b).
-Ratios ratios(const ParamCatalog& cat, Codec codec, const State& a, const State& b) {
+Ratios ratios(const ParamCatalog& cat, Codec codec, const State& a, const State& b,
+              BitDeltaBits bits = {}) {
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, codec, 2, dir.path(), 0);
+  CheckpointWriter w(MPI_COMM_WORLD, cat, codec, 2, dir.path(), 0, 3, bits);
   w.write(1, 1, 0, kDeck, "", refs(a));
   const std::string path = w.write(2, 2, 0, kDeck, "", refs(b));
-  std::int64_t stored = 0;  // the params alone (bitdelta: signs and scales)
+  std::int64_t stored = 0;  // the params alone (bitdelta: codes and scales)
   const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  for (const std::string group : {"params", "params_signs", "params_scale"}) {
+  for (const std::string group : {"params", "params_codes", "params_scales"}) {
     if (H5Lexists(f, group.c_str(), H5P_DEFAULT) <= 0) continue;
     for (const TensorInfo& t : cat.tensors()) {
       const hid_t d = H5Dopen2(f, (group + "/" + t.name).c_str(), H5P_DEFAULT);
@@ -200,15 +201,21 @@ TEST(Compression, RatiosOnRandomDataAndOnTrainedLikeDeltas) {
   const Ratios raw = ratios(cat, Codec::raw, a, b);
   const Ratios zstd = ratios(cat, Codec::zstd, a, b);
   const Ratios x = ratios(cat, Codec::xor_delta, a, b);
-  const Ratios bd = ratios(cat, Codec::bitdelta, a, b);
+  const Ratios bd1 = ratios(cat, Codec::bitdelta, a, b, {.params = 1, .moments = 0});
+  const Ratios bd = ratios(cat, Codec::bitdelta, a, b);  // the deck's default widths
   std::printf("[ ratios ] %lld params, raw fp32 bytes / stored bytes (whole file | params only):\n"
-              "[ ratios ]   raw %.3f | %.3f, zstd %.3f | %.3f, xor %.3f | %.3f, bitdelta %.3f | %.2f\n",
+              "[ ratios ]   raw %.3f | %.3f, zstd %.3f | %.3f, xor %.3f | %.3f\n"
+              "[ ratios ]   bitdelta 1 bit, moments xor %.3f | %.2f; bitdelta %d/%d bits %.3f | %.2f\n",
               static_cast<long long>(cat.total_numel()), raw.file, raw.params, zstd.file,
-              zstd.params, x.file, x.params, bd.file, bd.params);
+              zstd.params, x.file, x.params, bd1.file, bd1.params, BitDeltaBits{}.params,
+              BitDeltaBits{}.moments, bd.file, bd.params);
   EXPECT_LT(raw.file, 1.01);
   EXPECT_GT(zstd.params, 1.0);        // random fp32: only the exponent byte compresses
   EXPECT_GT(x.params, zstd.params);   // small deltas leave sign and exponent bits alike
-  EXPECT_GT(bd.params, 25.0);         // one bit per weight plus a scale per block
+  EXPECT_GT(bd1.params, 20.0);        // one bit per weight plus a scale pair per 256
+  EXPECT_GT(bd.params, 5.0);          // 4 bits per weight plus a scale pair per 256
+  EXPECT_GT(bd.file, 3.0);            // m and v quantized too (HDF5's metadata weighs here)
+  EXPECT_GT(bd.file, 2 * bd1.file);
 }
 
 }  // namespace

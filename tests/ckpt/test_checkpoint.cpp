@@ -137,30 +137,86 @@ TEST(Checkpoint, FileHasTheDocumentedLayout) {
   H5Fclose(f);
 }
 
-TEST(Checkpoint, BitDeltaParamsDecodeToAnchorPlusScaledSignsMomentsExact) {
+// max_error/<state> of a bitdelta file: the per-block bounds inspect reports.
+std::vector<float> stored_bounds(const std::string& path, const char* state, std::size_t n) {
+  std::vector<float> out(n);
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t d = H5Dopen2(f, (std::string("max_error/") + state).c_str(), H5P_DEFAULT);
+  EXPECT_GE(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), 0) << state;
+  H5Dclose(d);
+  H5Fclose(f);
+  return out;
+}
+
+// Every width the deck allows at its ends and its default: a bitdelta file decodes to exactly
+// the quantizers' decode of the state against the lossless anchor (not against step 2), each
+// block within the bounds the file states (which inspect prints per tensor), moments exact
+// when moment_bits is 0.
+TEST(Checkpoint, BitDeltaRoundTripsWithinTheStatedBoundsPerBlock) {
+  for (const BitDeltaBits bits : {BitDeltaBits{1, 0}, BitDeltaBits{}, BitDeltaBits{8, 2}}) {
+    SCOPED_TRACE("bitdelta_bits " + std::to_string(bits.params) + ", moment_bits " +
+                 std::to_string(bits.moments));
+    for (const ModelShape& shape : {tiny_shape(), uneven_shape()}) {
+      const ParamCatalog cat(shape);
+      ScratchDir dir;
+      CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::bitdelta, 3, dir.path(), 0, 3, bits);
+      const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2), s2 = trained_like(s1, 3);
+      w.write(1, 1, 0, kDeck, "", refs(s0));
+      EXPECT_TRUE(w.last_stats().anchor);
+      w.write(2, 2, 0, kDeck, "", refs(s1));
+      const std::string p2 = w.write(3, 3, 0, kDeck, "", refs(s2));
+      EXPECT_EQ(w.last_stats().codec, Codec::bitdelta);
+      const Checkpoint c = read_all(p2, cat);
+      EXPECT_EQ(c.meta.anchor, "ckpt-00000001.h5");  // always the lossless anchor, not step 2
+      EXPECT_EQ(c.meta.bits, bits);
+      const Lossy want = bitdelta_of(s2, s0, bits);
+      if (bits.moments == 0) expect_same_state(s2, c, /*params_too=*/false);
+      const char* states[3] = {"params", "adam_m", "adam_v"};
+      for (int k = 0; k < 3; ++k) {
+        if (!state_quant(Codec::bitdelta, bits, k)) continue;
+        const std::vector<float> bound = stored_bounds(p2, states[k], cat.blocks().size());
+        for (const auto& [id, st] : s2) {
+          const std::vector<float>& x = k == 0 ? st.param : k == 1 ? st.m : st.v;
+          const BlockState& g = c.blocks.at(id);
+          const std::vector<float>& got = k == 0 ? g.param : k == 1 ? g.m : g.v;
+          const std::vector<float>& exp = k == 0   ? want.decoded.at(id).param
+                                          : k == 1 ? want.decoded.at(id).m
+                                                   : want.decoded.at(id).v;
+          ASSERT_TRUE(same_bits(got, exp)) << states[k] << " of block " << id;
+          EXPECT_EQ(bound[static_cast<std::size_t>(id)], want.bounds.at(id)[k]) << id;
+          for (std::size_t i = 0; i < x.size(); ++i) {
+            const double err = std::fabs(static_cast<double>(got[i]) - x[i]);
+            ASSERT_LE(k == 2 && x[i] > 0 ? err / x[i] : err, bound[static_cast<std::size_t>(id)])
+                << states[k] << " of block " << id << " [" << i << "]";
+          }
+        }
+      }
+      // inspect names every tensor with its bounds.
+      const std::string text = inspect(p2);
+      EXPECT_NE(text.find("error bounds"), std::string::npos) << text;
+      for (const TensorInfo& t : cat.tensors())
+        EXPECT_NE(text.find("    " + t.name + " "), std::string::npos) << t.name << "\n" << text;
+    }
+  }
+}
+
+// A bitdelta file of format version 1 (1 bit per weight in params_signs, before issue 16) is
+// refused with a message naming the file and the anchor to restart from instead.
+TEST(Checkpoint, AVersionOneBitdeltaFileIsRefusedNamingItsAnchor) {
   const ParamCatalog cat(tiny_shape());
   ScratchDir dir;
-  CheckpointWriter w(MPI_COMM_WORLD, cat, Codec::bitdelta, 3, dir.path(), 0);
-  const State s0 = random_state(cat, 1), s1 = trained_like(s0, 2), s2 = trained_like(s1, 3);
-  w.write(1, 1, 0, kDeck, "", refs(s0));
-  EXPECT_TRUE(w.last_stats().anchor);
-  w.write(2, 2, 0, kDeck, "", refs(s1));
-  const std::string p2 = w.write(3, 3, 0, kDeck, "", refs(s2));
-  EXPECT_EQ(w.last_stats().codec, Codec::bitdelta);
-  const Checkpoint c = read_all(p2, cat);
-  expect_same_state(s2, c, /*params_too=*/false);
-  EXPECT_EQ(c.meta.anchor, "ckpt-00000001.h5");  // always the lossless anchor, not step 2
-  for (const auto& [id, st] : s2) {
-    const auto n = st.param.size();
-    std::vector<std::uint8_t> signs(sign_bytes(n));
-    const float scale = bitdelta_encode(st.param.data(), s0.at(id).param.data(), n, signs.data());
-    std::vector<float> want(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const bool neg = static_cast<double>(st.param[i]) - s0.at(id).param[i] < 0;
-      want[i] = s0.at(id).param[i] + (neg ? -scale : scale);
-    }
-    EXPECT_TRUE(same_bits(c.blocks.at(id).param, want)) << "block " << id;
-  }
+  const std::string delta = write_two_steps(cat, dir.path(), Codec::bitdelta, 2).p2;
+  ASSERT_EQ(read_error(delta, cat), "");
+  const hid_t f = H5Fopen(delta.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  const hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  const std::int64_t one = 1;
+  ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &one), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+  const std::string msg = read_error(delta, cat);
+  EXPECT_NE(msg.find(delta + ": format_version 1 of a bitdelta file is not supported"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("restart from its anchor ckpt-00000001.h5 instead"), std::string::npos) << msg;
 }
 
 TEST(Checkpoint, AnyAssignmentOfBlocksReadsTheSameBits) {
@@ -222,7 +278,8 @@ TEST_P(DamageDetection, FlippedByteNamesTensorAndBlock) {
   if (cat.tensor(b.tensor).per_layer) coord.push_back(static_cast<hsize_t>(b.layer));
   coord.push_back(static_cast<hsize_t>(b.row0));
   if (cat.tensor(b.tensor).cols > 1) coord.push_back(static_cast<hsize_t>(b.col0));
-  if (dmg.dataset.rfind("params_signs/", 0) == 0) coord = {static_cast<hsize_t>(dmg.index), 0};
+  if (dmg.dataset.find("_codes/") != std::string::npos)  // [blocks of the tensor, bytes]
+    coord = {static_cast<hsize_t>(dmg.index), 0};
   auto [offset, size] = data_location(path, dmg.dataset, coord);
   ASSERT_GT(size, 0u) << dmg.dataset;
   if (dmg.dataset.rfind("crc32c/", 0) == 0) {  // contiguous: the block's entry
@@ -248,7 +305,10 @@ INSTANTIATE_TEST_SUITE_P(
         Damage{Codec::zstd, "adam_v/wte", TensorId::wte, 1, "adam_v/wte"},
         Damage{Codec::xor_delta, "params/fcprojw", TensorId::fcprojw, 6, "params/fcprojw"},
         Damage{Codec::xor_delta, "adam_m/ln2b", TensorId::ln2b, 1, "adam_m/ln2b"},
-        Damage{Codec::bitdelta, "params_signs/wte", TensorId::wte, 3, "params_signs/wte"}),
+        Damage{Codec::bitdelta, "params_codes/wte", TensorId::wte, 3, "params_codes/wte"},
+        Damage{Codec::bitdelta, "adam_m_codes/fcw", TensorId::fcw, 2, "adam_m_codes/fcw"},
+        Damage{Codec::bitdelta, "adam_v_codes/qkvw", TensorId::qkvw, 7, "adam_v_codes/qkvw"},
+        Damage{Codec::bitdelta, "crc32c/adam_v", TensorId::attprojw, 1, "adam_v_codes/attprojw"}),
     [](const auto& info) {
       return std::string(codec_name(info.param.codec)) + "_" + std::to_string(info.index);
     });

@@ -124,11 +124,13 @@ const std::vector<std::string> kFullDeck = {
     "keep = 2",                          // 66
     "async = true",                      // 67
     "dir = \"/scratch/ckpt\"",           // 68
-    "[output]",                          // 69
-    "trace = true",                      // 70
-    "[compute]",                         // 71
-    "device = \"cuda\"",                 // 72
-    "tf32 = true",                       // 73
+    "bitdelta_bits = 3",                 // 69
+    "moment_bits = 5",                   // 70
+    "[output]",                          // 71
+    "trace = true",                      // 72
+    "[compute]",                         // 73
+    "device = \"cuda\"",                 // 74
+    "tf32 = true",                       // 75
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -195,6 +197,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.optimizer.eps, 1e-6);
   EXPECT_EQ(d.compute.device, "cuda");
   EXPECT_TRUE(d.compute.tf32);
+  EXPECT_EQ(d.checkpoint.bitdelta_bits, 3);
+  EXPECT_EQ(d.checkpoint.moment_bits, 5);
   // Every key is in the file, so none is a default, and each origin is its own line.
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
@@ -619,8 +623,8 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 
 TEST(DeckSchema, CoversEveryDeckField) {
   // 5 run + 9 model + 6 data + 7 parallel + 10 train + 2 compute + 8 optimizer + 8 pd +
-  // 6 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 62u);
+  // 8 checkpoint + 1 output fields.
+  EXPECT_EQ(deck::schema().size(), 64u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

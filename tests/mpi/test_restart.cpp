@@ -1,13 +1,15 @@
 // Restart from HDF5 checkpoints: a run of 2N steps and a run stopped after N steps then
 // restarted print identical losses and the same params_crc32c (every lossless codec); a
 // checkpoint written with one layout restarts on another and the loss continues within 1e-4;
-// --restart auto skips a damaged newest checkpoint. Runs under mpiexec with 4 ranks.
+// --restart auto skips a damaged newest checkpoint; lossy bitdelta deltas restart on another
+// layout close to the uninterrupted run. Runs under mpiexec with 4 ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
 #include <filesystem>
 
+#include "../ckpt/ckpt_test_util.hpp"
 #include "run_helpers.hpp"
 
 namespace pdtrain::test {
@@ -85,6 +87,74 @@ TEST(Restart, BitdeltaRestartIsApproximateButClose) {
   EXPECT_NE(second.crc, full.crc);
   for (std::size_t i = 0; i < 4; ++i)
     EXPECT_NEAR(second.losses[i], full.losses[8 + i], 0.05 * full.losses[8 + i]);
+}
+
+// Issue 16: a lossy bitdelta delta (4-bit parameters, 8-bit moments) written by two holders
+// restarts on a tensor-parallel x pipeline layout of one holder, and the run continues close
+// to the uninterrupted one.
+TEST(Restart, BitdeltaDeltaRestartsOnAnotherLayout) {
+  const std::vector<std::string> sets = {"checkpoint.codec=bitdelta", "checkpoint.every=3",
+                                         "checkpoint.anchor_every=3", "checkpoint.bitdelta_bits=4",
+                                         "checkpoint.moment_bits=8"};
+  const RunOutcome full = run(sets, fresh_dir("bd-layout-full"), "", 0);
+  const std::string dir = fresh_dir("bd-layout-cut");
+  std::vector<std::string> two = sets;
+  two.push_back("parallel.holders=2");
+  run(two, dir, "", 8);  // the final checkpoint, step 8, is a delta against step 3's anchor
+  const ckpt::CheckpointMeta m = ckpt::read_meta(dir + "/checkpoints/ckpt-00000008.h5");
+  ASSERT_EQ(m.codec, ckpt::Codec::bitdelta);
+  EXPECT_EQ(m.anchor, "ckpt-00000003.h5");
+  EXPECT_EQ(m.bits, (ckpt::BitDeltaBits{4, 8}));
+  MPI_Comm three = group_of(MPI_COMM_WORLD, 3);
+  if (three != MPI_COMM_NULL) {
+    std::vector<std::string> other = sets;
+    for (const char* kv : {"parallel.holders=1", "parallel.tp=2", "parallel.dp=1"}) other.push_back(kv);
+    const RunOutcome second = run(other, dir, "auto", 0, three);
+    MPI_Comm_free(&three);
+    ASSERT_EQ(second.losses.size(), 4u);
+    EXPECT_NE(second.crc, full.crc);  // lossy...
+    for (std::size_t i = 0; i < 4; ++i)  // ...but close
+      EXPECT_NEAR(second.losses[i], full.losses[8 + i], 2e-3 * full.losses[8 + i]) << "step " << 9 + i;
+  }
+}
+
+// Where exactness matters, a bitdelta run's anchors give it: they are lossless zstd files, so
+// a restart from one continues bit for bit, whatever widths the deltas between them use.
+TEST(Restart, FromABitdeltaRunsAnchorIsBitExact) {
+  const std::vector<std::string> sets = {"checkpoint.codec=bitdelta", "checkpoint.every=2",
+                                         "checkpoint.anchor_every=2", "checkpoint.bitdelta_bits=2",
+                                         "checkpoint.moment_bits=4"};
+  const RunOutcome full = run(sets, fresh_dir("bd-anchor-full"), "", 0);
+  const std::string dir = fresh_dir("bd-anchor-cut");
+  const RunOutcome first = run(sets, dir, "", 6);  // an anchor at 2, a delta at 4, an anchor at 6
+  EXPECT_EQ(ckpt::read_meta(dir + "/checkpoints/ckpt-00000004.h5").codec, ckpt::Codec::bitdelta);
+  EXPECT_EQ(ckpt::read_meta(dir + "/checkpoints/ckpt-00000006.h5").codec, ckpt::Codec::zstd);
+  const RunOutcome second = run(sets, dir, "auto", 0);
+  ASSERT_EQ(second.losses.size(), 6u);
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, full.losses);
+  EXPECT_EQ(second.crc, full.crc);
+}
+
+// --restart auto takes the newest checkpoint that verifies: with the newest bitdelta delta
+// damaged, the delta before it (not its anchor, not step 0).
+TEST(Restart, AutoTakesTheNewestValidBitdeltaDelta) {
+  const std::string dir = fresh_dir("bd-damaged");
+  const std::vector<std::string> sets = {"checkpoint.codec=bitdelta", "checkpoint.every=2",
+                                         "checkpoint.anchor_every=3", "checkpoint.moment_bits=4"};
+  run(sets, dir, "", 6);  // an anchor at 2, deltas at 4 and 6
+  const std::string newest = dir + "/checkpoints/ckpt-00000006.h5";
+  if (world_rank() == 0) {
+    EXPECT_EQ(ckpt::read_meta(dir + "/checkpoints/ckpt-00000004.h5").codec, ckpt::Codec::bitdelta);
+    EXPECT_EQ(ckpt::read_meta(newest).bits.moments, 4);
+    const auto [offset, size] = ckpt::test::data_location(newest, "params_codes/qkvw", {0, 0});
+    ASSERT_GT(size, 0u);
+    ckpt::test::flip_byte(newest, offset + size / 2);  // one block's codes damaged
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const RunOutcome resumed = run(sets, dir, "auto", 0);
+  EXPECT_EQ(resumed.losses.size(), 8u);  // steps 5..12: from the step-4 delta
 }
 
 TEST(Restart, AutoSkipsADamagedNewestCheckpoint) {

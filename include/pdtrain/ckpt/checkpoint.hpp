@@ -34,6 +34,7 @@ struct CheckpointMeta {
   std::string anchor;               // file name of the anchor (deltas only)
   std::uint32_t anchor_crc32c = 0;  // the anchor's params_crc32c (deltas only)
   std::uint32_t params_crc32c = 0;  // CRC32C of all decoded parameters in canonical order
+  BitDeltaBits bits{};              // bitdelta files: the widths they were written with
   std::string deck, layout;
   ModelShape shape{};               // n_layer, n_head, d_model, vocab_size, padded_vocab, max_seq_len
   std::int64_t n_blocks = 0;
@@ -70,9 +71,11 @@ class CheckpointWriter {
   // holders' own traffic). Every `anchor_every`-th checkpoint of a delta codec (xor, bitdelta),
   // and the first one this writer writes, is a full zstd anchor; raw and zstd checkpoints are
   // all full. keep > 0 keeps the newest `keep` checkpoints (plus the anchors they need) and
-  // deletes older ones; keep = 0 deletes nothing.
+  // deletes older ones; keep = 0 deletes nothing. `bits`: the widths of bitdelta files
+  // (params 1..8, moments 0 = lossless or 2..8; else Error(deck)).
   CheckpointWriter(MPI_Comm holders_comm, const ParamCatalog& catalog, Codec codec,
-                   int anchor_every, std::string dir, int keep, int zstd_level = 3);
+                   int anchor_every, std::string dir, int keep, int zstd_level = 3,
+                   BitDeltaBits bits = {});
   ~CheckpointWriter();  // waits for a pending asynchronous checkpoint (collective then)
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -121,6 +124,7 @@ class CheckpointWriter {
   Codec codec_;
   int anchor_every_, keep_, level_;
   std::string dir_;
+  BitDeltaBits bits_;
   std::int64_t written_ = 0;          // checkpoints written by this writer
   std::shared_ptr<const Anchor> anchor_;  // this holder's blocks of the last anchor
   std::unique_ptr<Job> job_;          // the pending checkpoint, if any

@@ -107,8 +107,10 @@ struct PdConfig {
 
 struct CheckpointConfig {
   std::int64_t every = 0;        // checkpoint every N steps; 0: only at the end of the run
-  std::string codec = "zstd";    // raw | zstd | xor | bitdelta (bitdelta params are lossy)
+  std::string codec = "zstd";    // raw | zstd | xor | bitdelta (lossy)
   std::int64_t anchor_every = 4; // delta codecs: a full anchor every N checkpoints
+  std::int64_t bitdelta_bits = 4;  // bitdelta: bits per parameter of the delta to the anchor
+  std::int64_t moment_bits = 6;    // bitdelta: bits per Adam m and v value; 0: lossless xor
   std::int64_t keep = 3;         // newest checkpoints kept (plus anchors they need); 0: all
   bool async = false;            // encode in the background while training continues
   std::string dir;               // empty: <run.out_dir>/checkpoints
