@@ -1,0 +1,29 @@
+#pragma once
+// `pdtrain plan`: the performance model's prediction for a deck, printed; `--search` ranks the
+// layouts of a rank or GPU count; `--calibrate` measures this machine into a machine file.
+#include <mpi.h>
+
+#include <string>
+
+#include "pdtrain/deck/deck.hpp"
+
+namespace pdtrain::plan {
+
+struct PlanOptions {
+  std::string machine;  // a machine file, or the name of one in machines/ ("a100-80gb")
+  int nodes = 0;        // 0: from --ranks (or the deck's layout)
+  int ranks = 0;        // the job's ranks, holders included; 0: from --nodes (or the deck)
+  bool search = false;
+  std::string calibrate;  // --calibrate OUT.toml: measure this machine, write OUT.toml
+};
+
+// Every rank of `comm` computes alike (errors are the same on all, for run_collectively);
+// rank 0 prints. Throws Error(layout) after printing when the layout does not fit a device or
+// a node, naming the rank and what overflows; Error(deck) for a bad machine file or option.
+void run_plan(const Deck& deck, const PlanOptions& options, MPI_Comm comm);
+
+// Measures this machine (collective over `comm`: MPI latency and bandwidth need two ranks)
+// and writes the machine file `out` on rank 0.
+void calibrate(const std::string& out, MPI_Comm comm);
+
+}  // namespace pdtrain::plan
