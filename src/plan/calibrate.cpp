@@ -29,16 +29,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The best of `reps` timings of `f`, in seconds (the least disturbed by neighbours).
+// The median of `reps` timings of `f`, in seconds: what a run sees on a machine shared with
+// neighbours (the best would be a ceiling no run keeps).
 template <class F>
-double best_of(int reps, F&& f) {
-  double best = 1e30;
+double median_of(int reps, F&& f) {
+  std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return best;
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 // flop/s of one n x n x n product in fp32 (or bf16 inputs).
@@ -48,7 +50,7 @@ double gemm_rate(int n) {
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = T(0.001f * static_cast<float>(i % 1000)), b[i] = a[i];
   std::vector<float> c(a.size());
   const int reps = n >= 1024 ? 3 : 10;
-  const double s = best_of(reps, [&] {
+  const double s = median_of(reps, [&] {
     kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
   return 2.0 * n * n * n / s;
@@ -58,7 +60,7 @@ double gemm_rate(int n) {
 double triad_bandwidth(int threads) {
   const std::size_t n = std::size_t{1} << 24;  // 3 x 64 MiB: well past the caches
   std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 0.0f);
-  const double s = best_of(3, [&] {
+  const double s = median_of(3, [&] {
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, t] {
@@ -75,13 +77,13 @@ double adamw_rate() {
   const std::int64_t n = 1 << 22;
   std::vector<float> g(n, 1e-3f), p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
   const AdamWStep k = adamw_step(AdamWConfig{}, 1, 1e-3, 1.0f, true);
-  return static_cast<double>(n) / best_of(5, [&] { adamw_elements(k, g.data(), p.data(), m.data(), v.data(), n); });
+  return static_cast<double>(n) / median_of(5, [&] { adamw_elements(k, g.data(), p.data(), m.data(), v.data(), n); });
 }
 
 double crc_rate() {
   std::vector<unsigned char> buf(std::size_t{1} << 26, 7);
   volatile std::uint32_t sink = 0;
-  const double s = best_of(3, [&] { sink = crc32c(buf.data(), buf.size()); });
+  const double s = median_of(3, [&] { sink = crc32c(buf.data(), buf.size()); });
   (void)sink;
   return static_cast<double>(buf.size()) / s;
 }
@@ -91,7 +93,7 @@ double crc_rate() {
 void ping_pong(MPI_Comm comm, int rank, double* latency, double* bandwidth) {
   auto round_trips = [&](std::vector<char>& buf, int reps) {
     const int count = static_cast<int>(buf.size());
-    return best_of(reps, [&] {
+    return median_of(reps, [&] {
       MPI_Request r;
       if (rank == 0) {
         MPI_CHECK(MPI_Send(buf.data(), count, MPI_BYTE, 1, 7, comm));
@@ -159,7 +161,7 @@ void calibrate(const std::string& out, MPI_Comm comm) {
   std::snprintf(busy, sizeof busy, "load average %.2f (1 min) on %d cores when calibrated", got > 0 ? load[0] : -1.0,
                 std::max(1u, std::thread::hardware_concurrency()));
   m.sources = {"pdtrain plan --calibrate: GEMM rates of kernels::gemm (" + kernels::gemm_backend_description() +
-                   ") for n x n x n products, n = 64..2048, best of several; peak = the best of them (the "
+                   ") for n x n x n products, n = 64..2048, median of several; peak = the best of the sizes (the "
                    "GEMM ceiling), bf16 peak = bf16-input GEMMs at n = 1024 and 2048",
                "memory bandwidth: a triad over 3 x 64 MiB on " + std::to_string(cores) + " threads",
                "links: MPI ping-pong between two ranks of this node (8 bytes: latency, 16 MiB: "

@@ -111,6 +111,11 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
   std::printf("throughput: %.4g tokens/s, MFU %.1f %% (%.4g model TFLOP per step)\n", p.tokens_per_s,
               100 * p.mfu, p.model_flops_per_step / 1e12);
   if (p.fits()) std::printf("fits: yes\n");
+  // One line for scripts (tests/cli/check_plan_cpu.sh): the step and each stage's rank 0 bytes.
+  std::printf("predicted: step_s=%.6g tokens_per_s=%.6g", t.total, p.tokens_per_s);
+  for (const StagePrediction& s : p.stages)
+    std::printf(" stage%d_bytes=%.0f", s.pp, s.memory.device_total());
+  std::printf("\n");
   for (const Overflow& o : p.overflows) std::printf("DOES NOT FIT: %s: %s\n", o.who.c_str(), o.what.c_str());
 }
 
