@@ -29,8 +29,26 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The median of `reps` timings of `f`, in seconds: what a run sees on a machine shared with
-// neighbours (the best would be a ceiling no run keeps).
+// Seconds per call of `f`, sustained: calls are repeated for at least `window` seconds and the
+// wall time divided by their count. On a machine shared with neighbours this is the share of
+// the cores a run gets over a step (a single short call often runs alone in its time slice
+// and would promise more than any run keeps).
+template <class F>
+double sustained(double window, F&& f) {
+  const auto t0 = Clock::now();
+  long calls = 0;
+  double elapsed = 0;
+  do {
+    f();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < window);
+  return elapsed / static_cast<double>(calls);
+}
+
+constexpr double kWindow = 0.3;  // seconds per measurement: about a training step here
+
+// The median of `reps` timings of `f` (a fixed count: both ranks of a ping-pong must agree).
 template <class F>
 double median_of(int reps, F&& f) {
   std::vector<double> t;
@@ -49,8 +67,8 @@ double gemm_rate(int n) {
   std::vector<T> a(static_cast<std::size_t>(n) * n), b(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = T(0.001f * static_cast<float>(i % 1000)), b[i] = a[i];
   std::vector<float> c(a.size());
-  const int reps = n >= 1024 ? 3 : 10;
-  const double s = median_of(reps, [&] {
+  kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
+  const double s = sustained(kWindow, [&] {
     kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   });
   return 2.0 * n * n * n / s;
@@ -60,7 +78,7 @@ double gemm_rate(int n) {
 double triad_bandwidth(int threads) {
   const std::size_t n = std::size_t{1} << 24;  // 3 x 64 MiB: well past the caches
   std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 0.0f);
-  const double s = median_of(3, [&] {
+  const double s = sustained(kWindow, [&] {
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, t] {
@@ -77,13 +95,13 @@ double adamw_rate() {
   const std::int64_t n = 1 << 22;
   std::vector<float> g(n, 1e-3f), p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
   const AdamWStep k = adamw_step(AdamWConfig{}, 1, 1e-3, 1.0f, true);
-  return static_cast<double>(n) / median_of(5, [&] { adamw_elements(k, g.data(), p.data(), m.data(), v.data(), n); });
+  return static_cast<double>(n) / sustained(kWindow, [&] { adamw_elements(k, g.data(), p.data(), m.data(), v.data(), n); });
 }
 
 double crc_rate() {
   std::vector<unsigned char> buf(std::size_t{1} << 26, 7);
   volatile std::uint32_t sink = 0;
-  const double s = median_of(3, [&] { sink = crc32c(buf.data(), buf.size()); });
+  const double s = sustained(kWindow, [&] { sink = crc32c(buf.data(), buf.size()); });
   (void)sink;
   return static_cast<double>(buf.size()) / s;
 }
@@ -161,9 +179,9 @@ void calibrate(const std::string& out, MPI_Comm comm) {
   std::snprintf(busy, sizeof busy, "load average %.2f (1 min) on %d cores when calibrated", got > 0 ? load[0] : -1.0,
                 std::max(1u, std::thread::hardware_concurrency()));
   m.sources = {"pdtrain plan --calibrate: GEMM rates of kernels::gemm (" + kernels::gemm_backend_description() +
-                   ") for n x n x n products, n = 64..2048, median of several; peak = the best of the sizes (the "
+                   ") for n x n x n products, n = 64..2048, each sustained over 0.3 s; peak = the best of the sizes (the "
                    "GEMM ceiling), bf16 peak = bf16-input GEMMs at n = 1024 and 2048",
-               "memory bandwidth: a triad over 3 x 64 MiB on " + std::to_string(cores) + " threads",
+               "memory bandwidth: a triad over 3 x 64 MiB, sustained over 0.3 s, on " + std::to_string(cores) + " threads",
                "links: MPI ping-pong between two ranks of this node (8 bytes: latency, 16 MiB: "
                "bandwidth); one node, so link.inter repeats link.intra",
                "holder rates: optim's AdamW element loop and core's CRC32C on one core", busy};

@@ -72,6 +72,9 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               "(%d per node)\n",
               deck.source_name.c_str(), m.name.c_str(), in.nodes, L.holders, L.dp, L.pp, L.tp,
               p.compute_ranks_per_node);
+  if (!in.host_staged)
+    std::printf("what if: tensor-parallel, pipeline and data-parallel traffic GPU to GPU (NCCL), which "
+                "pdtrain does not do yet\n");
   std::printf("step of %.0f tokens: %lld micro-batch(es) of %lld sequence(s) per replica, %s precision, "
               "recompute %s%s\n",
               p.tokens_per_step, static_cast<long long>(in.micro_batches),
@@ -159,7 +162,8 @@ std::vector<Candidate> search(const Deck& deck, const PlanOptions& o, const Mach
               continue;  // not a layout training would accept
             }
             if (d.train.batch_size / (shape.dp * mb) < 1) continue;
-            const PlanInput in = plan_input(d, shape, nodes_for(o, m, shape));
+            PlanInput in = plan_input(d, shape, nodes_for(o, m, shape));
+            in.host_staged = !o.nccl;
             found.push_back({in, predict(in, m), rc});
           }
   if (found.empty())
@@ -205,7 +209,8 @@ void run_plan(const Deck& deck, const PlanOptions& o, MPI_Comm comm) {
     return;
   }
   const LayoutShape shape = resolve_layout(deck, world_for(deck, o, m));
-  const PlanInput in = plan_input(deck, shape, nodes_for(o, m, shape));
+  PlanInput in = plan_input(deck, shape, nodes_for(o, m, shape));
+  in.host_staged = !o.nccl;
   const Prediction p = predict(in, m);
   if (rank == 0) print_prediction(deck, m, in, p), std::fflush(stdout);
   if (!p.fits())

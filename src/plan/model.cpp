@@ -186,9 +186,11 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   out.compute_ranks_per_node = (compute + in.nodes - 1) / in.nodes;
   out.holders_per_node = L.holders > 0 ? (L.holders + in.nodes - 1) / in.nodes : 0;
   Costs c{machine, in};
-  // A GPU rank has its device; a CPU node's ranks (holders included: they run the update on
-  // the same cores) share its cores and memory bandwidth.
-  if (!machine.device.gpu) c.share = 1.0 / std::max(1, out.compute_ranks_per_node);
+  // A GPU rank has its device. A CPU node's ranks share its cores and memory bandwidth: each
+  // runs its GEMMs on cores / (ranks on the node) BLAS threads, holders counted (the app's
+  // choose_blas_threads), so a compute rank has that share of the node.
+  if (!machine.device.gpu)
+    c.share = 1.0 / std::max(1, out.compute_ranks_per_node + out.holders_per_node);
   const int per_node = machine.device.gpu ? machine.node.devices : out.compute_ranks_per_node;
   const LinkSpec& tp_link = link_for(machine, L.tp, per_node);
   const LinkSpec& pp_link = link_for(machine, L.tp * L.pp, per_node);
@@ -295,7 +297,13 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     const double fetched = passes * stage_fetch;
     // From holders on the fetcher's node where there are enough holders, else across nodes.
     const double local = std::min(1.0, static_cast<double>(L.holders) / in.nodes);
-    const LinkSpec& near = machine.intra;
+    // A holder on the fetcher's node reaches it through shared memory (on a GPU node: into the
+    // pinned staging, at the node's memory bandwidth shared by its compute ranks, then over
+    // PCIe), not over the GPUs' NVLink.
+    const LinkSpec near = machine.device.gpu
+                              ? LinkSpec{machine.intra.latency_s,
+                                         machine.node.cpu_memory_bandwidth / std::max(1, out.compute_ranks_per_node)}
+                              : machine.intra;
     double fetch = local * fetched / near.bandwidth + (1 - local) * fetched / machine.inter.bandwidth +
                    units * passes * (local * near.latency_s + (1 - local) * machine.inter.latency_s);
     if (machine.device.gpu) fetch += fetched / machine.host.bandwidth;  // upload to the device

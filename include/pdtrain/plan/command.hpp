@@ -14,6 +14,7 @@ struct PlanOptions {
   int nodes = 0;        // 0: from --ranks (or the deck's layout)
   int ranks = 0;        // the job's ranks, holders included; 0: from --nodes (or the deck)
   bool search = false;
+  bool nccl = false;  // what if compute ranks' collectives went GPU to GPU (not yet in pdtrain)
   std::string calibrate;  // --calibrate OUT.toml: measure this machine, write OUT.toml
 };
 
