@@ -23,7 +23,7 @@ constexpr const char* kDefaultMachine = "cpu-local";
 // A path, or a name of a shipped file ("h100-sxm" -> machines/h100-sxm.toml).
 std::string machine_path(const std::string& given) {
   const std::string name = given.empty() ? kDefaultMachine : given;
-  if (name.find('/') != std::string::npos || name.size() > 5 && name.substr(name.size() - 5) == ".toml")
+  if (name.find('/') != std::string::npos || (name.size() > 5 && name.substr(name.size() - 5) == ".toml"))
     return name;
   return std::string(PDTRAIN_MACHINES_DIR) + "/" + name + ".toml";
 }

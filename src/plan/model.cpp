@@ -60,9 +60,15 @@ double reduce_scatter(const LinkSpec& l, double bytes, int n) {
 // (first and last stage: the tied head), wpe on the first, the final LayerNorm on the last.
 double stage_params(const ModelShape& s, const StageSpec& spec) {
   const double C = static_cast<double>(s.d_model), tp = static_cast<double>(spec.tp_size);
-  const double per_layer = 12.0 * C * C / tp + 9.0 * C / tp + 4.0 * C;  // LN and row biases replicated
+  // Split by t: the four weight matrices and the column-parallel biases (qkv 3C, fc 4C);
+  // replicated: the two LayerNorms (4C) and the row-parallel biases (attention and MLP
+  // projections, 2C).
+  const double per_layer = 12.0 * C * C / tp + 7.0 * C / tp + 6.0 * C;
   double n = per_layer * static_cast<double>(spec.layer_end - spec.layer_begin);
-  if (spec.has_embedding || spec.has_head) n += static_cast<double>(s.padded_vocab) * C / tp;
+  // wte: this rank's vocabulary rows, cut at head boundaries as GptStage::dims_of cuts them.
+  const std::int64_t v0 = spec.tp_rank * s.n_head / spec.tp_size * s.padded_vocab / s.n_head;
+  const std::int64_t v1 = (spec.tp_rank + 1) * s.n_head / spec.tp_size * s.padded_vocab / s.n_head;
+  if (spec.has_embedding || spec.has_head) n += static_cast<double>(v1 - v0) * C;
   if (spec.has_embedding) n += static_cast<double>(s.max_seq_len) * C;
   if (spec.has_head) n += 2.0 * C;
   return n;
@@ -70,7 +76,7 @@ double stage_params(const ModelShape& s, const StageSpec& spec) {
 
 double layer_params(const ModelShape& s, int tp) {
   const double C = static_cast<double>(s.d_model);
-  return 12.0 * C * C / tp + 9.0 * C / tp + 4.0 * C;
+  return 12.0 * C * C / tp + 7.0 * C / tp + 6.0 * C;  // as in stage_params
 }
 
 // Forward of one micro-batch through a stage: seconds of compute and its GEMM flops.
@@ -150,6 +156,37 @@ std::string overflow_text(const ComputeMemory& mem, double capacity) {
 
 }  // namespace
 
+StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t) {
+  return StageSpec{p * m.n_layer / shape.pp, (p + 1) * m.n_layer / shape.pp, p == 0, p == shape.pp - 1, shape.tp, t};
+}
+
+ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* slots) {
+  const LayoutShape& L = in.layout;
+  const StageSpec spec = stage_of(in.model, L, p, t);
+  const bool pd = L.holders > 0;
+  const int m = static_cast<int>(in.micro_batches);
+  const int in_flight = in.layer_major ? m
+                                       : pipeline_in_flight(in.gpipe ? PipelineKind::gpipe : PipelineKind::one_f_one_b,
+                                                            L.pp, p, m);
+  if (slots) *slots = in_flight;
+  ComputeMemory mem;
+  // The same allocation plan the stage allocates (GptStage::memory_bytes).
+  mem.activations = static_cast<double>(GptStage::memory_bytes(
+      in.model, spec, in.batch_size / (L.dp * in.micro_batches), in.model.seq_len, in_flight, in.recompute,
+      in.precision, in.layer_major ? StageOrder::layer : StageOrder::micro_batch));
+  const double n = stage_params(in.model, spec), bytes = 4 * n;
+  const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
+  mem.params = copies * bytes;
+  if (pd && in.cache_bytes > 0) mem.params = std::min(in.cache_bytes, copies * bytes);
+  mem.grads = !pd                ? bytes
+              : in.pd_grad_bytes ? in.pd_grad_bytes(p)
+                                 : 4 * pd_grad_params(in, spec, n);
+  // The baseline's replica: its packed parameters, two AdamW moments and reduced gradients.
+  mem.optimizer = pd ? 0 : 4 * bytes;
+  mem.staging = gpu ? bytes : 0;  // pinned mirror of every unit
+  return mem;
+}
+
 double model_flops(const ModelShape& m, double sequences) {
   const double B = sequences, T = static_cast<double>(m.seq_len), C = static_cast<double>(m.d_model);
   const double L = static_cast<double>(m.n_layer), V = static_cast<double>(m.vocab_size);
@@ -201,11 +238,10 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   const double T = static_cast<double>(s.seq_len), C = static_cast<double>(s.d_model);
   const bool pd = L.holders > 0;
   const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
-  const PipelineKind kind = in.gpipe ? PipelineKind::gpipe : PipelineKind::one_f_one_b;
 
   double slowest = 0, sum_stages = 0, stage_params_max = 0, backward_max = 0;
   for (int p = 0; p < L.pp; ++p) {
-    const StageSpec spec{p * s.n_layer / L.pp, (p + 1) * s.n_layer / L.pp, p == 0, p == L.pp - 1, L.tp, 0};
+    const StageSpec spec = stage_of(s, L, p, 0);
     StagePrediction st;
     st.pp = p;
     st.layers = spec.layer_end - spec.layer_begin;
@@ -231,18 +267,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     st.forward = fwd + f.tp_calls * tp_one + (p < L.pp - 1 ? st.p2p : 0);
     st.backward = bwd + tp_calls * tp_one + (p > 0 ? st.p2p : 0);
     st.p2p *= neighbours;
-    st.activation_slots = in.layer_major ? static_cast<int>(in.micro_batches)
-                                         : pipeline_in_flight(kind, L.pp, p, static_cast<int>(in.micro_batches));
-    // Memory: the same allocation plan the stage allocates (GptStage::memory_bytes).
-    st.memory.activations = static_cast<double>(GptStage::memory_bytes(
-        s, spec, static_cast<std::int64_t>(B), s.seq_len, st.activation_slots, in.recompute,
-        in.precision, in.layer_major ? StageOrder::layer : StageOrder::micro_batch));
-    const double bytes = 4 * st.param_count;
-    st.memory.params = copies * bytes;
-    if (pd && in.cache_bytes > 0) st.memory.params = std::min(in.cache_bytes, copies * bytes);
-    st.memory.grads = pd ? 4 * pd_grad_params(in, spec, st.param_count) : bytes;
-    st.memory.optimizer = pd ? 0 : 3 * bytes;  // the baseline's replica: value, two moments
-    st.memory.staging = machine.device.gpu ? bytes : 0;  // pinned mirror of every unit
+    st.memory = compute_memory(in, p, 0, machine.device.gpu, &st.activation_slots);
     const double per_micro = st.forward + st.backward;
     slowest = std::max(slowest, per_micro);
     sum_stages += per_micro;

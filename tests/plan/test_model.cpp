@@ -4,6 +4,7 @@
 
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/plan/machine.hpp"
 #include "pdtrain/plan/model.hpp"
 
@@ -34,6 +35,23 @@ TEST(PlanModel, StageParametersAddUpToTheCatalogue) {
     EXPECT_DOUBLE_EQ(sum - tied, static_cast<double>(cat.total_numel())) << "pp " << pp;
     EXPECT_DOUBLE_EQ(p.holder.param_count, static_cast<double>(cat.total_numel()));
   }
+}
+
+TEST(PlanModel, EachRanksParametersAreTheBlocksItFetches) {
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 3}) {
+      const PlanInput in = input({"model.n_layer=6", "model.n_head=4", "model.d_model=64"}, {1, 1, tp, pp});
+      const ParamCatalog cat(in.model);
+      for (int p = 0; p < pp; ++p)
+        for (int t = 0; t < tp; ++t) {
+          const StageParams shapes(cat, stage_of(in.model, in.layout, p, t), StageParams::Storage::shapes_only,
+                                   Precision::fp32);
+          double bytes = 0;
+          for (int b : shapes.needed_blocks()) bytes += static_cast<double>(cat.block(b).bytes());
+          EXPECT_DOUBLE_EQ(compute_memory(in, p, t, false).params, bytes)
+              << "tp " << tp << " pp " << pp << " stage " << p << " tp rank " << t;
+        }
+    }
 }
 
 TEST(PlanModel, ActivationsAreTheStagesOwnAllocationPlan) {

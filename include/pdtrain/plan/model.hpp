@@ -3,6 +3,7 @@
 // and a machine, the memory every compute rank and holder needs and the time one training step
 // takes, broken into its parts. Pure arithmetic: no MPI, no allocation of the model.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct PlanInput {
   // pinned host memory (device/host_staging); false models GPU-direct collectives (NCCL).
   bool host_staged = true;
   int nodes = 1;  // nodes the job spans
+  // A PD stage's gradient bytes where the caller knows them exactly (the app: GradStreamer's
+  // replay of a step, what the run holds); empty: the model's estimate (docs).
+  std::function<double(int pp)> pd_grad_bytes;
 };
 
 // The deck's run on `nodes` nodes with layout `shape` (resolved: dp known).
@@ -101,6 +105,13 @@ struct Prediction {
 };
 
 Prediction predict(const PlanInput& in, const Machine& machine);
+
+// Stage p of the layout (tensor rank t): its layers, as training splits them.
+StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t);
+
+// What stage p's tensor rank t holds (predict() reports rank 0's, the dry run prints every
+// rank's); `slots`, if given, receives the activation sets it keeps (micro-batches in flight).
+ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* slots = nullptr);
 
 // The model's FLOPs of one step (what MFU divides by): every weight matrix once forward and
 // twice backward, the tied head with the real vocabulary, attention over the causal half.
