@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "pdtrain/app/report.hpp"
 #include "pdtrain/app/tools.hpp"
 #include "pdtrain/app/train.hpp"
 #include "pdtrain/core/agreement.hpp"
@@ -237,6 +238,7 @@ int run(int argc, char** argv, int rank) {
       if (rank == 0) pdtrain::export_llmc(cl.files[0], cl.files[1]);
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
       if (cl.plan.calibrate.empty()) deck = load(cl, &listing);
+      cl.plan.pd_grad_bytes = pdtrain::pd_grad_bound;  // the streamer's exact bound
       if (cl.command == "plan") pdtrain::plan::run_plan(deck, cl.plan, MPI_COMM_WORLD);
     }
   });

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/plan/model.hpp"
@@ -85,6 +86,19 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
 }
 
 }  // namespace
+
+std::function<double(int)> pd_grad_bound(const Deck& deck, const LayoutShape& shape) {
+  auto cat = std::make_shared<const ParamCatalog>(resolve_model_shape(deck.model));
+  std::vector<StageSpec> specs;
+  for (int p = 0; p < shape.pp; ++p) specs.push_back(stage_spec(deck, shape, p, 0));
+  const int passes = backward_passes(deck), replicas = shape.dp;
+  const bool staged = deck.compute.device != "cpu";
+  const Precision prec = precision(deck);
+  return [cat, specs, passes, replicas, staged, prec](int p) {
+    const StageParams shapes(*cat, specs[static_cast<std::size_t>(p)], StageParams::Storage::shapes_only, prec);
+    return static_cast<double>(GradStreamer::bound_bytes(shapes, passes, replicas, staged));
+  };
+}
 
 void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   const ParamCatalog& cat = *s.catalog;

@@ -66,6 +66,13 @@ int world_for(const Deck& deck, const PlanOptions& o, const Machine& m) {
               "pdtrain plan: parallel.dp = 0 takes every rank of the job; give --ranks N or --nodes N");
 }
 
+PlanInput input_for(const Deck& deck, const PlanOptions& o, const Machine& m, const LayoutShape& shape) {
+  PlanInput in = plan_input(deck, shape, nodes_for(o, m, shape));
+  in.host_staged = !o.nccl;
+  if (o.pd_grad_bytes && shape.holders > 0) in.pd_grad_bytes = o.pd_grad_bytes(deck, shape);
+  return in;
+}
+
 void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, const Prediction& p) {
   const LayoutShape& L = in.layout;
   std::printf("pdtrain plan: %s on %s, %d node(s): %d holder(s) + dp %d x pp %d x tp %d compute ranks "
@@ -162,8 +169,7 @@ std::vector<Candidate> search(const Deck& deck, const PlanOptions& o, const Mach
               continue;  // not a layout training would accept
             }
             if (d.train.batch_size / (shape.dp * mb) < 1) continue;
-            PlanInput in = plan_input(d, shape, nodes_for(o, m, shape));
-            in.host_staged = !o.nccl;
+            PlanInput in = input_for(d, o, m, shape);
             found.push_back({in, predict(in, m), rc});
           }
   if (found.empty())
@@ -209,8 +215,7 @@ void run_plan(const Deck& deck, const PlanOptions& o, MPI_Comm comm) {
     return;
   }
   const LayoutShape shape = resolve_layout(deck, world_for(deck, o, m));
-  PlanInput in = plan_input(deck, shape, nodes_for(o, m, shape));
-  in.host_staged = !o.nccl;
+  const PlanInput in = input_for(deck, o, m, shape);
   const Prediction p = predict(in, m);
   if (rank == 0) print_prediction(deck, m, in, p), std::fflush(stdout);
   if (!p.fits())

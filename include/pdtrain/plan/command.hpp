@@ -3,9 +3,11 @@
 // layouts of a rank or GPU count; `--calibrate` measures this machine into a machine file.
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 
 #include "pdtrain/deck/deck.hpp"
+#include "pdtrain/layout/layout.hpp"
 
 namespace pdtrain::plan {
 
@@ -16,6 +18,9 @@ struct PlanOptions {
   bool search = false;
   bool nccl = false;  // what if compute ranks' collectives went GPU to GPU (not yet in pdtrain)
   std::string calibrate;  // --calibrate OUT.toml: measure this machine, write OUT.toml
+  // A PD layout's exact gradient bytes per stage (the app's GradStreamer replay, handed in by
+  // main: plan/ cannot see app/); empty: the model's estimate.
+  std::function<std::function<double(int)>(const Deck&, const LayoutShape&)> pd_grad_bytes;
 };
 
 // Every rank of `comm` computes alike (errors are the same on all, for run_collectively);
