@@ -89,6 +89,10 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               in.precision == Precision::bf16 ? "bf16" : "fp32", deck.train.recompute.c_str(),
               L.holders > 0 ? (", staleness " + std::to_string(in.staleness)).c_str() : ", replicated baseline");
   const char* where = m.device.gpu ? "device" : "node memory";
+  std::printf("per micro-batch, each stage: forward / backward (in them: tensor-parallel all-reduces, pipeline messages)\n");
+  for (const StagePrediction& s : p.stages)
+    std::printf("  stage %d: %s / %s (tp %s, p2p %s)\n", s.pp, seconds(s.forward).c_str(),
+                seconds(s.backward).c_str(), seconds(s.tp_comm).c_str(), seconds(s.p2p).c_str());
   std::printf("memory per compute rank (%s):\n", where);
   for (const StagePrediction& s : p.stages)
     std::printf("  stage %d (rank %d, %lld layer(s), %.4g parameters): params %s, grads %s, optimizer %s, "
