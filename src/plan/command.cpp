@@ -133,28 +133,21 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
   for (const Overflow& o : p.overflows) std::printf("DOES NOT FIT: %s: %s\n", o.who.c_str(), o.what.c_str());
 }
 
-// A candidate layout of --search: the deck with these settings, checked as training checks it.
-struct Candidate {
-  PlanInput input;
-  Prediction prediction;
-  std::string recompute;
-};
-
 std::vector<int> powers_of_two_up_to(std::int64_t n) {
   std::vector<int> v;
   for (std::int64_t x = 1; x <= n; x *= 2) v.push_back(static_cast<int>(x));
   return v;
 }
 
-// Every layout training would accept for the job's ranks (--ranks) or GPUs (--nodes: holders
-// are extra CPU processes), predicted, those that fit first, then by tokens/s.
-std::vector<Candidate> search(const Deck& deck, const PlanOptions& o, const Machine& m) {
+}  // namespace
+
+std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& o, const Machine& m) {
   const int world = world_for(deck, o, m);
   std::vector<int> holder_counts = {0, 1, 2, 4};
   if (o.nodes > 0) holder_counts.insert(holder_counts.end(), {o.nodes, 2 * o.nodes});
   std::sort(holder_counts.begin(), holder_counts.end());
   holder_counts.erase(std::unique(holder_counts.begin(), holder_counts.end()), holder_counts.end());
-  std::vector<Candidate> found;
+  std::vector<RankedLayout> found;
   for (int h : holder_counts)
     for (int tp : powers_of_two_up_to(deck.model.n_head))
       for (int pp : powers_of_two_up_to(deck.model.n_layer))
@@ -179,21 +172,23 @@ std::vector<Candidate> search(const Deck& deck, const PlanOptions& o, const Mach
   if (found.empty())
     throw Error(ExitCode::layout, "pdtrain plan --search: no layout of " + std::to_string(world) +
                                       " ranks is valid for " + deck.source_name);
-  std::stable_sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
+  std::stable_sort(found.begin(), found.end(), [](const RankedLayout& a, const RankedLayout& b) {
     if (a.prediction.fits() != b.prediction.fits()) return a.prediction.fits();
     return a.prediction.tokens_per_s > b.prediction.tokens_per_s;
   });
   return found;
 }
 
-void print_search(const std::vector<Candidate>& found, const Machine& m) {
+namespace {
+
+void print_search(const std::vector<RankedLayout>& found, const Machine& m) {
   std::printf("pdtrain plan --search: %zu valid layouts on %s, best predicted first\n", found.size(),
               m.name.c_str());
   std::printf("  %4s %7s %5s %4s %4s %5s %9s %10s %6s %10s %10s  %s\n", "rank", "holders", "dp", "tp", "pp",
               "micro", "recompute", "tokens/s", "MFU", "step", "peak rank", "fits");
   const std::size_t shown = std::min<std::size_t>(found.size(), 10);
   for (std::size_t i = 0; i < shown; ++i) {
-    const Candidate& c = found[i];
+    const RankedLayout& c = found[i];
     double peak = 0;
     for (const StagePrediction& s : c.prediction.stages) peak = std::max(peak, s.memory.device_total());
     const LayoutShape& L = c.input.layout;
@@ -214,7 +209,7 @@ void run_plan(const Deck& deck, const PlanOptions& o, MPI_Comm comm) {
     throw Error(ExitCode::deck, "pdtrain plan: give --nodes or --ranks, not both");
   const Machine m = load_machine(machine_path(o.machine));
   if (o.search) {
-    const std::vector<Candidate> found = search(deck, o, m);
+    const std::vector<RankedLayout> found = search_layouts(deck, o, m);
     if (rank == 0) print_search(found, m), std::fflush(stdout);
     return;
   }

@@ -8,6 +8,8 @@
 
 #include "pdtrain/deck/deck.hpp"
 #include "pdtrain/layout/layout.hpp"
+#include "pdtrain/plan/machine.hpp"
+#include "pdtrain/plan/model.hpp"
 
 namespace pdtrain::plan {
 
@@ -22,6 +24,19 @@ struct PlanOptions {
   // main: plan/ cannot see app/); empty: the model's estimate.
   std::function<std::function<double(int)>(const Deck&, const LayoutShape&)> pd_grad_bytes;
 };
+
+// --search: one layout of the deck (holders, tp, pp, micro-batches, recomputation varied; dp
+// what the ranks leave) and its prediction.
+struct RankedLayout {
+  PlanInput input;
+  Prediction prediction;
+  std::string recompute;
+};
+
+// Every layout training would accept for the job's ranks (--ranks) or GPUs (--nodes: holders
+// are extra CPU processes), predicted: those that fit first, then by predicted tokens/s.
+// Throws Error(layout) when there is none.
+std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& options, const Machine& m);
 
 // Every rank of `comm` computes alike (errors are the same on all, for run_collectively);
 // rank 0 prints. Throws Error(layout) after printing when the layout does not fit a device or
