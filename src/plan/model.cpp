@@ -17,8 +17,8 @@ namespace {
 constexpr double kAdamwBytes = 28;
 // Elementwise traffic of one layer's forward, in activation elements per token and local
 // channel: LayerNorm 1 and 2 (read x, write y: 2 + 2), two residual adds (read 2, write 1:
-// 3 + 3), GELU over 4C (read, write: 8). Softmax adds read + write of the causal half of each
-// head's T scores. Backward moves twice the forward's.
+// 3 + 3), GELU over 4C (read, write: 8). The softmax's passes over the T x T scores are counted
+// with attention (forward_pass). Backward moves twice the forward's.
 constexpr double kElementwisePerChannel = 18;
 // Kernels of one layer: forward 12 (2 LayerNorms, 4 GEMMs, 2 attention products, softmax, GELU,
 // 2 residuals), backward twice as many.
