@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "pdtrain/app/report.hpp"
 #include "pdtrain/app/tools.hpp"
 #include "pdtrain/app/train.hpp"
 #include "pdtrain/core/agreement.hpp"
@@ -19,6 +20,7 @@
 #include "pdtrain/io/summary.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
+#include "pdtrain/plan/command.hpp"
 #include "pdtrain/version.hpp"
 
 namespace {
@@ -28,6 +30,10 @@ const char* kUsage =
     "               [--print-default-deck] [--help] [--version]\n"
     "       pdtrain eval [DECK.toml] [--set section.key=value]... --batches N\n"
     "       pdtrain --list-sweep DECK.toml\n"
+    "       pdtrain plan [DECK.toml] [--set k=v]... [--machine FILE|NAME] [--nodes N | --ranks N]\n"
+    "                    [--search] [--nccl]   (predict memory and step time, --nccl: as if\n"
+    "                    GPUs talked directly; docs/performance-model.md)\n"
+    "       mpirun -np 2 pdtrain plan --calibrate OUT.toml   (measure this machine)\n"
     "       pdtrain summarize runs/<name>\n"
     "       pdtrain inspect CHECKPOINT.h5\n"
     "       pdtrain export CHECKPOINT.h5 --format llmc OUT.bin\n"
@@ -57,7 +63,7 @@ const char* kUsage =
     "written), 5 training diverged. Deck keys: docs/deck.md.\n";
 
 struct CommandLine {
-  std::string command = "train";  // train | eval
+  std::string command = "train";  // train | eval | plan
   std::int64_t batches = 0;       // eval: windows to evaluate
   std::string deck_path;  // empty: the embedded default deck
   long long sweep_index = -1;
@@ -69,6 +75,7 @@ struct CommandLine {
   std::vector<std::string> sets;
   bool dry_run = false, help = false, version = false, print_default = false;
   bool print_reference = false;
+  pdtrain::plan::PlanOptions plan;  // plan: --machine, --nodes, --ranks, --search, --calibrate
 };
 
 // The value after option argv[i], moving i onto it; `needs` says what is missing otherwise.
@@ -89,10 +96,25 @@ long long integer_value(const std::string& option, const char* text, long long m
   return v;
 }
 
+// One option of `pdtrain plan` at argv[i] into `o` (moving i past its value); false if argv[i]
+// is not one.
+bool parse_plan_option(int argc, char** argv, int& i, pdtrain::plan::PlanOptions& o) {
+  const std::string a = argv[i];
+  if (a == "--machine") o.machine = option_value(argc, argv, i, "a machine file or name");
+  else if (a == "--nodes") o.nodes = static_cast<int>(integer_value(a, option_value(argc, argv, i, "N"), 1, "a positive count"));
+  else if (a == "--ranks") o.ranks = static_cast<int>(integer_value(a, option_value(argc, argv, i, "N"), 1, "a positive count"));
+  else if (a == "--search") o.search = true;
+  else if (a == "--nccl") o.nccl = true;
+  else if (a == "--calibrate") o.calibrate = option_value(argc, argv, i, "the machine file to write");
+  else return false;
+  return true;
+}
+
 CommandLine parse_command_line(int argc, char** argv) {
   CommandLine c;
   int first = 1;
   if (argc > 1 && std::string(argv[1]) == "eval") c.command = "eval", first = 2;
+  if (argc > 1 && std::string(argv[1]) == "plan") c.command = "plan", first = 2;
   if (argc > 1 && std::string(argv[1]) == "summarize") {
     if (argc != 3) throw pdtrain::Error(pdtrain::ExitCode::deck, "usage: pdtrain summarize DIR");
     c.command = "summarize";
@@ -117,6 +139,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--batches" && c.command == "eval") {
       c.batches = integer_value(a, option_value(argc, argv, i, "a count"), 1, "a positive integer");
+    } else if (c.command == "plan" && parse_plan_option(argc, argv, i, c.plan)) {
     } else if (a == "--sweep-index") {
       c.sweep_index = integer_value(a, option_value(argc, argv, i, "N"), 0, "a point number");
     } else if (a == "--restart") {
@@ -214,9 +237,12 @@ int run(int argc, char** argv, int rank) {
     } else if (cl.command == "export") {
       if (rank == 0) pdtrain::export_llmc(cl.files[0], cl.files[1]);
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
-      deck = load(cl, &listing);
+      if (cl.plan.calibrate.empty()) deck = load(cl, &listing);
+      cl.plan.pd_grad_bytes = pdtrain::pd_grad_bound;  // the streamer's exact bound
+      if (cl.command == "plan") pdtrain::plan::run_plan(deck, cl.plan, MPI_COMM_WORLD);
     }
   });
+  if (cl.command == "plan" && !cl.help && !cl.list_sweep) return 0;
   if (cl.command == "summarize" || cl.command == "inspect" || cl.command == "export") return 0;
   if (cl.list_sweep) {
     if (rank == 0) std::fputs(listing.c_str(), stdout);

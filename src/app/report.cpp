@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/plan/model.hpp"
 #include "pdtrain/schedule/pipeline_schedule.hpp"
 #include "pdtrain/version.hpp"
 
@@ -46,23 +48,20 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
     bytes += cat.block(b).bytes();
     if (ls.holders > 0 && s.node[s.owner[b]] == s.node[fetcher]) local += cat.block(b).bytes();
   }
-  const int slots = activation_slots(deck, ls, p);
-  const std::int64_t acts =
-      GptStage::memory_bytes(cat.shape(), spec, micro_batch_size(deck, ls), deck.model.seq_len,
-                             slots, recompute_mode(deck), precision(deck), stage_order(deck));
-  // PD ranks hold at most pd.cache_mb of parameters and the gradients GradStreamer streams
-  // out during backward (its bound); the baseline holds its stage's parameters and gradients,
-  // and its replica's parameters, AdamW moments and reduced gradients. bf16 precision keeps a
-  // bf16 copy beside the parameters.
-  const double cap = deck.pd.cache_mb * 1048576.0, b = static_cast<double>(bytes);
+  // Memory from the performance model (pdtrain plan's, one model for both: src/plan), with
+  // the PD gradients GradStreamer's exact bound: PD ranks hold at most pd.cache_mb of
+  // parameters; the baseline also holds its replica (parameters, AdamW moments, gradients).
+  plan::PlanInput in = plan::plan_input(deck, ls, 1);
+  in.model = cat.shape();  // completed by an llm.c init file's header
+  in.pd_grad_bytes = [&](int) {
+    return static_cast<double>(GradStreamer::bound_bytes(pos.shapes, backward_passes(deck), ls.dp,
+                                                         deck.compute.device != "cpu"));
+  };
+  int slots = 0;
+  const plan::ComputeMemory mem = plan::compute_memory(in, p, t, false, &slots);
+  const double b = static_cast<double>(bytes), params = mem.params, grads = mem.grads;
   const double copies = deck.train.precision == "bf16" ? 1.5 : 1.0;
-  const double params = ls.holders > 0 && cap > 0 ? std::min(cap, copies * b) : copies * b;
-  const double grads =
-      ls.holders > 0
-          ? static_cast<double>(
-                GradStreamer::bound_bytes(pos.shapes, backward_passes(deck), ls.dp,
-                                          deck.compute.device != "cpu"))
-          : b;
+  const double cap = deck.pd.cache_mb * 1048576.0;
   std::string params_text = human_bytes(params);
   if (ls.holders > 0 && cap > 0 && deck.pd.cache_warm_steps > 0)  // the cold start's warm phase
     params_text += " (" + human_bytes(copies * b) + " in the first " +
@@ -80,13 +79,26 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
               spec.has_embedding ? " + embedding" : "", spec.has_head ? " + head" : "",
               pos.shapes.needed_blocks().size(), human_bytes(b).c_str(), where.c_str(),
               params_text.c_str(), human_bytes(grads).c_str(),
-              human_bytes(static_cast<double>(acts)).c_str(), slots,
-              ls.holders == 0 ? (" + replica (params, AdamW, grads) " + human_bytes(4.0 * b)).c_str()
+              human_bytes(mem.activations).c_str(), slots,
+              ls.holders == 0 ? (" + replica (params, AdamW, grads) " + human_bytes(mem.optimizer)).c_str()
                               : "",
               describe_compute_device(deck, s, r).c_str());
 }
 
 }  // namespace
+
+std::function<double(int)> pd_grad_bound(const Deck& deck, const LayoutShape& shape) {
+  auto cat = std::make_shared<const ParamCatalog>(resolve_model_shape(deck.model));
+  std::vector<StageSpec> specs;
+  for (int p = 0; p < shape.pp; ++p) specs.push_back(stage_spec(deck, shape, p, 0));
+  const int passes = backward_passes(deck), replicas = shape.dp;
+  const bool staged = deck.compute.device != "cpu";
+  const Precision prec = precision(deck);
+  return [cat, specs, passes, replicas, staged, prec](int p) {
+    const StageParams shapes(*cat, specs[static_cast<std::size_t>(p)], StageParams::Storage::shapes_only, prec);
+    return static_cast<double>(GradStreamer::bound_bytes(shapes, passes, replicas, staged));
+  };
+}
 
 void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   const ParamCatalog& cat = *s.catalog;

@@ -15,6 +15,7 @@
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/deck/deck.hpp"
 #include "pdtrain/deck/schema.hpp"
+#include "pdtrain/deck/toml_input.hpp"
 
 namespace pdtrain {
 
@@ -96,21 +97,6 @@ Nesting deepest_nesting(std::string_view text) {
     }
   }
   return deepest;
-}
-
-toml::value parse_toml(const std::string& text, const std::string& file) {
-  if (const Nesting n = deepest_nesting(text); n.depth > deck::kMaxDeckNesting)
-    fail(at(file, n.line) + ": values nested " + std::to_string(n.depth) +
-         " deep (arrays and inline tables); a deck may nest at most " +
-         std::to_string(deck::kMaxDeckNesting));
-  std::istringstream in(text);
-  try {
-    return toml::parse(in, file);
-  } catch (const toml::exception& e) {
-    fail(syntax_message(file, e));
-  } catch (const std::exception& e) {
-    fail(file + ": cannot parse deck: " + e.what());
-  }
 }
 
 // "a string (\"six\")" for "expected X, got Y" messages.
@@ -418,13 +404,52 @@ struct FileCloser {
 
 }  // namespace
 
+namespace deck {
+
+toml::value parse_toml(const std::string& text, const std::string& file, const char* kind) {
+  if (const Nesting n = deepest_nesting(text); n.depth > deck::kMaxDeckNesting)
+    fail(at(file, n.line) + ": values nested " + std::to_string(n.depth) +
+         " deep (arrays and inline tables); a " + std::string(kind) + " may nest at most " +
+         std::to_string(deck::kMaxDeckNesting));
+  std::istringstream in(text);
+  try {
+    return toml::parse(in, file);
+  } catch (const toml::exception& e) {
+    fail(syntax_message(file, e));
+  } catch (const std::exception& e) {
+    fail(file + ": cannot parse " + kind + ": " + e.what());
+  }
+}
+
+std::string read_toml_text(const std::string& path, const char* kind) {
+  errno = 0;
+  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+  if (!f) fail(std::string("cannot read ") + kind + " file '" + path + "': " + std::strerror(errno));
+  std::string text;
+  char buf[1 << 16];
+  std::size_t n = 0;
+  // Bounded: a file that is an endless stream (/dev/zero, a pipe) must not exhaust memory.
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) {
+    text.append(buf, n);
+    if (text.size() > deck::kMaxDeckBytes)
+      fail(std::string(kind) + " file '" + path + "' is larger than " +
+           std::to_string(deck::kMaxDeckBytes) + " bytes (the most a " + kind +
+           " file may be); is it the right file?");
+  }
+  // A directory opens fine on Linux and fails here with EISDIR.
+  if (std::ferror(f.get())) fail(std::string("cannot read ") + kind + " file '" + path + "': " + std::strerror(errno));
+  return text;
+}
+
+}  // namespace deck
+
 Deck parse_deck(const std::string& text, const std::string& source_name,
                 const std::vector<std::string>& overrides) {
   Deck deck;
   deck.source_name = source_name;
   deck.source_text = text;
   for (const auto& spec : deck::schema()) deck.origin[spec.key] = "default";
-  const toml::value root = parse_toml(text, source_name);
+  const toml::value root = deck::parse_toml(text, source_name, "deck");
   for (const auto& e : entries_by_line(root)) apply_entry(deck, source_name, e);
   for (const auto& o : overrides) apply_override(deck, o);
   check_cross_rules(deck);
@@ -438,24 +463,7 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   return parse_deck(read_deck_text(path), path, overrides);
 }
 
-std::string read_deck_text(const std::string& path) {
-  errno = 0;
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) fail("cannot read deck file '" + path + "': " + std::strerror(errno));
-  std::string text;
-  char buf[1 << 16];
-  std::size_t n = 0;
-  // Bounded: a deck that is an endless stream (/dev/zero, a pipe) must not exhaust memory.
-  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) {
-    text.append(buf, n);
-    if (text.size() > deck::kMaxDeckBytes)
-      fail("deck file '" + path + "' is larger than " + std::to_string(deck::kMaxDeckBytes) +
-           " bytes (the most a deck may be); is it the right file?");
-  }
-  // A directory opens fine on Linux and fails here with EISDIR.
-  if (std::ferror(f.get())) fail("cannot read deck file '" + path + "': " + std::strerror(errno));
-  return text;
-}
+std::string read_deck_text(const std::string& path) { return deck::read_toml_text(path, "deck"); }
 
 const char* default_deck_text() { return kDefaultDeckText; }
 

@@ -375,7 +375,7 @@ TEST(DeckErrors, EndlessDeckFileIsRefusedBySize) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::deck);
     EXPECT_EQ(std::string(e.what()),
-              "deck file '/dev/zero' is larger than 1048576 bytes (the most a deck may be); is it "
+              "deck file '/dev/zero' is larger than 1048576 bytes (the most a deck file may be); is it "
               "the right file?");
   }
 }

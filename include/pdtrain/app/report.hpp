@@ -2,6 +2,7 @@
 // What a run prints and writes for people: the dry run's table, the reporter's header before the
 // first step, a step's metrics.csv row and line, the summary at the end, the evaluation result.
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "pdtrain/app/grad_stream.hpp"
@@ -18,6 +19,10 @@ namespace pdtrain {
 
 // "1.5 MiB": binary units, one decimal.
 std::string human_bytes(double bytes);
+
+// The PD gradient bytes of each stage's tensor rank 0 as GradStreamer holds them (its replay of
+// one step): what `pdtrain plan` counts (main hands it to the plan model) and the dry run prints.
+std::function<double(int pp)> pd_grad_bound(const Deck& deck, const LayoutShape& shape);
 
 // --dry-run: the layout, then each rank's role, blocks and memory.
 void print_dry_run(const Deck& deck, const Setup& setup, const Layout& layout);

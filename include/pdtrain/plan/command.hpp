@@ -1,0 +1,50 @@
+#pragma once
+// `pdtrain plan`: the performance model's prediction for a deck, printed; `--search` ranks the
+// layouts of a rank or GPU count; `--calibrate` measures this machine into a machine file.
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+
+#include "pdtrain/deck/deck.hpp"
+#include "pdtrain/layout/layout.hpp"
+#include "pdtrain/plan/machine.hpp"
+#include "pdtrain/plan/model.hpp"
+
+namespace pdtrain::plan {
+
+struct PlanOptions {
+  std::string machine;  // a machine file, or the name of one in machines/ ("a100-80gb")
+  int nodes = 0;        // 0: from --ranks (or the deck's layout)
+  int ranks = 0;        // the job's ranks, holders included; 0: from --nodes (or the deck)
+  bool search = false;
+  bool nccl = false;  // what if compute ranks' collectives went GPU to GPU (not yet in pdtrain)
+  std::string calibrate;  // --calibrate OUT.toml: measure this machine, write OUT.toml
+  // A PD layout's exact gradient bytes per stage (the app's GradStreamer replay, handed in by
+  // main: plan/ cannot see app/); empty: the model's estimate.
+  std::function<std::function<double(int)>(const Deck&, const LayoutShape&)> pd_grad_bytes;
+};
+
+// --search: one layout of the deck (holders, tp, pp, micro-batches, recomputation varied; dp
+// what the ranks leave) and its prediction.
+struct RankedLayout {
+  PlanInput input;
+  Prediction prediction;
+  std::string recompute;
+};
+
+// Every layout training would accept for the job's ranks (--ranks) or GPUs (--nodes: holders
+// are extra CPU processes), predicted: those that fit first, then by predicted tokens/s.
+// Throws Error(layout) when there is none.
+std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& options, const Machine& m);
+
+// Every rank of `comm` computes alike (errors are the same on all, for run_collectively);
+// rank 0 prints. Throws Error(layout) after printing when the layout does not fit a device or
+// a node, naming the rank and what overflows; Error(deck) for a bad machine file or option.
+void run_plan(const Deck& deck, const PlanOptions& options, MPI_Comm comm);
+
+// Measures this machine (collective over `comm`: MPI latency and bandwidth need two ranks)
+// and writes the machine file `out` on rank 0.
+void calibrate(const std::string& out, MPI_Comm comm);
+
+}  // namespace pdtrain::plan

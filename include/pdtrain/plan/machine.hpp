@@ -1,0 +1,69 @@
+#pragma once
+// A machine description for `pdtrain plan` (docs/performance-model.md, "Machine files"): what
+// one compute device, one node and the links between them can do, in SI units. Read from a
+// TOML file (machines/*.toml); every value is checked, errors name the file, line and key.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pdtrain::plan {
+
+// One point of a device's GEMM curve: a single matrix product of `flops` floating-point
+// operations runs at `efficiency` x the device's peak.
+struct GemmPoint {
+  double flops = 0, efficiency = 0;
+};
+
+struct DeviceSpec {
+  std::string name;
+  bool gpu = true;  // false: a CPU node whose compute ranks share its cores and memory
+  double memory_bytes = 0;
+  double memory_bandwidth = 0;  // bytes/s
+  double peak_fp32 = 0, peak_bf16 = 0;  // flop/s (bf16: tensor cores / AMX; = fp32 on AVX2)
+  double kernel_overhead_s = 0;  // fixed cost per kernel launch
+  std::vector<GemmPoint> gemm;   // ascending in flops
+  // Fraction of peak one GEMM of `flops` reaches: the curve interpolated linearly in log(flops),
+  // held at its ends.
+  double gemm_efficiency(double flops) const;
+};
+
+struct LinkSpec {
+  double latency_s = 0;
+  double bandwidth = 0;  // bytes/s, per direction, per device (or per rank on a CPU node)
+  double time(double bytes) const { return bytes > 0 ? latency_s + bytes / bandwidth : 0.0; }
+};
+
+struct NodeSpec {
+  int devices = 1;  // compute devices (GPUs) per node; a CPU node counts as one device
+  int cpu_cores = 1;
+  double cpu_memory_bytes = 0;
+  double cpu_memory_bandwidth = 0;  // bytes/s
+};
+
+// What a holder's cores do per second: the fused AdamW update (read value, gradient, two
+// moments; write them and the encoded copy) and CRC32C over served bytes.
+struct HolderSpec {
+  double adamw_params_per_core = 0;  // parameters/s
+  double crc_bytes_per_core = 0;     // bytes/s
+};
+
+struct Machine {
+  std::string name;
+  std::vector<std::string> sources;  // where the figures come from (specs, a calibration)
+  DeviceSpec device;
+  NodeSpec node;
+  LinkSpec intra, inter;  // between ranks of one node, between nodes
+  LinkSpec host;          // host <-> device (PCIe); unused on a CPU node
+  HolderSpec holder;
+};
+
+// `text` is the file's contents, `file` its name for errors. Throws Error(ExitCode::deck)
+// naming FILE:LINE and the key for a syntax error, an unknown or missing key, a wrong type or
+// a value out of range.
+Machine parse_machine(const std::string& text, const std::string& file);
+Machine load_machine(const std::string& path);
+
+// The machine as a TOML machine file (what --calibrate writes); parse_machine reads it back.
+std::string machine_toml(const Machine& m);
+
+}  // namespace pdtrain::plan

@@ -1,0 +1,120 @@
+#pragma once
+// The performance model of `pdtrain plan` (docs/performance-model.md): for a model, a layout
+// and a machine, the memory every compute rank and holder needs and the time one training step
+// takes, broken into its parts. Pure arithmetic: no MPI, no allocation of the model.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pdtrain/deck/deck.hpp"
+#include "pdtrain/layout/layout.hpp"
+#include "pdtrain/model/catalog.hpp"
+#include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/plan/machine.hpp"
+
+namespace pdtrain::plan {
+
+// What the model needs to know of a run: the deck's settings as numbers.
+struct PlanInput {
+  ModelShape model{};
+  LayoutShape layout{};
+  std::int64_t batch_size = 1;     // sequences per step, global
+  std::int64_t micro_batches = 1;  // per replica and step
+  bool gpipe = false;
+  bool layer_major = false;
+  Recompute recompute = Recompute::none;
+  Precision precision = Precision::fp32;
+  std::int64_t staleness = 0;
+  std::int64_t prefetch_depth = 64;
+  double cache_bytes = 0;  // PD parameter cache per compute rank; 0: the whole stage
+  double fetch_bytes_per_param = 4, push_bytes_per_param = 4;  // wire codecs (raw 4, bf16 2)
+  // Bytes of one activation element the elementwise kernels move (pdtrain: 4, fp32 activations
+  // in both precisions); 2 models an implementation with 16-bit activations.
+  double activation_bytes = 4;
+  // Bytes of one element of the tensor-parallel all-reduces and pipeline messages (pdtrain: 4).
+  double message_bytes = 4;
+  // pdtrain moves a GPU rank's tensor-parallel, pipeline and data-parallel traffic through
+  // pinned host memory (device/host_staging); false models GPU-direct collectives (NCCL).
+  bool host_staged = true;
+  int nodes = 1;  // nodes the job spans
+  // A PD stage's gradient bytes where the caller knows them exactly (the app: GradStreamer's
+  // replay of a step, what the run holds); empty: the model's estimate (docs).
+  std::function<double(int pp)> pd_grad_bytes;
+};
+
+// The deck's run on `nodes` nodes with layout `shape` (resolved: dp known).
+PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes);
+
+// Bytes one compute rank holds on its device (a CPU rank: in the node's memory).
+struct ComputeMemory {
+  double params = 0, grads = 0, optimizer = 0, activations = 0;
+  double staging = 0;  // pinned host memory of a GPU rank (unit mirrors, transfers); not device
+  double device_total() const { return params + grads + optimizer + activations; }
+};
+
+struct StagePrediction {
+  int pp = 0;               // pipeline stage (its tensor rank 0 stands for the others)
+  std::int64_t layers = 0;  // transformer layers of the stage
+  double param_count = 0;   // parameters of one of its ranks (its tp shard)
+  ComputeMemory memory;
+  int activation_slots = 1;
+  // Seconds per micro-batch: forward and backward (recomputation included), and of them the
+  // tensor-parallel all-reduces and the point-to-point messages to the neighbouring stages.
+  double forward = 0, backward = 0, tp_comm = 0, p2p = 0;
+  double gemm_flops = 0;  // per micro-batch, forward + backward (+ recomputation)
+};
+
+struct HolderPrediction {
+  double param_count = 0;  // parameters one holder owns
+  double memory = 0;       // its bytes: value, gradient, AdamW moments, served copies
+  double update = 0;       // seconds of one update (AdamW + encode + CRC) on its cores
+  double serve = 0;        // seconds to send a step's fetch replies and take its pushes
+  int cores = 1;
+};
+
+// One step's time; `total` is what a step takes, the parts say where it goes (the exposed
+// parts are what overlap leaves on the critical path).
+struct StepTime {
+  double compute = 0;        // forward + backward of the slowest stage, all micro-batches
+  double tp_comm = 0;        // tensor-parallel all-reduces inside that
+  double p2p = 0;            // pipeline messages inside that
+  double bubble = 0;         // pipeline fill and drain
+  double dp_reduce = 0;      // data-parallel gradient reduction (blocking)
+  double fetch = 0, fetch_exposed = 0;  // PD: parameter fetch, and what compute does not hide
+  double push = 0, push_exposed = 0;    // PD: gradient push
+  double update = 0, update_exposed = 0;  // holder update (PD) or the device optimizer (baseline)
+  double total = 0;
+};
+
+struct Overflow {
+  std::string who;   // "compute rank 3 (stage 1, tp 0)" / "holder 0" / "node 0"
+  std::string what;  // what overflows, with figures
+};
+
+struct Prediction {
+  std::vector<StagePrediction> stages;
+  HolderPrediction holder;  // when layout.holders > 0
+  StepTime step;
+  double tokens_per_step = 0, tokens_per_s = 0;
+  double model_flops_per_step = 0;  // 6 x tokens x weights + attention (no recomputation)
+  double mfu = 0;                   // model flops / (step time x peak of all compute devices)
+  int compute_ranks_per_node = 1, holders_per_node = 0;
+  std::vector<Overflow> overflows;  // empty: the layout fits
+  bool fits() const { return overflows.empty(); }
+};
+
+Prediction predict(const PlanInput& in, const Machine& machine);
+
+// Stage p of the layout (tensor rank t): its layers, as training splits them.
+StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t);
+
+// What stage p's tensor rank t holds (predict() reports rank 0's, the dry run prints every
+// rank's); `slots`, if given, receives the activation sets it keeps (micro-batches in flight).
+ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* slots = nullptr);
+
+// The model's FLOPs of one step (what MFU divides by): every weight matrix once forward and
+// twice backward, the tied head with the real vocabulary, attention over the causal half.
+double model_flops(const ModelShape& m, double sequences);
+
+}  // namespace pdtrain::plan

@@ -1,0 +1,201 @@
+// `pdtrain plan --calibrate OUT.toml`: measures what the model needs of this machine with the
+// code training runs (the GEMM backend's kernels::gemm, optim's AdamW element loop, core's
+// CRC32C, MPI point-to-point between two ranks of the job) and writes a machine file.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pdtrain/core/bf16.hpp"
+#include "pdtrain/core/crc32c.hpp"
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/io/output_file.hpp"
+#include "pdtrain/kernels/blas_runtime.hpp"
+#include "pdtrain/kernels/gemm.hpp"
+#include "pdtrain/optim/adamw.hpp"
+#include "pdtrain/plan/command.hpp"
+#include "pdtrain/plan/machine.hpp"
+
+namespace pdtrain::plan {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Seconds per call of `f`, sustained: calls are repeated for at least `window` seconds and the
+// wall time divided by their count. On a machine shared with neighbours this is the share of
+// the cores a run gets over a step (a single short call often runs alone in its time slice
+// and would promise more than any run keeps).
+template <class F>
+double sustained(double window, F&& f) {
+  const auto t0 = Clock::now();
+  long calls = 0;
+  double elapsed = 0;
+  do {
+    f();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < window);
+  return elapsed / static_cast<double>(calls);
+}
+
+constexpr double kWindow = 0.3;  // seconds per measurement: about a training step here
+
+// The median of `reps` timings of `f` (a fixed count: both ranks of a ping-pong must agree).
+template <class F>
+double median_of(int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// flop/s of one n x n x n product in fp32 (or bf16 inputs).
+template <class T>
+double gemm_rate(int n) {
+  std::vector<T> a(static_cast<std::size_t>(n) * n), b(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = T(0.001f * static_cast<float>(i % 1000)), b[i] = a[i];
+  std::vector<float> c(a.size());
+  kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
+  const double s = sustained(kWindow, [&] {
+    kernels::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
+  return 2.0 * n * n * n / s;
+}
+
+// STREAM-like triad over every core: bytes/s of the node's memory.
+double triad_bandwidth(int threads) {
+  const std::size_t n = std::size_t{1} << 24;  // 3 x 64 MiB: well past the caches
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 0.0f);
+  const double s = sustained(kWindow, [&] {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        for (std::size_t i = lo; i < hi; ++i) c[i] = a[i] + 3.0f * b[i];
+      });
+    for (auto& th : pool) th.join();
+  });
+  return 12.0 * static_cast<double>(n) / s;
+}
+
+// Parameters/s of AdamW's element loop on one core (the holders' arithmetic).
+double adamw_rate() {
+  const std::int64_t n = 1 << 22;
+  std::vector<float> g(n, 1e-3f), p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+  const AdamWStep k = adamw_step(AdamWConfig{}, 1, 1e-3, 1.0f, true);
+  return static_cast<double>(n) / sustained(kWindow, [&] { adamw_elements(k, g.data(), p.data(), m.data(), v.data(), n); });
+}
+
+double crc_rate() {
+  std::vector<unsigned char> buf(std::size_t{1} << 26, 7);
+  volatile std::uint32_t sink = 0;
+  const double s = sustained(kWindow, [&] { sink = crc32c(buf.data(), buf.size()); });
+  (void)sink;
+  return static_cast<double>(buf.size()) / s;
+}
+
+// One-way latency and bandwidth between ranks 0 and 1 (ping-pong of 8 bytes and of 16 MiB).
+// Ranks beyond 1 wait quietly (a spinning MPI wait would take a core from the measurement).
+void ping_pong(MPI_Comm comm, int rank, double* latency, double* bandwidth) {
+  auto round_trips = [&](std::vector<char>& buf, int reps) {
+    const int count = static_cast<int>(buf.size());
+    return median_of(reps, [&] {
+      MPI_Request r;
+      if (rank == 0) {
+        MPI_CHECK(MPI_Send(buf.data(), count, MPI_BYTE, 1, 7, comm));
+        MPI_CHECK(MPI_Irecv(buf.data(), count, MPI_BYTE, 1, 7, comm, &r));
+        wait_quietly(&r);
+      } else if (rank == 1) {
+        MPI_CHECK(MPI_Irecv(buf.data(), count, MPI_BYTE, 0, 7, comm, &r));
+        wait_quietly(&r);
+        MPI_CHECK(MPI_Send(buf.data(), count, MPI_BYTE, 0, 7, comm));
+      }
+    });
+  };
+  std::vector<char> small(8), large(std::size_t{1} << 24);
+  const double t_small = round_trips(small, 200) / 2;
+  const double t_large = round_trips(large, 5) / 2;
+  *latency = t_small;
+  *bandwidth = static_cast<double>(large.size()) / std::max(1e-9, t_large - t_small);
+  double both[2] = {*latency, *bandwidth};
+  MPI_CHECK(MPI_Bcast(both, 2, MPI_DOUBLE, 0, comm));
+  *latency = both[0], *bandwidth = both[1];
+}
+
+}  // namespace
+
+void calibrate(const std::string& out, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  if (size < 2)
+    throw Error(ExitCode::deck, "pdtrain plan --calibrate measures MPI between two ranks: run it as "
+                                "mpirun -np 2 pdtrain plan --calibrate " + out);
+  Machine m;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Compute and memory first, on rank 0 alone while the others wait quietly in a barrier.
+  MPI_Request barrier;
+  if (rank != 0) {
+    MPI_CHECK(MPI_Ibarrier(comm, &barrier));
+    wait_quietly(&barrier);
+  } else {
+    kernels::set_blas_threads(cores);  // the node's whole GEMM rate: its ranks share it
+    std::vector<double> rates;
+    const int sizes[] = {64, 128, 256, 512, 1024, 2048};
+    for (int n : sizes) rates.push_back(gemm_rate<float>(n));
+    const double ceiling = *std::max_element(rates.begin(), rates.end());
+    m.device.peak_fp32 = ceiling;
+    m.device.peak_bf16 = std::max(gemm_rate<bf16>(1024), gemm_rate<bf16>(2048));
+    for (std::size_t i = 0; i < rates.size(); ++i)
+      m.device.gemm.push_back({2.0 * sizes[i] * sizes[i] * sizes[i], std::min(1.0, rates[i] / ceiling)});
+    m.device.memory_bandwidth = triad_bandwidth(cores);
+    m.holder.adamw_params_per_core = adamw_rate();
+    m.holder.crc_bytes_per_core = crc_rate();
+    MPI_CHECK(MPI_Ibarrier(comm, &barrier));
+    wait_quietly(&barrier);
+  }
+  double latency = 0, bandwidth = 0;
+  ping_pong(comm, rank, &latency, &bandwidth);
+  if (rank != 0) return;
+  char host[256] = "this machine";
+  gethostname(host, sizeof host - 1);
+  m.name = std::string("CPU node (calibrated on ") + host + ")";
+  // Neighbours' load moves every figure (a shared machine): say how loaded it was.
+  double load[3] = {0, 0, 0};
+  const int got = getloadavg(load, 3);
+  char busy[96];
+  std::snprintf(busy, sizeof busy, "load average %.2f (1 min) on %d cores when calibrated", got > 0 ? load[0] : -1.0,
+                std::max(1u, std::thread::hardware_concurrency()));
+  m.sources = {"pdtrain plan --calibrate: GEMM rates of kernels::gemm (" + kernels::gemm_backend_description() +
+                   ") for n x n x n products, n = 64..2048, each sustained over 0.3 s; peak = the best of the sizes (the "
+                   "GEMM ceiling), bf16 peak = bf16-input GEMMs at n = 1024 and 2048",
+               "memory bandwidth: a triad over 3 x 64 MiB, sustained over 0.3 s, on " + std::to_string(cores) + " threads",
+               "links: MPI ping-pong between two ranks of this node (8 bytes: latency, 16 MiB: "
+               "bandwidth); one node, so link.inter repeats link.intra",
+               "holder rates: optim's AdamW element loop and core's CRC32C on one core", busy};
+  m.device.name = "CPU (" + std::to_string(cores) + " cores)";
+  m.device.gpu = false;
+  m.node.devices = 1;
+  m.node.cpu_cores = cores;
+  m.node.cpu_memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  m.device.memory_bytes = m.node.cpu_memory_bytes;
+  m.node.cpu_memory_bandwidth = m.device.memory_bandwidth;
+  m.intra = m.inter = LinkSpec{latency, bandwidth};
+  const std::string text = machine_toml(m);
+  write_file_atomically(out, text);
+  std::fputs(text.c_str(), stdout);
+}
+
+}  // namespace pdtrain::plan

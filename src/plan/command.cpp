@@ -1,0 +1,224 @@
+// `pdtrain plan`: reads the machine, resolves the layout as training would, prints the model's
+// prediction (or the ranked layouts of --search).
+#include "pdtrain/plan/command.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/layout/layout.hpp"
+#include "pdtrain/plan/machine.hpp"
+#include "pdtrain/plan/model.hpp"
+
+namespace pdtrain::plan {
+
+namespace {
+
+constexpr const char* kDefaultMachine = "cpu-local";
+
+// A path, or a name of a shipped file ("h100-sxm" -> machines/h100-sxm.toml).
+std::string machine_path(const std::string& given) {
+  const std::string name = given.empty() ? kDefaultMachine : given;
+  if (name.find('/') != std::string::npos || (name.size() > 5 && name.substr(name.size() - 5) == ".toml"))
+    return name;
+  return std::string(PDTRAIN_MACHINES_DIR) + "/" + name + ".toml";
+}
+
+std::string gib(double b) {
+  char buf[32];
+  if (b < 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  if (s < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  else if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  return buf;
+}
+
+// The nodes a job of `world` ranks spans: a GPU per compute rank, or as given.
+int nodes_for(const PlanOptions& o, const Machine& m, const LayoutShape& shape) {
+  if (o.nodes > 0) return o.nodes;
+  if (!m.device.gpu) return 1;
+  return (shape.compute() + m.node.devices - 1) / m.node.devices;
+}
+
+// The job's rank count: --ranks, or --nodes' devices plus the holders, or the deck's own
+// layout when it fixes dp.
+int world_for(const Deck& deck, const PlanOptions& o, const Machine& m) {
+  if (o.ranks > 0) return o.ranks;
+  if (o.nodes > 0 && m.device.gpu) return static_cast<int>(deck.parallel.holders) + o.nodes * m.node.devices;
+  if (deck.parallel.dp > 0)
+    return static_cast<int>(deck.parallel.holders + deck.parallel.dp * deck.parallel.tp * deck.parallel.pp);
+  throw Error(ExitCode::deck,
+              "pdtrain plan: parallel.dp = 0 takes every rank of the job; give --ranks N or --nodes N");
+}
+
+PlanInput input_for(const Deck& deck, const PlanOptions& o, const Machine& m, const LayoutShape& shape) {
+  PlanInput in = plan_input(deck, shape, nodes_for(o, m, shape));
+  in.host_staged = !o.nccl;
+  if (o.pd_grad_bytes && shape.holders > 0) in.pd_grad_bytes = o.pd_grad_bytes(deck, shape);
+  return in;
+}
+
+void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, const Prediction& p) {
+  const LayoutShape& L = in.layout;
+  std::printf("pdtrain plan: %s on %s, %d node(s): %d holder(s) + dp %d x pp %d x tp %d compute ranks "
+              "(%d per node)\n",
+              deck.source_name.c_str(), m.name.c_str(), in.nodes, L.holders, L.dp, L.pp, L.tp,
+              p.compute_ranks_per_node);
+  if (!in.host_staged)
+    std::printf("what if: tensor-parallel, pipeline and data-parallel traffic GPU to GPU (NCCL), which "
+                "pdtrain does not do yet\n");
+  std::printf("step of %.0f tokens: %lld micro-batch(es) of %lld sequence(s) per replica, %s precision, "
+              "recompute %s%s\n",
+              p.tokens_per_step, static_cast<long long>(in.micro_batches),
+              static_cast<long long>(in.batch_size / (L.dp * in.micro_batches)),
+              in.precision == Precision::bf16 ? "bf16" : "fp32", deck.train.recompute.c_str(),
+              L.holders > 0 ? (", staleness " + std::to_string(in.staleness)).c_str() : ", replicated baseline");
+  const char* where = m.device.gpu ? "device" : "node memory";
+  std::printf("per micro-batch, each stage: forward / backward (in them: tensor-parallel all-reduces, pipeline messages)\n");
+  for (const StagePrediction& s : p.stages)
+    std::printf("  stage %d: %s / %s (tp %s, p2p %s)\n", s.pp, seconds(s.forward).c_str(),
+                seconds(s.backward).c_str(), seconds(s.tp_comm).c_str(), seconds(s.p2p).c_str());
+  std::printf("memory per compute rank (%s):\n", where);
+  for (const StagePrediction& s : p.stages)
+    std::printf("  stage %d (rank %d, %lld layer(s), %.4g parameters): params %s, grads %s, optimizer %s, "
+                "activations %s (%d slot(s)) = %s of %s%s\n",
+                s.pp, L.compute_rank(0, s.pp, 0), static_cast<long long>(s.layers), s.param_count,
+                gib(s.memory.params).c_str(), gib(s.memory.grads).c_str(), gib(s.memory.optimizer).c_str(),
+                gib(s.memory.activations).c_str(), s.activation_slots, gib(s.memory.device_total()).c_str(),
+                gib(m.device.gpu ? m.device.memory_bytes : m.node.cpu_memory_bytes).c_str(),
+                s.memory.staging > 0 ? ("; pinned host staging " + gib(s.memory.staging)).c_str() : "");
+  if (L.holders > 0)
+    std::printf("memory per holder: %.4g parameters, %s (value, gradient, AdamW moments, served copies); "
+                "%d holder(s) per node, %d core(s) each\n",
+                p.holder.param_count, gib(p.holder.memory).c_str(), p.holders_per_node, p.holder.cores);
+  const StepTime& t = p.step;
+  std::printf("step time %s:\n", seconds(t.total).c_str());
+  std::printf("  compute            %s (slowest stage, every micro-batch; of it tensor-parallel all-reduces %s, "
+              "pipeline messages %s)\n",
+              seconds(t.compute).c_str(), seconds(t.tp_comm).c_str(), seconds(t.p2p).c_str());
+  std::printf("  pipeline bubble    %s\n", seconds(t.bubble).c_str());
+  std::printf("  data-parallel      %s\n", seconds(t.dp_reduce).c_str());
+  if (L.holders > 0) {
+    std::printf("  fetch              %s, exposed %s\n", seconds(t.fetch).c_str(), seconds(t.fetch_exposed).c_str());
+    std::printf("  push               %s, exposed %s\n", seconds(t.push).c_str(), seconds(t.push_exposed).c_str());
+    std::printf("  holder update      %s, exposed %s (the wait for parameters is the later of fetch "
+                "and update)\n",
+                seconds(t.update).c_str(), seconds(t.update_exposed).c_str());
+  } else {
+    std::printf("  optimizer          %s (AdamW on the device)\n", seconds(t.update).c_str());
+  }
+  std::printf("throughput: %.4g tokens/s, MFU %.1f %% (%.4g model TFLOP per step)\n", p.tokens_per_s,
+              100 * p.mfu, p.model_flops_per_step / 1e12);
+  if (p.fits()) std::printf("fits: yes\n");
+  // One line for scripts (tests/cli/check_plan_cpu.sh): the step and each stage's rank 0 bytes.
+  std::printf("predicted: step_s=%.6g tokens_per_s=%.6g", t.total, p.tokens_per_s);
+  for (const StagePrediction& s : p.stages)
+    std::printf(" stage%d_bytes=%.0f", s.pp, s.memory.device_total());
+  std::printf("\n");
+  for (const Overflow& o : p.overflows) std::printf("DOES NOT FIT: %s: %s\n", o.who.c_str(), o.what.c_str());
+}
+
+std::vector<int> powers_of_two_up_to(std::int64_t n) {
+  std::vector<int> v;
+  for (std::int64_t x = 1; x <= n; x *= 2) v.push_back(static_cast<int>(x));
+  return v;
+}
+
+}  // namespace
+
+std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& o, const Machine& m) {
+  const int world = world_for(deck, o, m);
+  std::vector<int> holder_counts = {0, 1, 2, 4};
+  if (o.nodes > 0) holder_counts.insert(holder_counts.end(), {o.nodes, 2 * o.nodes});
+  std::sort(holder_counts.begin(), holder_counts.end());
+  holder_counts.erase(std::unique(holder_counts.begin(), holder_counts.end()), holder_counts.end());
+  std::vector<RankedLayout> found;
+  for (int h : holder_counts)
+    for (int tp : powers_of_two_up_to(deck.model.n_head))
+      for (int pp : powers_of_two_up_to(deck.model.n_layer))
+        for (int mb : powers_of_two_up_to(deck.train.batch_size))
+          for (const char* rc : {"none", "full"}) {
+            Deck d = deck;
+            d.parallel.holders = h, d.parallel.tp = tp, d.parallel.pp = pp, d.parallel.dp = 0;
+            d.parallel.micro_batches = mb, d.train.recompute = rc;
+            if (h == 0) d.pd.staleness = 0;
+            // --ranks fixes the job; --nodes fixes the GPUs (holders are extra CPU processes).
+            const int w = o.ranks > 0 || !m.device.gpu ? world : world - static_cast<int>(deck.parallel.holders) + h;
+            LayoutShape shape;
+            try {
+              shape = resolve_layout(d, w);
+            } catch (const Error&) {
+              continue;  // not a layout training would accept
+            }
+            if (d.train.batch_size / (shape.dp * mb) < 1) continue;
+            PlanInput in = input_for(d, o, m, shape);
+            found.push_back({in, predict(in, m), rc});
+          }
+  if (found.empty())
+    throw Error(ExitCode::layout, "pdtrain plan --search: no layout of " + std::to_string(world) +
+                                      " ranks is valid for " + deck.source_name);
+  std::stable_sort(found.begin(), found.end(), [](const RankedLayout& a, const RankedLayout& b) {
+    if (a.prediction.fits() != b.prediction.fits()) return a.prediction.fits();
+    return a.prediction.tokens_per_s > b.prediction.tokens_per_s;
+  });
+  return found;
+}
+
+namespace {
+
+void print_search(const std::vector<RankedLayout>& found, const Machine& m) {
+  std::printf("pdtrain plan --search: %zu valid layouts on %s, best predicted first\n", found.size(),
+              m.name.c_str());
+  std::printf("  %4s %7s %5s %4s %4s %5s %9s %10s %6s %10s %10s  %s\n", "rank", "holders", "dp", "tp", "pp",
+              "micro", "recompute", "tokens/s", "MFU", "step", "peak rank", "fits");
+  const std::size_t shown = std::min<std::size_t>(found.size(), 10);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const RankedLayout& c = found[i];
+    double peak = 0;
+    for (const StagePrediction& s : c.prediction.stages) peak = std::max(peak, s.memory.device_total());
+    const LayoutShape& L = c.input.layout;
+    std::printf("  %4zu %7d %5d %4d %4d %5lld %9s %10.4g %5.1f%% %10s %10s  %s\n", i + 1, L.holders, L.dp, L.tp,
+                L.pp, static_cast<long long>(c.input.micro_batches), c.recompute.c_str(),
+                c.prediction.tokens_per_s, 100 * c.prediction.mfu, seconds(c.prediction.step.total).c_str(),
+                gib(peak).c_str(), c.prediction.fits() ? "yes" : c.prediction.overflows[0].who.c_str());
+  }
+}
+
+}  // namespace
+
+void run_plan(const Deck& deck, const PlanOptions& o, MPI_Comm comm) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  if (!o.calibrate.empty()) return calibrate(o.calibrate, comm);
+  if (o.nodes > 0 && o.ranks > 0)
+    throw Error(ExitCode::deck, "pdtrain plan: give --nodes or --ranks, not both");
+  const Machine m = load_machine(machine_path(o.machine));
+  if (o.search) {
+    const std::vector<RankedLayout> found = search_layouts(deck, o, m);
+    if (rank == 0) print_search(found, m), std::fflush(stdout);
+    return;
+  }
+  const LayoutShape shape = resolve_layout(deck, world_for(deck, o, m));
+  const PlanInput in = input_for(deck, o, m, shape);
+  const Prediction p = predict(in, m);
+  if (rank == 0) print_prediction(deck, m, in, p), std::fflush(stdout);
+  if (!p.fits())
+    throw Error(ExitCode::layout, "the layout does not fit: " + p.overflows[0].who + ": " + p.overflows[0].what);
+}
+
+}  // namespace pdtrain::plan

@@ -1,0 +1,403 @@
+// The performance model: every formula here is written out in docs/performance-model.md, in the
+// same order, with where each constant comes from.
+#include "pdtrain/plan/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "pdtrain/schedule/pipeline_schedule.hpp"
+
+namespace pdtrain::plan {
+
+namespace {
+
+// Bytes the fused AdamW moves per parameter: read value, gradient, two moments; write value
+// and two moments (7 x 4 bytes; perf/bench_holder's "bytes_per_element=28").
+constexpr double kAdamwBytes = 28;
+// Elementwise traffic of one layer's forward, in activation elements per token and local
+// channel: LayerNorm 1 and 2 (read x, write y: 2 + 2), two residual adds (read 2, write 1:
+// 3 + 3), GELU over 4C (read, write: 8). The softmax's passes over the T x T scores are counted
+// with attention (forward_pass). Backward moves twice the forward's.
+constexpr double kElementwisePerChannel = 18;
+// Kernels of one layer: forward 12 (2 LayerNorms, 4 GEMMs, 2 attention products, softmax, GELU,
+// 2 residuals), backward twice as many.
+constexpr double kKernelsPerLayer = 12;
+
+struct Costs {
+  const Machine& m;
+  const PlanInput& in;
+  double peak() const {
+    return in.precision == Precision::bf16 ? m.device.peak_bf16 : m.device.peak_fp32;
+  }
+  // Share of a device one compute rank has: a CPU node's ranks share its cores and memory.
+  double share = 1;
+  double gemm(double flops, double calls = 1) const {
+    if (flops <= 0) return 0;
+    const double per_call = flops / calls;
+    return flops / (peak() * share * m.device.gemm_efficiency(per_call));
+  }
+  double memory(double bytes) const { return bytes / (m.device.memory_bandwidth * share); }
+};
+
+// The link between two ranks of one group: within a node while the group fits on one.
+const LinkSpec& link_for(const Machine& m, int span_ranks, int ranks_per_node) {
+  return span_ranks <= ranks_per_node ? m.intra : m.inter;
+}
+
+// Ring all-reduce of `bytes` over `n` ranks (reduce-scatter + all-gather, what
+// core/fixed_order_reduce does): 2 (n-1)/n of the data over each rank's link, 2 (n-1) latencies.
+double all_reduce(const LinkSpec& l, double bytes, int n) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) * l.latency_s + 2.0 * (n - 1) / n * bytes / l.bandwidth;
+}
+double reduce_scatter(const LinkSpec& l, double bytes, int n) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return (n - 1) * l.latency_s + static_cast<double>(n - 1) / n * bytes / l.bandwidth;
+}
+
+// Parameters of one tp rank of a stage: its layers' shard, the embedding's vocabulary rows
+// (first and last stage: the tied head), wpe on the first, the final LayerNorm on the last.
+double stage_params(const ModelShape& s, const StageSpec& spec) {
+  const double C = static_cast<double>(s.d_model), tp = static_cast<double>(spec.tp_size);
+  // Split by t: the four weight matrices and the column-parallel biases (qkv 3C, fc 4C);
+  // replicated: the two LayerNorms (4C) and the row-parallel biases (attention and MLP
+  // projections, 2C).
+  const double per_layer = 12.0 * C * C / tp + 7.0 * C / tp + 6.0 * C;
+  double n = per_layer * static_cast<double>(spec.layer_end - spec.layer_begin);
+  // wte: this rank's vocabulary rows, cut at head boundaries as GptStage::dims_of cuts them.
+  const std::int64_t v0 = spec.tp_rank * s.n_head / spec.tp_size * s.padded_vocab / s.n_head;
+  const std::int64_t v1 = (spec.tp_rank + 1) * s.n_head / spec.tp_size * s.padded_vocab / s.n_head;
+  if (spec.has_embedding || spec.has_head) n += static_cast<double>(v1 - v0) * C;
+  if (spec.has_embedding) n += static_cast<double>(s.max_seq_len) * C;
+  if (spec.has_head) n += 2.0 * C;
+  return n;
+}
+
+double layer_params(const ModelShape& s, int tp) {
+  const double C = static_cast<double>(s.d_model);
+  return 12.0 * C * C / tp + 7.0 * C / tp + 6.0 * C;  // as in stage_params
+}
+
+// Forward of one micro-batch through a stage: seconds of compute and its GEMM flops.
+struct Pass {
+  double gemm_s = 0, elementwise_s = 0, flops = 0, attention_s = 0, tp_bytes = 0;
+  int tp_calls = 0;
+};
+
+Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
+  const ModelShape& s = c.in.model;
+  const double T = static_cast<double>(s.seq_len), C = static_cast<double>(s.d_model);
+  const double tp = static_cast<double>(spec.tp_size), N = B * T, Cl = C / tp;
+  const double heads = static_cast<double>(s.n_head) / tp, hs = C / static_cast<double>(s.n_head);
+  const double layers = static_cast<double>(spec.layer_end - spec.layer_begin);
+  Pass p;
+  // The four weight GEMMs of a layer, each by its own size.
+  const double weights[] = {2 * N * C * 3 * Cl, 2 * N * Cl * C, 2 * N * C * 4 * Cl, 2 * N * 4 * Cl * C};
+  for (double f : weights) p.gemm_s += layers * c.gemm(f), p.flops += layers * f;
+  // Attention: QK^T and att.V as full T x T products (the causal mask is applied after, as
+  // in pdtrain's kernels and Megatron's), per sequence and head. On a GPU the heads of a
+  // sequence are one strided-batch GEMM; on a CPU each (sequence, head) is its own. The softmax
+  // reads the scores and writes the probabilities and the zeroed upper half: 3 passes.
+  const double att = 2 * 2 * B * heads * T * T * hs;
+  const double calls = c.m.device.gpu ? 2 * B : 2 * B * heads;
+  p.attention_s = layers * (c.gemm(att, calls) + c.memory(3 * c.in.activation_bytes * B * heads * T * T));
+  p.flops += layers * att;
+  p.elementwise_s = layers * c.memory(c.in.activation_bytes * N * kElementwisePerChannel * Cl) +
+                    layers * kKernelsPerLayer * c.m.device.kernel_overhead_s;
+  p.tp_calls = 2 * static_cast<int>(layers);  // after attention projection and MLP down
+  p.tp_bytes = c.in.message_bytes * N * C;
+  if (spec.has_embedding) {
+    p.elementwise_s += c.memory(3 * c.in.activation_bytes * N * C);
+    ++p.tp_calls;  // the vocabulary-parallel lookups are summed
+  }
+  if (spec.has_head) {
+    const double V = static_cast<double>(s.padded_vocab) / tp;
+    p.gemm_s += c.gemm(2 * N * C * V);
+    p.flops += 2 * N * C * V;
+    p.elementwise_s += c.memory(4.0 * 3 * N * V);  // fp32 logits: write, softmax, loss
+  }
+  return p;
+}
+
+double pass_seconds(const Pass& p) { return p.gemm_s + p.attention_s + p.elementwise_s; }
+
+// PD ranks' gradient memory: with one micro-batch and one stage GradStreamer holds the tied
+// embedding, wpe, the final LayerNorm, the layer being done and the one on the wire; otherwise
+// every unit of the stage from the first backward to the last (architecture.md, "The bound").
+double pd_grad_params(const PlanInput& in, const StageSpec& spec, double stage) {
+  if (in.micro_batches > 1 && !in.layer_major) return stage;
+  if (spec.layer_end - spec.layer_begin <= 2) return stage;
+  const double layer = layer_params(in.model, static_cast<int>(spec.tp_size));
+  return stage - static_cast<double>(spec.layer_end - spec.layer_begin - 2) * layer;
+}
+
+std::string gib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+struct Biggest {
+  const char* name;
+  double bytes;
+};
+
+std::string overflow_text(const ComputeMemory& mem, double capacity) {
+  const Biggest parts[] = {{"parameters", mem.params}, {"gradients", mem.grads},
+                           {"optimizer state", mem.optimizer}, {"activations", mem.activations}};
+  const Biggest* big = std::max_element(std::begin(parts), std::end(parts),
+                                        [](const Biggest& a, const Biggest& b) { return a.bytes < b.bytes; });
+  return "needs " + gib(mem.device_total()) + " (parameters " + gib(mem.params) + ", gradients " +
+         gib(mem.grads) + ", optimizer state " + gib(mem.optimizer) + ", activations " +
+         gib(mem.activations) + ") but has " + gib(capacity) + "; the largest part is its " +
+         big->name;
+}
+
+}  // namespace
+
+StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t) {
+  return StageSpec{p * m.n_layer / shape.pp, (p + 1) * m.n_layer / shape.pp, p == 0, p == shape.pp - 1, shape.tp, t};
+}
+
+ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* slots) {
+  const LayoutShape& L = in.layout;
+  const StageSpec spec = stage_of(in.model, L, p, t);
+  const bool pd = L.holders > 0;
+  const int m = static_cast<int>(in.micro_batches);
+  const int in_flight = in.layer_major ? m
+                                       : pipeline_in_flight(in.gpipe ? PipelineKind::gpipe : PipelineKind::one_f_one_b,
+                                                            L.pp, p, m);
+  if (slots) *slots = in_flight;
+  ComputeMemory mem;
+  // The same allocation plan the stage allocates (GptStage::memory_bytes).
+  mem.activations = static_cast<double>(GptStage::memory_bytes(
+      in.model, spec, in.batch_size / (L.dp * in.micro_batches), in.model.seq_len, in_flight, in.recompute,
+      in.precision, in.layer_major ? StageOrder::layer : StageOrder::micro_batch));
+  const double n = stage_params(in.model, spec), bytes = 4 * n;
+  const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
+  mem.params = copies * bytes;
+  if (pd && in.cache_bytes > 0) mem.params = std::min(in.cache_bytes, copies * bytes);
+  mem.grads = !pd                ? bytes
+              : in.pd_grad_bytes ? in.pd_grad_bytes(p)
+                                 : 4 * pd_grad_params(in, spec, n);
+  // The baseline's replica: its packed parameters, two AdamW moments and reduced gradients.
+  mem.optimizer = pd ? 0 : 4 * bytes;
+  mem.staging = gpu ? bytes : 0;  // pinned mirror of every unit
+  return mem;
+}
+
+double model_flops(const ModelShape& m, double sequences) {
+  const double B = sequences, T = static_cast<double>(m.seq_len), C = static_cast<double>(m.d_model);
+  const double L = static_cast<double>(m.n_layer), V = static_cast<double>(m.vocab_size);
+  return 6 * B * T * (12 * L * C * C + V * C) + 6 * L * B * T * T * C;
+}
+
+PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes) {
+  PlanInput in;
+  in.model = resolve_model_shape(deck.model);
+  in.layout = shape;
+  in.batch_size = deck.train.batch_size;
+  in.micro_batches = deck.parallel.micro_batches;
+  in.gpipe = deck.parallel.schedule == "gpipe";
+  in.layer_major = deck.parallel.order == "layer";
+  in.recompute = deck.train.recompute == "full"        ? Recompute::full
+                 : deck.train.recompute == "attention" ? Recompute::attention
+                                                       : Recompute::none;
+  in.precision = deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  in.staleness = deck.pd.staleness;
+  in.prefetch_depth = deck.pd.prefetch_depth;
+  in.cache_bytes = deck.pd.cache_mb * 1048576.0;
+  const bool bf16_fetch = deck.pd.fetch_codec == "bf16" || in.precision == Precision::bf16;
+  in.fetch_bytes_per_param = bf16_fetch ? 2 : 4;
+  in.push_bytes_per_param = deck.pd.push_codec == "bf16" ? 2 : 4;
+  in.nodes = std::max(1, nodes);
+  return in;
+}
+
+Prediction predict(const PlanInput& in, const Machine& machine) {
+  const LayoutShape& L = in.layout;
+  const ModelShape& s = in.model;
+  Prediction out;
+  const int compute = L.compute();
+  out.compute_ranks_per_node = (compute + in.nodes - 1) / in.nodes;
+  out.holders_per_node = L.holders > 0 ? (L.holders + in.nodes - 1) / in.nodes : 0;
+  Costs c{machine, in};
+  // A GPU rank has its device. A CPU node's ranks share its cores and memory bandwidth: each
+  // runs its GEMMs on cores / (ranks on the node) BLAS threads, holders counted (the app's
+  // choose_blas_threads), so a compute rank has that share of the node.
+  if (!machine.device.gpu)
+    c.share = 1.0 / std::max(1, out.compute_ranks_per_node + out.holders_per_node);
+  const int per_node = machine.device.gpu ? machine.node.devices : out.compute_ranks_per_node;
+  const LinkSpec& tp_link = link_for(machine, L.tp, per_node);
+  const LinkSpec& pp_link = link_for(machine, L.tp * L.pp, per_node);
+  const LinkSpec& dp_link = link_for(machine, compute, per_node);
+  const double B = static_cast<double>(in.batch_size) /
+                   static_cast<double>(L.dp * in.micro_batches);  // micro-batch size
+  const double m = static_cast<double>(in.micro_batches);
+  const double T = static_cast<double>(s.seq_len), C = static_cast<double>(s.d_model);
+  const bool pd = L.holders > 0;
+  const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
+
+  double slowest = 0, sum_stages = 0, stage_params_max = 0, backward_max = 0;
+  for (int p = 0; p < L.pp; ++p) {
+    const StageSpec spec = stage_of(s, L, p, 0);
+    StagePrediction st;
+    st.pp = p;
+    st.layers = spec.layer_end - spec.layer_begin;
+    st.param_count = stage_params(s, spec);
+    const Pass f = forward_pass(c, spec, B);
+    const double fwd = pass_seconds(f);
+    // Backward: twice the forward's GEMMs and elementwise traffic; recomputation adds a forward
+    // (full) or attention's forward (attention).
+    double bwd = 2 * fwd, flops = 3 * f.flops;
+    int tp_calls = 2 * f.tp_calls;
+    if (in.recompute == Recompute::full) bwd += fwd, flops += f.flops, tp_calls += f.tp_calls;
+    if (in.recompute == Recompute::attention) bwd += f.attention_s;
+    st.gemm_flops = flops;
+    // pdtrain moves tensor-parallel and pipeline traffic through pinned host memory on a GPU
+    // (device/host_staging): each message is downloaded and uploaded once more.
+    const bool staged = machine.device.gpu && in.host_staged;
+    const double stage_copy = staged ? 2 * machine.host.time(f.tp_bytes) : 0;
+    const double tp_one = L.tp > 1 ? all_reduce(tp_link, f.tp_bytes, L.tp) + stage_copy : 0;
+    st.tp_comm = (f.tp_calls + tp_calls) * tp_one;
+    const double msg = in.message_bytes * B * T * C;
+    st.p2p = L.pp > 1 ? pp_link.time(msg) + (staged ? 2 * machine.host.time(msg) : 0) : 0;
+    const int neighbours = (p > 0) + (p < L.pp - 1);
+    st.forward = fwd + f.tp_calls * tp_one + (p < L.pp - 1 ? st.p2p : 0);
+    st.backward = bwd + tp_calls * tp_one + (p > 0 ? st.p2p : 0);
+    st.p2p *= neighbours;
+    st.memory = compute_memory(in, p, 0, machine.device.gpu, &st.activation_slots);
+    const double per_micro = st.forward + st.backward;
+    slowest = std::max(slowest, per_micro);
+    sum_stages += per_micro;
+    stage_params_max = std::max(stage_params_max, st.param_count);
+    backward_max = std::max(backward_max, st.backward);
+    out.step.tp_comm = std::max(out.step.tp_comm, m * st.tp_comm);
+    out.step.p2p = std::max(out.step.p2p, m * st.p2p);
+    out.stages.push_back(st);
+  }
+  // Pipeline: every micro-batch through the slowest stage, plus filling and draining through
+  // the others (1F1B and GPipe take the same time with non-blocking sends).
+  const double pipe = (m - 1) * slowest + sum_stages;
+  out.step.compute = m * slowest;
+  out.step.bubble = pipe - out.step.compute;
+
+  // Data-parallel reduction of a stage's fp32 gradients: PD reduce-scatters unit by unit inside
+  // backward (blocking) and pushes its segment; the baseline reduce-scatters and all-gathers.
+  const double grad_bytes = 4 * stage_params_max;
+  const double units = static_cast<double>(s.n_layer / L.pp + 3);
+  const double download = machine.device.gpu && in.host_staged ? machine.host.time(grad_bytes) : 0;
+  out.step.dp_reduce = (pd ? reduce_scatter(dp_link, grad_bytes, L.dp) : all_reduce(dp_link, grad_bytes, L.dp)) +
+                       (L.dp > 1 ? download : 0);
+
+  double wait = 0;
+  if (pd) {
+    HolderPrediction& h = out.holder;
+    const double total = static_cast<double>(s.padded_vocab) * C + static_cast<double>(s.max_seq_len) * C +
+                         s.n_layer * layer_params(s, 1) + 2 * C;
+    h.param_count = total / L.holders;
+    // A holder's cores: a GPU node's CPU cores split among its holders; on a CPU node the
+    // cores the compute ranks leave, at least one.
+    const int cores = machine.device.gpu
+                          ? machine.node.cpu_cores / std::max(1, out.holders_per_node)
+                          : std::max(1, (machine.node.cpu_cores - out.compute_ranks_per_node) /
+                                            std::max(1, out.holders_per_node));
+    h.cores = cores;
+    const double per_param = 1.0 / (cores * machine.holder.adamw_params_per_core) +
+                             in.fetch_bytes_per_param / (cores * machine.holder.crc_bytes_per_core);
+    const double bw_bound = kAdamwBytes * out.holders_per_node / machine.node.cpu_memory_bandwidth;
+    h.update = h.param_count * std::max(per_param, bw_bound);
+    // Served copies: the last staleness + 1 versions, encoded (raw at staleness 0 is served from
+    // the parameters themselves).
+    const double versions = in.staleness > 0 || in.fetch_bytes_per_param != 4
+                                ? static_cast<double>(in.staleness + 1) : 0;
+    h.memory = h.param_count * (16 + versions * in.fetch_bytes_per_param);
+
+    // Fetch: replica 0 of each position asks for its stage once per step if the cache holds
+    // it, else once per use (forward and backward of every micro-batch; twice in layer order).
+    const double stage_fetch = stage_params_max * in.fetch_bytes_per_param;
+    const bool whole = in.cache_bytes <= 0 || in.cache_bytes >= copies * 4 * stage_params_max;
+    const double passes = whole ? 1 : (in.layer_major ? 2 : 2 * m);
+    const double fetched = passes * stage_fetch;
+    // From holders on the fetcher's node where there are enough holders, else across nodes.
+    const double local = std::min(1.0, static_cast<double>(L.holders) / in.nodes);
+    // A holder on the fetcher's node reaches it through shared memory (on a GPU node: into the
+    // pinned staging, at the node's memory bandwidth shared by its compute ranks, then over
+    // PCIe), not over the GPUs' NVLink.
+    const LinkSpec near = machine.device.gpu
+                              ? LinkSpec{machine.intra.latency_s,
+                                         machine.node.cpu_memory_bandwidth / std::max(1, out.compute_ranks_per_node)}
+                              : machine.intra;
+    double fetch = local * fetched / near.bandwidth + (1 - local) * fetched / machine.inter.bandwidth +
+                   units * passes * (local * near.latency_s + (1 - local) * machine.inter.latency_s);
+    if (machine.device.gpu) fetch += fetched / machine.host.bandwidth;  // upload to the device
+    if (L.dp > 1) fetch += 2 * fetched / dp_link.bandwidth;  // relayed down the replica tree
+    // A holder sends each block once per fetching position and pass and takes every push.
+    const double served = passes * total * in.fetch_bytes_per_param / L.holders;
+    const double pushed = total * in.push_bytes_per_param / L.holders;
+    const double nic = machine.device.gpu
+                           ? machine.inter.bandwidth * machine.node.devices / std::max(1, out.holders_per_node)
+                           : machine.intra.bandwidth;
+    h.serve = (served + pushed) / nic + (served + pushed) / (cores * machine.holder.crc_bytes_per_core);
+    out.step.fetch = std::max(fetch, h.serve);
+    // Push: each replica pushes its reduced segment as units become final, one on the wire.
+    const double push_bytes = stage_params_max * in.push_bytes_per_param / L.dp;
+    out.step.push = push_bytes / (local * near.bandwidth + (1 - local) * machine.inter.bandwidth) +
+                    units * machine.inter.latency_s;
+    out.step.update = h.update;
+    // Overlap. Prefetch runs fetches during compute; what it cannot hide is the first unit and
+    // whatever the fetch takes beyond the pipeline's time. Pushes hide behind backward but the
+    // last unit's. At staleness 0 a step's forward follows the holders' update front (blocks
+    // are published in block order), so it waits for the update beyond the forward's time;
+    // with staleness >= 1 the version it needs is older and only an update slower than the
+    // whole step shows.
+    const double hide = in.prefetch_depth > 0 ? pipe : 0;
+    out.step.fetch_exposed = std::max(0.0, out.step.fetch - hide) + out.step.fetch / (units * passes);
+    out.step.push_exposed = std::max(0.0, out.step.push - m * backward_max) + out.step.push / units;
+    const double forward_time = pipe - m * backward_max;
+    out.step.update_exposed = in.staleness == 0
+                                  ? std::max(0.0, h.update - forward_time) + h.update / units
+                                  : std::max(0.0, h.update - pipe);
+    // The wait for parameters is one wait: for the fetch or the update front, whichever is later.
+    wait = std::max(out.step.fetch_exposed, out.step.update_exposed) + out.step.push_exposed;
+  } else {
+    // The baseline: AdamW over its replica on the device (memory bound), after the reduction.
+    out.step.update = c.memory(kAdamwBytes * stage_params_max);
+    out.step.update_exposed = out.step.update;
+    wait = out.step.update;
+  }
+  out.step.total = pipe + out.step.dp_reduce + wait;
+
+  out.tokens_per_step = static_cast<double>(in.batch_size) * T;
+  out.tokens_per_s = out.tokens_per_step / out.step.total;
+  out.model_flops_per_step = model_flops(s, static_cast<double>(in.batch_size));
+  const double devices = machine.device.gpu ? compute : in.nodes;  // a CPU node is one device
+  out.mfu = out.model_flops_per_step / (out.step.total * c.peak() * devices);
+
+  // What fits: each stage's rank on its device; on a CPU node, all its ranks in its memory.
+  const double device_memory = machine.device.gpu ? machine.device.memory_bytes
+                                                  : machine.node.cpu_memory_bytes;
+  double node_need = 0;
+  for (const StagePrediction& st : out.stages) {
+    const double need = st.memory.device_total();
+    const int rank = L.compute_rank(0, st.pp, 0);
+    if (machine.device.gpu && need > device_memory)
+      out.overflows.push_back({"compute rank " + std::to_string(rank) + " (stage " + std::to_string(st.pp) +
+                                   ", tp 0, and its tp peers)",
+                               "device memory: " + overflow_text(st.memory, device_memory)});
+    node_need = std::max(node_need, need);
+  }
+  const double host_need = (machine.device.gpu ? out.stages.front().memory.staging : node_need) *
+                               out.compute_ranks_per_node +
+                           out.holder.memory * out.holders_per_node;
+  if (host_need > machine.node.cpu_memory_bytes)
+    out.overflows.push_back({pd ? "holder 0 and the ranks of its node" : "node 0",
+                             "node memory: needs " + gib(host_need) + " (" + std::to_string(out.holders_per_node) +
+                                 " holder(s) of " + gib(out.holder.memory) + ", " +
+                                 std::to_string(out.compute_ranks_per_node) + " compute rank(s)) but has " +
+                                 gib(machine.node.cpu_memory_bytes)});
+  return out;
+}
+
+}  // namespace pdtrain::plan

@@ -1,0 +1,138 @@
+// Machine files: the shipped ones read back with their published figures; every mistake in a
+// file is an Error(deck) naming the file, line and key.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/plan/machine.hpp"
+
+namespace pdtrain::plan {
+namespace {
+
+const std::string kMachines = PDTRAIN_SOURCE_DIR "/machines/";
+
+const char* kMinimal = R"(
+[machine]
+name = "test"
+sources = ["made up for the test"]
+[device]
+name = "dev"
+kind = "gpu"
+memory_gib = 16
+memory_bandwidth_gbs = 1000
+peak_tflops_fp32 = 10
+peak_tflops_bf16 = 100
+gemm_efficiency = [[1e9, 0.2], [1e11, 0.8]]
+[node]
+devices = 4
+cpu_cores = 32
+cpu_memory_gib = 256
+cpu_memory_bandwidth_gbs = 200
+[link.intra]
+latency_us = 2
+bandwidth_gbs = 100
+[link.inter]
+latency_us = 5
+bandwidth_gbs = 10
+[link.host]
+latency_us = 10
+bandwidth_gbs = 20
+[holder]
+adamw_mparams_per_core = 400
+crc_gbs_per_core = 8
+)";
+
+// The message of the error parsing `text` throws (empty if none).
+std::string error_of(const std::string& text) {
+  try {
+    parse_machine(text, "m.toml");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::deck);
+    return e.what();
+  }
+  return "";
+}
+
+std::string with(const std::string& from, const std::string& to) {
+  std::string t = kMinimal;
+  const auto at = t.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return t.replace(at, from.size(), to);
+}
+
+TEST(Machine, ShippedFilesCarryTheirPublishedFigures) {
+  const Machine a100 = load_machine(kMachines + "a100-80gb.toml");
+  EXPECT_DOUBLE_EQ(a100.device.peak_bf16, 312e12);
+  EXPECT_DOUBLE_EQ(a100.device.memory_bandwidth, 2039e9);
+  EXPECT_EQ(a100.node.devices, 8);
+  EXPECT_DOUBLE_EQ(a100.inter.bandwidth, 25e9);
+  const Machine h100 = load_machine(kMachines + "h100-sxm.toml");
+  EXPECT_DOUBLE_EQ(h100.device.peak_bf16, 989.5e12);
+  EXPECT_DOUBLE_EQ(h100.device.memory_bandwidth, 3350e9);
+  const Machine h200 = load_machine(kMachines + "h200.toml");
+  EXPECT_DOUBLE_EQ(h200.device.memory_bandwidth, 4800e9);
+  EXPECT_GT(h200.device.memory_bytes, h100.device.memory_bytes);
+  for (const Machine* m : {&a100, &h100, &h200}) EXPECT_GE(m->sources.size(), 3u) << m->name;
+}
+
+TEST(Machine, ReadsUnitsIntoSiAndInterpolatesTheGemmCurveInLogFlops) {
+  const Machine m = parse_machine(kMinimal, "m.toml");
+  EXPECT_DOUBLE_EQ(m.device.memory_bytes, 16.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(m.intra.latency_s, 2e-6);
+  EXPECT_DOUBLE_EQ(m.holder.adamw_params_per_core, 400e6);
+  EXPECT_DOUBLE_EQ(m.device.gemm_efficiency(1e8), 0.2);   // held at the ends
+  EXPECT_DOUBLE_EQ(m.device.gemm_efficiency(1e12), 0.8);
+  EXPECT_NEAR(m.device.gemm_efficiency(1e10), 0.5, 1e-12);  // halfway in log(flops)
+}
+
+TEST(Machine, WrittenFileReadsBackTheSame) {
+  const Machine m = parse_machine(kMinimal, "m.toml");
+  const Machine back = parse_machine(machine_toml(m), "written.toml");
+  EXPECT_EQ(back.name, m.name);
+  EXPECT_EQ(back.sources, m.sources);
+  EXPECT_DOUBLE_EQ(back.device.peak_bf16, m.device.peak_bf16);
+  EXPECT_DOUBLE_EQ(back.inter.bandwidth, m.inter.bandwidth);
+  EXPECT_DOUBLE_EQ(back.host.latency_s, m.host.latency_s);
+  EXPECT_EQ(back.node.cpu_cores, m.node.cpu_cores);
+  ASSERT_EQ(back.device.gemm.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.device.gemm[1].efficiency, 0.8);
+}
+
+TEST(Machine, MistakesNameFileLineAndKey) {
+  EXPECT_EQ(error_of(with("crc_gbs_per_core = 8", "crc_gbs_per_core = 8\ncrc_gbz = 1")),
+            "m.toml:30: unknown key 'holder.crc_gbz' in a machine file");
+  EXPECT_EQ(error_of(with("memory_gib = 16\n", "")), "m.toml: missing key 'device.memory_gib' (GiB)");
+  EXPECT_EQ(error_of(with("bandwidth_gbs = 10\n[link.host]", "bandwidth_gbs = -10\n[link.host]")),
+            "m.toml:23: link.inter.bandwidth_gbs: expected a number > 0, got -10");
+  EXPECT_EQ(error_of(with("kind = \"gpu\"", "kind = \"tpu\"")),
+            "m.toml:7: device.kind: expected \"gpu\" or \"cpu\", got \"tpu\"");
+  EXPECT_EQ(error_of(with("[1e11, 0.8]", "[1e8, 0.8]")),
+            "m.toml:12: device.gemm_efficiency: flops must increase from one point to the next");
+  EXPECT_EQ(error_of(with("[1e11, 0.8]", "[1e11, 1.5]")).substr(0, 60),
+            "m.toml:12: device.gemm_efficiency: an efficiency is at most ");
+  EXPECT_EQ(error_of(with("devices = 4", "devices = 0")).substr(0, 52),
+            "m.toml:14: node.devices: expected an integer from 1 ");
+  EXPECT_EQ(error_of("[machine\n").substr(0, 29), "m.toml:1: TOML syntax error: ");
+}
+
+TEST(Machine, MissingFileIsADeckErrorNamingIt) {
+  try {
+    load_machine("/nonexistent/m.toml");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::deck);
+    EXPECT_EQ(std::string(e.what()), "cannot read machine file '/nonexistent/m.toml': No such file or directory");
+  }
+}
+
+TEST(Machine, CpuNodeNeedsNoHostLink) {
+  std::string t = with("kind = \"gpu\"", "kind = \"cpu\"");
+  t = t.replace(t.find("[link.host]"), std::string("[link.host]\nlatency_us = 10\nbandwidth_gbs = 20\n").size(), "");
+  EXPECT_FALSE(parse_machine(t, "m.toml").device.gpu);
+  EXPECT_EQ(error_of(with("[link.host]\nlatency_us = 10\n", "[link.host]\n")),
+            "m.toml: missing key 'link.host.latency_us' (us)");
+}
+
+}  // namespace
+}  // namespace pdtrain::plan

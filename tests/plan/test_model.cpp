@@ -1,0 +1,159 @@
+// The performance model's arithmetic: parameter counts against the catalogue, activations from
+// the stage's own allocation plan, and the directions every term must move in.
+#include <gtest/gtest.h>
+
+#include "pdtrain/model/catalog.hpp"
+#include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/model/stage_params.hpp"
+#include "pdtrain/plan/machine.hpp"
+#include "pdtrain/plan/model.hpp"
+
+namespace pdtrain::plan {
+namespace {
+
+Machine machine(const char* file) { return load_machine(std::string(PDTRAIN_SOURCE_DIR "/machines/") + file); }
+
+Deck deck_with(const std::vector<std::string>& sets) { return parse_deck("", "t.toml", sets); }
+
+PlanInput input(const std::vector<std::string>& sets, LayoutShape shape, int nodes = 1) {
+  return plan_input(deck_with(sets), shape, nodes);
+}
+
+const std::vector<std::string> k124M = {"model.n_layer=12", "model.n_head=12", "model.d_model=768",
+                                        "model.vocab_size=50257", "model.seq_len=1024",
+                                        "train.batch_size=64"};
+
+TEST(PlanModel, StageParametersAddUpToTheCatalogue) {
+  for (int pp : {1, 2, 3}) {
+    const PlanInput in = input({"model.n_layer=6", "model.n_head=4", "model.d_model=64"}, {1, 1, 1, pp});
+    const Prediction p = predict(in, machine("h100-sxm.toml"));
+    double sum = 0;
+    for (const StagePrediction& s : p.stages) sum += s.param_count;
+    const ParamCatalog cat(in.model);
+    // The tied embedding is counted on both end stages when there are two or more.
+    const double tied = pp > 1 ? static_cast<double>(in.model.padded_vocab * in.model.d_model) : 0;
+    EXPECT_DOUBLE_EQ(sum - tied, static_cast<double>(cat.total_numel())) << "pp " << pp;
+    EXPECT_DOUBLE_EQ(p.holder.param_count, static_cast<double>(cat.total_numel()));
+  }
+}
+
+TEST(PlanModel, EachRanksParametersAreTheBlocksItFetches) {
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 3}) {
+      const PlanInput in = input({"model.n_layer=6", "model.n_head=4", "model.d_model=64"}, {1, 1, tp, pp});
+      const ParamCatalog cat(in.model);
+      for (int p = 0; p < pp; ++p)
+        for (int t = 0; t < tp; ++t) {
+          const StageParams shapes(cat, stage_of(in.model, in.layout, p, t), StageParams::Storage::shapes_only,
+                                   Precision::fp32);
+          double bytes = 0;
+          for (int b : shapes.needed_blocks()) bytes += static_cast<double>(cat.block(b).bytes());
+          EXPECT_DOUBLE_EQ(compute_memory(in, p, t, false).params, bytes)
+              << "tp " << tp << " pp " << pp << " stage " << p << " tp rank " << t;
+        }
+    }
+}
+
+TEST(PlanModel, ActivationsAreTheStagesOwnAllocationPlan) {
+  const PlanInput in = input(k124M, {1, 2, 1, 1});
+  const Prediction p = predict(in, machine("a100-80gb.toml"));
+  const StageSpec whole{0, 12, true, true, 1, 0};
+  EXPECT_DOUBLE_EQ(p.stages[0].memory.activations,
+                   static_cast<double>(GptStage::memory_bytes(in.model, whole, 32, 1024, 1)));
+  // Full recomputation keeps less.
+  const Prediction r = predict(input([] { auto s = k124M; s.push_back("train.recompute=\"full\""); return s; }(),
+                                     {1, 2, 1, 1}),
+                               machine("a100-80gb.toml"));
+  EXPECT_LT(r.stages[0].memory.activations, p.stages[0].memory.activations);
+  EXPECT_GT(r.step.compute, p.step.compute);  // and recomputes a forward
+}
+
+TEST(PlanModel, ModelFlopsAreTheBenchmarksFormula) {
+  // perf/RESULTS.md: 124M at B 4 x T 64 is 190.65 GFLOP per step.
+  ModelShape m{12, 12, 768, 50257, 50304, 64, 64};
+  EXPECT_NEAR(model_flops(m, 4) / 1e9, 190.65, 0.01);
+}
+
+TEST(PlanModel, PipelineBubbleShrinksWithMicroBatches) {
+  const Machine h100 = machine("h100-sxm.toml");
+  auto with_m = [&](int m) {
+    auto s = k124M;
+    s.push_back("parallel.micro_batches=" + std::to_string(m));
+    return predict(input(s, {1, 1, 1, 4}), h100);
+  };
+  const Prediction two = with_m(2), sixteen = with_m(16);
+  // Filling and draining cost about (pp - 1) / m of the compute: 3/2 against 3/16 for equal
+  // stages (less here: the end stages, with embedding and head, are the slowest).
+  EXPECT_GT(two.step.bubble / two.step.compute, 0.5);
+  EXPECT_LT(sixteen.step.bubble / sixteen.step.compute, 0.2);
+  EXPECT_GT(sixteen.tokens_per_s, two.tokens_per_s);
+}
+
+TEST(PlanModel, TensorParallelismCostsAllReducesAndSplitsCompute) {
+  const Machine a100 = machine("a100-80gb.toml");
+  const Prediction one = predict(input(k124M, {1, 1, 1, 1}), a100);
+  const Prediction four = predict(input(k124M, {1, 1, 4, 1}), a100);
+  EXPECT_EQ(one.step.tp_comm, 0);
+  EXPECT_GT(four.step.tp_comm, 0);
+  EXPECT_LT(four.stages[0].param_count, one.stages[0].param_count / 3);
+  EXPECT_LT(four.step.compute, one.step.compute);
+}
+
+TEST(PlanModel, StalenessHidesTheHolderUpdate) {
+  const Machine a100 = machine("a100-80gb.toml");
+  auto s0 = k124M, s1 = k124M;
+  s1.push_back("pd.staleness=1");
+  const Prediction p0 = predict(input(s0, {1, 8, 1, 1}), a100);
+  const Prediction p1 = predict(input(s1, {1, 8, 1, 1}), a100);
+  EXPECT_GT(p0.step.update, 0);
+  EXPECT_EQ(p0.step.update, p1.step.update);
+  EXPECT_LT(p1.step.update_exposed, p0.step.update_exposed);
+  EXPECT_LE(p1.step.total, p0.step.total);
+}
+
+TEST(PlanModel, BoundedCacheFetchesPerUseAndHoldsLess) {
+  const Machine a100 = machine("a100-80gb.toml");
+  auto bounded = k124M;
+  bounded.insert(bounded.end(), {"parallel.micro_batches=4", "pd.cache_mb=100"});
+  auto whole = k124M;
+  whole.push_back("parallel.micro_batches=4");
+  const Prediction b = predict(input(bounded, {1, 1, 1, 1}), a100);
+  const Prediction w = predict(input(whole, {1, 1, 1, 1}), a100);
+  EXPECT_DOUBLE_EQ(b.stages[0].memory.params, 100 * 1048576.0);
+  EXPECT_NEAR(b.step.fetch / w.step.fetch, 8.0, 0.5);  // 2 x 4 micro-batches against once
+}
+
+TEST(PlanModel, HolderMemoryIsSixteenBytesPerParameterAtStalenessZero) {
+  const PlanInput in = input(k124M, {4, 1, 1, 1});
+  const Prediction p = predict(in, machine("h200.toml"));
+  EXPECT_DOUBLE_EQ(p.holder.memory, 16 * p.holder.param_count);
+  auto stale = k124M;
+  stale.push_back("pd.staleness=2");
+  const Prediction s = predict(input(stale, {4, 1, 1, 1}), machine("h200.toml"));
+  EXPECT_DOUBLE_EQ(s.holder.memory, (16 + 3 * 4) * s.holder.param_count);  // 3 served versions
+}
+
+TEST(PlanModel, ALayoutThatDoesNotFitNamesTheRankAndWhatOverflows) {
+  // GPT-3 175B-like on one stage of an 80 GiB GPU, replicated: parameters overflow.
+  auto big = std::vector<std::string>{"model.n_layer=96", "model.n_head=96", "model.d_model=12288",
+                                      "model.vocab_size=50257", "model.seq_len=2048",
+                                      "train.batch_size=8", "parallel.holders=0"};
+  const Prediction p = predict(input(big, {0, 8, 1, 1}), machine("a100-80gb.toml"));
+  ASSERT_FALSE(p.fits());
+  EXPECT_EQ(p.overflows[0].who, "compute rank 0 (stage 0, tp 0, and its tp peers)");
+  EXPECT_NE(p.overflows[0].what.find("the largest part is its optimizer state"), std::string::npos)
+      << p.overflows[0].what;
+  // The same model over 8 x 8 stages with holders overflows by its activations (8 in flight
+  // on stage 0 under 1F1B) and fits with full recomputation.
+  big.back() = "parallel.holders=64";
+  big.push_back("parallel.micro_batches=8");
+  const Prediction a = predict(input(big, {64, 1, 8, 8}, 8), machine("a100-80gb.toml"));
+  ASSERT_FALSE(a.fits());
+  EXPECT_NE(a.overflows[0].what.find("the largest part is its activations"), std::string::npos);
+  big.push_back("train.recompute=\"full\"");
+  const Prediction q = predict(input(big, {64, 1, 8, 8}, 8), machine("a100-80gb.toml"));
+  for (const Overflow& o : q.overflows) ADD_FAILURE() << o.who << ": " << o.what;
+}
+
+}  // namespace
+}  // namespace pdtrain::plan
