@@ -4,7 +4,7 @@
 On a quadratic with curvature h (per coordinate, after Adam's scaling), EMA momentum is
     m[k+1] = beta * m[k] + (1 - beta) * h * y[k],    x[k+1] = x[k] - lr * m[k+1],
 with the gradient taken at y[k] = x[k-d] + f * (x[k-d] - x[k-d-1]): delay d (pd.staleness) and
-prediction factor f (pd.stale_correction = "predict" serves f = d). The recurrence is linear;
+prediction factor f (pd.stale_correction = "predict" serves f = d + 1/2). The recurrence is linear;
 this prints the largest a = lr * h with spectral radius < 1. Optional tooling (python3-numpy).
     python3 perf/staleness_stability.py
 """
@@ -36,9 +36,10 @@ def largest_stable_step(beta, d, f):
 
 if __name__ == "__main__":
     print("largest stable lr * curvature, EMA momentum")
-    print("beta1  delay  plain   predicted (f = delay)")
+    print("beta1  delay  plain   f = delay  f = delay + 1/2")
     for beta in (0.0, 0.9, 0.95):
         for d in (0, 1, 2, 3):
             plain = largest_stable_step(beta, d, 0.0)
             pred = largest_stable_step(beta, d, float(d))
-            print(f"{beta:5.2f}  {d:5d}  {plain:6.2f}  {pred:6.2f}")
+            lead = largest_stable_step(beta, d, d + 0.5) if d > 0 else plain
+            print(f"{beta:5.2f}  {d:5d}  {plain:6.2f}  {pred:9.2f}  {lead:15.2f}")

@@ -123,8 +123,11 @@ void print_staleness(const Deck& deck) {
   std::printf(" | staleness %d", plan.staleness);
   if (plan.warmup > 0)
     std::printf(" after %lld synchronous steps", static_cast<long long>(plan.warmup));
-  std::printf(plan.predict ? ", versions predicted %d updates ahead" : ", plain delayed AdamW",
-              plan.staleness);
+  if (plan.predict)
+    std::printf(", versions predicted %.1f updates ahead",
+                static_cast<double>(plan.staleness) + kPredictionLead);
+  else
+    std::printf(", plain delayed AdamW");
 }
 
 }  // namespace

@@ -257,11 +257,11 @@ std::vector<KeySpec> build_schema() {
           .at_least(0)
           .at_most(kMaxCount(40)),
       key(&D::pd, &PdConfig::stale_correction, "pd.stale_correction",
-          "With pd.staleness > 0: predict serves a delayed step's version extrapolated by the "
-          "s updates its gradient will be late (w + s (w - w_before), from the update that "
-          "made it; no extra memory or traffic), so the gradient is taken near the version it "
-          "is applied to; none serves the version itself (plain delayed AdamW). Evaluated and "
-          "warm-up versions are always served exactly.")
+          "With pd.staleness > 0: predict serves a delayed step's version extrapolated past the "
+          "s updates its gradient will be late (w + (s + 1/2) (w - w_before), from the update "
+          "that made it; no extra memory or traffic), so the gradient is taken near the "
+          "version it is applied to; none serves the version itself (plain delayed AdamW). "
+          "Evaluated and warm-up versions are always served exactly.")
           .one_of({"none", "predict"}),
       key(&D::pd, &PdConfig::prefetch_depth, "pd.prefetch_depth",
           "Parameter uses (a layer, or the embedding/head) a compute rank fetches ahead of the "

@@ -454,7 +454,7 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
     b.grad = o.grads.at(step).sum.data();
     b.step = adamw_step(opt_, step, lr, scale, o.state.decay);
     b.encoded = serves_in_place() ? nullptr : &fresh[i].storage;
-    b.predict = static_cast<float>(plan_.prediction_updates(step));
+    b.predict = plan_.prediction_updates(step);
     if (b.predict != 0.0f && fetch_codec_ == WireCodec::lz4) b.predicted = &o.predicted;
     blocks.push_back(b);
     ++i;

@@ -15,9 +15,9 @@ bool StalenessPlan::evaluated_after(std::int64_t step) const {
 
 // Versions below `warmup` are computed on synchronously; a version that is evaluated must be
 // the holders' parameters. Every other version is only ever used by a step s updates behind.
-int StalenessPlan::prediction_updates(std::int64_t version) const {
-  if (!predict || staleness == 0 || version < warmup || evaluated_after(version)) return 0;
-  return staleness;
+float StalenessPlan::prediction_updates(std::int64_t version) const {
+  if (!predict || staleness == 0 || version < warmup || evaluated_after(version)) return 0.0f;
+  return static_cast<float>(staleness) + kPredictionLead;
 }
 
 }  // namespace pdtrain

@@ -117,18 +117,20 @@ const std::vector<std::string> kFullDeck = {
     "fetch_thread = true",               // 59
     "cache_warm_steps = 7",              // 60
     "holder_threads = 2",                // 61
-    "[checkpoint]",                      // 62
-    "every = 100",                       // 63
-    "codec = \"xor\"",                   // 64
-    "anchor_every = 5",                  // 65
-    "keep = 2",                          // 66
-    "async = true",                      // 67
-    "dir = \"/scratch/ckpt\"",           // 68
-    "[output]",                          // 69
-    "trace = true",                      // 70
-    "[compute]",                         // 71
-    "device = \"cuda\"",                 // 72
-    "tf32 = true",                       // 73
+    "staleness_warmup = 50",             // 62
+    "stale_correction = \"none\"",       // 63
+    "[checkpoint]",                      // 64
+    "every = 100",                       // 65
+    "codec = \"xor\"",                   // 66
+    "anchor_every = 5",                  // 67
+    "keep = 2",                          // 68
+    "async = true",                      // 69
+    "dir = \"/scratch/ckpt\"",           // 70
+    "[output]",                          // 71
+    "trace = true",                      // 72
+    "[compute]",                         // 73
+    "device = \"cuda\"",                 // 74
+    "tf32 = true",                       // 75
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -212,6 +214,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.prefetch_depth, 3);
   EXPECT_EQ(d.pd.cache_mb, 64.5);
   EXPECT_EQ(d.pd.cache_warm_steps, 7);
+  EXPECT_EQ(d.pd.staleness_warmup, 50);
+  EXPECT_EQ(d.pd.stale_correction, "none");
   EXPECT_TRUE(d.pd.fetch_thread);
   EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.train.precision, "bf16");

@@ -7,8 +7,8 @@
 //   decay on the parameters being updated) to version k-1, giving version k.
 // With the remedies (pd/staleness.hpp) the reference adds: steps 1..warmup read version k-1;
 // with prediction, a version v > 0 read by a delayed step (v >= warmup, not an evaluated
-// version) is computed on as w_v + s (w_v - w_{v-1}); with the bf16 wire every version read is
-// rounded to bf16 first.
+// version) is computed on as w_v + (s + 1/2) (w_v - w_{v-1}); with the bf16 wire every version
+// read is rounded to bf16 first.
 // The run writes a raw checkpoint after every step; every parameter and moment of version k
 // is compared with the reference's. Runs under mpiexec with 3 ranks.
 #include <gtest/gtest.h>
@@ -123,7 +123,7 @@ class DelayedAdamW {
         v == deck_.run.steps || (remedy_.eval_every > 0 && v % remedy_.eval_every == 0);
     if (remedy_.predict && s_ > 0 && v > 0 && v >= remedy_.warmup && !evaluated) {
       const Blocks& before = version(v - 1);
-      const float f = static_cast<float>(s_);
+      const float f = static_cast<float>(s_) + 0.5f;
       for (std::size_t b = 0; b < w.size(); ++b)
         for (std::size_t i = 0; i < w[b].size(); ++i)
           w[b][i] = w[b][i] + f * (w[b][i] - before[b][i]);
