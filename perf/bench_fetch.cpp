@@ -66,7 +66,7 @@ std::pair<Timing, double> time_fetches(const Model& m, const Layout& layout, Wir
   const std::vector<int> owner(m.table.blocks.size(), 0);
   if (layout.is_holder()) {
     HolderServer server(layout, m.table, owner, std::vector<int>(owner.size(), 1), AdamWConfig{},
-                        codec, WireCodec::raw, 0, nullptr);
+                        codec, WireCodec::raw, StalenessPlan{}, nullptr);
     server.run();
     return {Timing{}, 0.0};
   }

@@ -22,14 +22,16 @@
 
 namespace pdtrain {
 
-// Step k computes on parameter version max(0, k-1-staleness): with staleness 0 that is the
-// version its previous step produced (exact synchronous training); with s > 0 compute runs up
-// to s steps ahead of the holders' updates.
+// Step k computes on parameter version max(0, k-1-staleness) (pd/staleness.hpp): with
+// staleness 0 that is the version its previous step produced (exact synchronous training);
+// with s > 0, after the synchronous warm-up, compute runs up to s steps ahead of the holders'
+// updates.
 TrainResult ComputeLoop::run() {
   TrainResult result;
   result.reporter = layout_.is_reporter();
   if (result.reporter) open_outputs();
-  const std::int64_t steps = deck_.run.steps, staleness = deck_.pd.staleness;
+  const std::int64_t steps = deck_.run.steps;
+  const StalenessPlan staleness = staleness_plan(deck_);
   // --stop-after ends the run early with a checkpoint; the schedule still targets run.steps.
   const std::int64_t last = opts_.stop_after > 0 ? std::min(steps, opts_.stop_after) : steps;
   const double tokens_per_step = static_cast<double>(deck_.train.batch_size * T_);
@@ -40,7 +42,7 @@ TrainResult ComputeLoop::run() {
     ++k;
     StepRecord rec;
     rec.step = k;
-    rec.fetch_ms = 1e3 * ensure_version(std::max(start_step_, k - 1 - staleness));
+    rec.fetch_ms = 1e3 * ensure_version(staleness.version_for_step(k, start_step_));
     forward_backward(k, rec);
     // Before the update where the loss can stop it: the baseline's is applied in reduce_and_push
     // (PD's holders update as the last pushes, sent during backward, arrive).
@@ -173,8 +175,7 @@ void ComputeLoop::reduce_and_push(std::int64_t step, StepRecord& rec) {
 }
 
 bool ComputeLoop::eval_due(std::int64_t s) const {
-  const std::int64_t every = deck_.train.eval_every;
-  return s == deck_.run.steps || (every > 0 && s % every == 0);
+  return staleness_plan(deck_).evaluated_after(s);
 }
 
 // Mean loss over the first eval_batches validation batches, each split over the replicas and

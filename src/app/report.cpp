@@ -127,6 +127,23 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   }
 }
 
+namespace {
+
+// Bounded staleness as it will run: the delay, the synchronous warm-up and the correction.
+void print_staleness(const Deck& deck) {
+  const StalenessPlan plan = staleness_plan(deck);
+  std::printf(" | staleness %d", plan.staleness);
+  if (plan.warmup > 0)
+    std::printf(" after %lld synchronous steps", static_cast<long long>(plan.warmup));
+  if (plan.predict)
+    std::printf(", versions predicted %.1f updates ahead",
+                static_cast<double>(plan.staleness) + kPredictionLead);
+  else
+    std::printf(", plain delayed AdamW");
+}
+
+}  // namespace
+
 void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout,
                       const std::string& compute) {
   const ModelShape& m = setup.catalog->shape();
@@ -159,6 +176,7 @@ void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout
                 : is_lossy(f) || is_lossy(p)
                     ? " | LOSSY: numerics differ from exact synchronous training"
                     : " (lossless)");
+    if (deck.pd.staleness > 0) print_staleness(deck);
   }
   std::printf("\ncompute: %s", compute.c_str());
   std::printf("\ndata: %s\n", setup.source->describe().c_str());

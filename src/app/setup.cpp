@@ -322,6 +322,16 @@ AdamWConfig adamw_config(const Deck& d) {
                      o.grad_clip, o.beta1,    o.beta2,        o.eps};
 }
 
+StalenessPlan staleness_plan(const Deck& deck) {
+  StalenessPlan plan;
+  plan.staleness = static_cast<int>(deck.pd.staleness);
+  plan.warmup = deck.pd.staleness_warmup;
+  plan.predict = deck.pd.stale_correction == "predict";
+  plan.eval_every = deck.train.eval_every;
+  plan.last_step = deck.run.steps;
+  return plan;
+}
+
 WireCodec fetch_codec(const Deck& deck) {
   return deck.train.precision == "bf16" ? WireCodec::bf16
                                         : *wire_codec_from_string(deck.pd.fetch_codec);

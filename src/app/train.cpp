@@ -272,7 +272,7 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
   HolderServer server(layout, setup.table, setup.owner,
                       push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
                       fetch_codec(deck), *wire_codec_from_string(deck.pd.push_codec),
-                      static_cast<int>(deck.pd.staleness), trace);
+                      staleness_plan(deck), trace);
   server.set_verbose(opts.verbose && training);
   server.set_update_threads(static_cast<int>(deck.pd.holder_threads),
                             static_cast<int>(std::count(setup.node.begin(), setup.node.end(),

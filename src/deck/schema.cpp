@@ -250,6 +250,19 @@ std::vector<KeySpec> build_schema() {
           "runs up to s steps ahead of the updates; 0 is exact synchronous training.")
           .at_least(0)
           .at_most(3),
+      key(&D::pd, &PdConfig::staleness_warmup, "pd.staleness_warmup",
+          "With pd.staleness > 0: steps 1..N compute on the newest version (synchronous, as "
+          "ZeRO-Offload warms up before its delayed update), later steps s versions behind. "
+          "Early training is where a delay hurts most; on a long run N steps cost nothing.")
+          .at_least(0)
+          .at_most(kMaxCount(40)),
+      key(&D::pd, &PdConfig::stale_correction, "pd.stale_correction",
+          "With pd.staleness > 0: predict serves a delayed step's version extrapolated past the "
+          "s updates its gradient will be late (w + (s + 1/2) (w - w_before), from the update "
+          "that made it; no extra memory or traffic), so the gradient is taken near the "
+          "version it is applied to; none serves the version itself (plain delayed AdamW). "
+          "Evaluated and warm-up versions are always served exactly.")
+          .one_of({"none", "predict"}),
       key(&D::pd, &PdConfig::prefetch_depth, "pd.prefetch_depth",
           "Parameter uses (a layer, or the embedding/head) a compute rank fetches ahead of the "
           "one it computes on, with non-blocking fetches, as far as pd.cache_mb leaves room "

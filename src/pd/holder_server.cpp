@@ -19,12 +19,12 @@ namespace pdtrain {
 
 HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
                            std::vector<int> contributions, const AdamWConfig& opt,
-                           WireCodec fetch_codec, WireCodec push_codec, int staleness,
-                           TraceRecorder* trace)
+                           WireCodec fetch_codec, WireCodec push_codec,
+                           const StalenessPlan& staleness, TraceRecorder* trace)
     : layout_(layout), table_(table), owner_(std::move(owner)),
       contributions_(std::move(contributions)), opt_(opt), fetch_codec_(fetch_codec),
-      push_codec_(push_codec), staleness_(staleness), trace_(trace) {
-  PDT_CHECK(staleness >= 0 && staleness < wire::kMaxRecentUpdates, "staleness out of range");
+      push_codec_(push_codec), plan_(staleness), staleness_(staleness.staleness), trace_(trace) {
+  PDT_CHECK(staleness_ >= 0 && staleness_ < wire::kMaxRecentUpdates, "staleness out of range");
   recent_[0] = UpdateInfo{0, 0.0, 0.0};
   const int me = layout.holder_index();
   for (std::size_t b = 0; b < owner_.size(); ++b) {
@@ -454,6 +454,8 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
     b.grad = o.grads.at(step).sum.data();
     b.step = adamw_step(opt_, step, lr, scale, o.state.decay);
     b.encoded = serves_in_place() ? nullptr : &fresh[i].storage;
+    b.predict = plan_.prediction_updates(step);
+    if (b.predict != 0.0f && fetch_codec_ == WireCodec::lz4) b.predicted = &o.predicted;
     blocks.push_back(b);
     ++i;
   }

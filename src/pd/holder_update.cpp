@@ -227,6 +227,34 @@ PDTRAIN_UPDATE_CLONES void adamw_slice_bf16(const AdamWStep& step, const float* 
   }
 }
 
+// With a prediction (bounded staleness): the version served is extrapolated by `f` updates,
+// p + f (p - p_before), from the update just made, while both are in registers.
+PDTRAIN_UPDATE_CLONES void adamw_slice_predicted(const AdamWStep& step, const float* __restrict g,
+                                                 float* __restrict p, float* __restrict m,
+                                                 float* __restrict v, float* __restrict out,
+                                                 float f, std::int64_t n) {
+  const AdamWStep k = step;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float before = p[i];
+    adamw_element(k, g[i], p[i], m[i], v[i]);
+    out[i] = p[i] + f * (p[i] - before);
+  }
+}
+
+PDTRAIN_UPDATE_CLONES void adamw_slice_predicted_bf16(const AdamWStep& step,
+                                                      const float* __restrict g,
+                                                      float* __restrict p, float* __restrict m,
+                                                      float* __restrict v,
+                                                      std::uint16_t* __restrict out, float f,
+                                                      std::int64_t n) {
+  const AdamWStep k = step;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float before = p[i];
+    adamw_element(k, g[i], p[i], m[i], v[i]);
+    out[i] = to_bf16(p[i] + f * (p[i] - before)).bits;
+  }
+}
+
 }  // namespace
 
 int fused_wire_bytes(WireCodec codec) {
@@ -250,6 +278,9 @@ FusedUpdate::FusedUpdate(WireCodec codec, std::vector<Block> blocks, std::int64_
     // Workers write disjoint slices of the wire bytes: size them before any starts.
     if (blk.encoded && wire_bytes > 0)
       blk.encoded->resize(static_cast<std::size_t>(n * wire_bytes));
+    PDT_CHECK(blk.predict == 0.0f || (blk.encoded && (wire_bytes > 0 || blk.predicted)),
+              "a predicted version needs a copy to be served from");
+    if (blk.predict != 0.0f && wire_bytes == 0) blk.predicted->resize(static_cast<std::size_t>(n));
     const std::int64_t slices = std::max<std::int64_t>(1, (n + slice_ - 1) / slice_);
     state_[b].slices_left.store(slices, std::memory_order_relaxed);
     state_[b].slice_crc.assign(static_cast<std::size_t>(slices), 0u);
@@ -278,7 +309,9 @@ void FusedUpdate::run_slice(std::int64_t task) {
   float* v = s.v.data() + begin;
   const int wire_bytes = fused_wire_bytes(codec_);
   const void* wire = nullptr;
-  if (codec_ == WireCodec::bf16) {
+  if (blk.predict != 0.0f) {
+    wire = run_predicted_slice(blk, begin, n);
+  } else if (codec_ == WireCodec::bf16) {
     auto* out = reinterpret_cast<std::uint16_t*>(blk.encoded->data()) + begin;
     adamw_slice_bf16(blk.step, g, p, m, v, out, n);
     wire = out;
@@ -294,6 +327,25 @@ void FusedUpdate::run_slice(std::int64_t task) {
     state_[b].slice_crc[static_cast<std::size_t>(begin / slice_)] =
         crc32c(wire, static_cast<std::size_t>(n * wire_bytes));
   if (state_[b].slices_left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_block(b);
+}
+
+// A slice whose version is served extrapolated: into the wire bytes (raw, bf16), or for lz4
+// into the block's float copy that finish_block compresses. Returns the wire bytes, or null.
+const void* FusedUpdate::run_predicted_slice(Block& blk, std::int64_t begin, std::int64_t n) {
+  BlockState& s = *blk.state;
+  const float* g = blk.grad + begin;
+  float* p = s.param.data() + begin;
+  float* m = s.m.data() + begin;
+  float* v = s.v.data() + begin;
+  if (codec_ == WireCodec::bf16) {
+    auto* out = reinterpret_cast<std::uint16_t*>(blk.encoded->data()) + begin;
+    adamw_slice_predicted_bf16(blk.step, g, p, m, v, out, blk.predict, n);
+    return out;
+  }
+  float* out = codec_ == WireCodec::raw ? reinterpret_cast<float*>(blk.encoded->data()) + begin
+                                        : blk.predicted->data() + begin;
+  adamw_slice_predicted(blk.step, g, p, m, v, out, blk.predict, n);
+  return codec_ == WireCodec::raw ? out : nullptr;
 }
 
 // The block's CRC from its slices' (raw, bf16), or its encoding in one piece (lz4 compresses a
@@ -313,7 +365,8 @@ void FusedUpdate::finish_block(std::size_t b) {
     blk.crc = crc;
   } else {
     blk.encoded->clear();
-    wire_encode(codec_, s.param.data(), n, *blk.encoded);
+    wire_encode(codec_, blk.predict != 0.0f ? blk.predicted->data() : s.param.data(), n,
+                *blk.encoded);
     blk.crc = crc32c(blk.encoded->data(), blk.encoded->size());
   }
   state_[b].done.store(true, std::memory_order_release);

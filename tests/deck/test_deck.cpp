@@ -117,20 +117,22 @@ const std::vector<std::string> kFullDeck = {
     "fetch_thread = true",               // 59
     "cache_warm_steps = 7",              // 60
     "holder_threads = 2",                // 61
-    "[checkpoint]",                      // 62
-    "every = 100",                       // 63
-    "codec = \"xor\"",                   // 64
-    "anchor_every = 5",                  // 65
-    "keep = 2",                          // 66
-    "async = true",                      // 67
-    "dir = \"/scratch/ckpt\"",           // 68
-    "bitdelta_bits = 3",                 // 69
-    "moment_bits = 5",                   // 70
-    "[output]",                          // 71
-    "trace = true",                      // 72
-    "[compute]",                         // 73
-    "device = \"cuda\"",                 // 74
-    "tf32 = true",                       // 75
+    "staleness_warmup = 50",             // 62
+    "stale_correction = \"none\"",       // 63
+    "[checkpoint]",                      // 64
+    "every = 100",                       // 65
+    "codec = \"xor\"",                   // 66
+    "anchor_every = 5",                  // 67
+    "keep = 2",                          // 68
+    "async = true",                      // 69
+    "dir = \"/scratch/ckpt\"",           // 70
+    "bitdelta_bits = 3",                 // 71
+    "moment_bits = 5",                   // 72
+    "[output]",                          // 73
+    "trace = true",                      // 74
+    "[compute]",                         // 75
+    "device = \"cuda\"",                 // 76
+    "tf32 = true",                       // 77
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -216,6 +218,8 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.prefetch_depth, 3);
   EXPECT_EQ(d.pd.cache_mb, 64.5);
   EXPECT_EQ(d.pd.cache_warm_steps, 7);
+  EXPECT_EQ(d.pd.staleness_warmup, 50);
+  EXPECT_EQ(d.pd.stale_correction, "none");
   EXPECT_TRUE(d.pd.fetch_thread);
   EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.train.precision, "bf16");
@@ -622,9 +626,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 10 train + 2 compute + 8 optimizer + 8 pd +
+  // 5 run + 9 model + 6 data + 7 parallel + 10 train + 2 compute + 8 optimizer + 10 pd +
   // 8 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 64u);
+  EXPECT_EQ(deck::schema().size(), 66u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -217,17 +217,19 @@ TEST(Equivalence, HoldersSpreadOverNodesChangeNothing) {
 
 // A holder's threads change how its update is spread over cores, never a bit. The model is
 // wider than the tiny deck's so that blocks span several update slices (a wte block is 4), for
-// each way a holder encodes (raw in place, raw copies kept for staleness, bf16, lz4), and with
-// the tied embedding pushed by two pipeline stages to two holders.
+// each way a holder encodes (raw in place, raw copies kept for staleness and predicted, bf16,
+// lz4, bf16 predicted), and with the tied embedding pushed by two pipeline stages to two
+// holders.
 TEST(Equivalence, HolderThreadsAreBitIdentical) {
   ASSERT_GE(world_size(), 4);
   const std::string wide =
       tiny_deck({"model.d_model=128", "model.vocab_size=512", "run.steps=6"});
   const std::vector<std::vector<std::string>> variants = {
       {"parallel.holders=1"},
-      {"parallel.holders=1", "pd.staleness=1"},
+      {"parallel.holders=1", "pd.staleness=1", "pd.staleness_warmup=0"},
       {"parallel.holders=1", "pd.fetch_codec=bf16"},
-      {"parallel.holders=1", "pd.fetch_codec=lz4"}};
+      {"parallel.holders=1", "pd.fetch_codec=lz4"},
+      {"parallel.holders=1", "pd.staleness=1", "pd.staleness_warmup=0", "pd.fetch_codec=bf16"}};
   for (std::size_t i = 0; i < variants.size(); ++i) {
     RunOutcome by_threads[3];
     for (int t = 1; t <= 3; ++t) {
@@ -259,9 +261,11 @@ TEST(Reproducibility, BoundedStalenessIsReproducible) {
   // Step k always computes on version max(0, k-1-s) whatever the message timing, so a stale
   // run is as reproducible as a synchronous one, and still learns.
   ASSERT_GE(world_size(), 4);
+  // Without a warm-up, so that the run's few steps are delayed (and predicted).
   for (const char* s : {"pd.staleness=1", "pd.staleness=3"}) {
-    RunOutcome a = run_groups(4, {"parallel.holders=2", s}, std::string("ssp-a") + s[12]);
-    RunOutcome b = run_groups(4, {"parallel.holders=2", s}, std::string("ssp-b") + s[12]);
+    const std::vector<std::string> sets = {"parallel.holders=2", s, "pd.staleness_warmup=0"};
+    RunOutcome a = run_groups(4, sets, std::string("ssp-a") + s[12]);
+    RunOutcome b = run_groups(4, sets, std::string("ssp-b") + s[12]);
     if (a.losses.empty()) continue;
     EXPECT_EQ(a.crc, b.crc) << s;
     EXPECT_EQ(a.losses, b.losses) << s;

@@ -118,7 +118,7 @@ void run_case(const Model& m, const Case& c, MPI_Comm comm, int dp) {
   const std::vector<int> owner(m.table.blocks.size(), 0);
   if (layout.is_holder()) {
     HolderServer server(layout, m.table, owner, std::vector<int>(owner.size(), 1), AdamWConfig{},
-                        c.codec, WireCodec::raw, 0, nullptr);
+                        c.codec, WireCodec::raw, StalenessPlan{}, nullptr);
     server.run();
     return;
   }
@@ -185,7 +185,7 @@ TEST(FetchInPlace, ReplyAnsweredOutOfOrderMovesToItsFetch) {
     const std::vector<int> owner(m.table.blocks.size(), 0);
     if (layout.is_holder()) {
       HolderServer server(layout, m.table, owner, std::vector<int>(owner.size(), 1),
-                          AdamWConfig{}, WireCodec::raw, WireCodec::raw, 0, nullptr);
+                          AdamWConfig{}, WireCodec::raw, WireCodec::raw, StalenessPlan{}, nullptr);
       server.run();
     } else {
       FetchClient client(layout, m.table, owner, WireCodec::raw, WireCodec::raw, false);

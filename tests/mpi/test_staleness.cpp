@@ -5,6 +5,10 @@
 //   version 0 = the initial parameters; step k takes the gradient of its batch on version
 //   max(0, k-1-s), clips it by its global norm, and applies AdamW with the lr of step k (weight
 //   decay on the parameters being updated) to version k-1, giving version k.
+// With the remedies (pd/staleness.hpp) the reference adds: steps 1..warmup read version k-1;
+// with prediction, a version v > 0 read by a delayed step (v >= warmup, not an evaluated
+// version) is computed on as w_v + (s + 1/2) (w_v - w_{v-1}); with the bf16 wire every version
+// read is rounded to bf16 first.
 // The run writes a raw checkpoint after every step; every parameter and moment of version k
 // is compared with the reference's. Runs under mpiexec with 3 ranks.
 #include <gtest/gtest.h>
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "pdtrain/app/setup.hpp"
+#include "pdtrain/core/bf16.hpp"
 #include "pdtrain/app/train.hpp"
 #include "pdtrain/ckpt/checkpoint.hpp"
 #include "pdtrain/deck/deck.hpp"
@@ -39,11 +44,20 @@ std::string staleness_deck() {
 // Every block of the model, packed (catalog order): one parameter version, or a moment.
 using Blocks = std::vector<std::vector<float>>;
 
+// What the reference does about the delay (the deck's pd.staleness_warmup, pd.stale_correction
+// and evaluation steps, pd.fetch_codec = bf16), written again here.
+struct Remedy {
+  std::int64_t warmup = 0;
+  bool predict = false;
+  std::int64_t eval_every = 0;
+  bool bf16_wire = false;
+};
+
 // The reference: delayed AdamW written out, on the model's gradient.
 class DelayedAdamW {
  public:
-  DelayedAdamW(const Deck& deck, int staleness)
-      : deck_(deck), s_(staleness), setup_(make_setup(deck, MPI_COMM_SELF, false)),
+  DelayedAdamW(const Deck& deck, int staleness, Remedy remedy = {})
+      : deck_(deck), s_(staleness), remedy_(remedy), setup_(make_setup(deck, MPI_COMM_SELF, false)),
         cat_(*setup_.catalog), params_(cat_, stage_spec(deck, setup_.shape, 0, 0)),
         B_(deck.train.batch_size), T_(deck.model.seq_len), stage_(params_, B_, T_, tp_) {
     Blocks init, zero;
@@ -69,8 +83,9 @@ class DelayedAdamW {
 
  private:
   void step(std::int64_t k) {
-    const std::int64_t read = std::max<std::int64_t>(0, k - 1 - s_);
-    const Blocks g = gradient(k, version(read));
+    const std::int64_t read =
+        k <= remedy_.warmup ? k - 1 : std::max<std::int64_t>(0, k - 1 - s_);
+    const Blocks g = gradient(k, computed_on(read));
     double sumsq = 0.0;
     for (const auto& blk : g)
       for (float x : blk) sumsq += static_cast<double>(x) * static_cast<double>(x);
@@ -99,6 +114,24 @@ class DelayedAdamW {
       }
     }
     versions_.push_back(std::move(next));
+  }
+
+  // The parameters a step reading version v computes on.
+  Blocks computed_on(std::int64_t v) const {
+    Blocks w = version(v);
+    const bool evaluated =
+        v == deck_.run.steps || (remedy_.eval_every > 0 && v % remedy_.eval_every == 0);
+    if (remedy_.predict && s_ > 0 && v > 0 && v >= remedy_.warmup && !evaluated) {
+      const Blocks& before = version(v - 1);
+      const float f = static_cast<float>(s_) + 0.5f;
+      for (std::size_t b = 0; b < w.size(); ++b)
+        for (std::size_t i = 0; i < w[b].size(); ++i)
+          w[b][i] = w[b][i] + f * (w[b][i] - before[b][i]);
+    }
+    if (remedy_.bf16_wire)
+      for (auto& blk : w)
+        for (float& x : blk) x = to_float(to_bf16(x));
+    return w;
   }
 
   // Linear warm-up to optimizer.lr, then cosine to min_lr at the last step (run.steps).
@@ -133,6 +166,7 @@ class DelayedAdamW {
 
   const Deck& deck_;
   const int s_;
+  const Remedy remedy_;
   Setup setup_;
   const ParamCatalog& cat_;
   StageParams params_;
@@ -170,9 +204,11 @@ void compare(const char* what, const ParamCatalog& cat, const std::vector<float>
 // moves a parameter by about 1e-7 of its update (lr <= 1e-2). 1e-6 is far below what one
 // version too early or too late changes (about the lr, 1e-3 to 1e-2, after one step).
 // `extra`: deck changes that must not change a number (the reference ignores them).
-void check_against_reference(int holders, int staleness, std::vector<std::string> extra = {}) {
+// `remedy` must say what the deck changes in `extra` do (none: plain delayed AdamW).
+void check_against_reference(int holders, int staleness, std::vector<std::string> extra = {},
+                             Remedy remedy = {}) {
   const std::string tag = "h" + std::to_string(holders) + "-s" + std::to_string(staleness) +
-                          (extra.empty() ? "" : "-extra");
+                          (extra.empty() ? "" : "-" + std::to_string(extra.size()) + "x");
   const std::string dir = temp_path("stale-" + tag);
   if (world_rank() == 0) std::filesystem::remove_all(dir + "-0");
   MPI_Barrier(MPI_COMM_WORLD);
@@ -180,12 +216,15 @@ void check_against_reference(int holders, int staleness, std::vector<std::string
   std::vector<std::string> sets = {"parallel.holders=" + std::to_string(holders),
                                    "pd.staleness=" + std::to_string(staleness),
                                    "checkpoint.every=1", "checkpoint.keep=0",
-                                   "checkpoint.codec=raw"};
+                                   "checkpoint.codec=raw",
+                                   "pd.staleness_warmup=" + std::to_string(remedy.warmup),
+                                   remedy.predict ? "pd.stale_correction=predict"
+                                                  : "pd.stale_correction=none"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   first_group_run(deck_text, 1 + holders, sets, dir);
   if (world_rank() != 0) return;
   const Deck deck = parse_deck(deck_text, "test.toml", {});
-  DelayedAdamW ref(deck, staleness);
+  DelayedAdamW ref(deck, staleness, remedy);
   ref.train(kSteps);
   int clipped = 0;
   for (double c : ref.clip_scales) clipped += c < 1.0;
@@ -224,7 +263,25 @@ TEST(Staleness, TwoHoldersTwoStepDelay) { check_against_reference(2, 2); }
 // to an older one) and a cache too small for the stage (units evicted and fetched again in
 // backward, at the step's version) change nothing.
 TEST(Staleness, EvaluationsAndABoundedCacheKeepTheDelay) {
-  check_against_reference(2, 2, {"train.eval_every=2", "pd.cache_mb=0.02", "pd.prefetch_depth=1"});
+  check_against_reference(2, 2, {"train.eval_every=2", "pd.cache_mb=0.02", "pd.prefetch_depth=1"},
+                          Remedy{.eval_every = 2});
+}
+
+// The remedies: prediction at one step of delay; a synchronous warm-up of 2 steps, then two
+// steps of delay with prediction, two holders, and evaluations after steps 4 and 6 (versions
+// 4 and 6 served exactly, 2, 3 and 5 predicted where a delayed step reads them); prediction on
+// the bf16 wire (rounded after extrapolating) and on lz4 (extrapolated, then compressed).
+TEST(Staleness, PredictedOneStepDelay) { check_against_reference(1, 1, {}, Remedy{.predict = true}); }
+TEST(Staleness, WarmUpThenPredictedTwoStepDelay) {
+  check_against_reference(2, 2, {"train.eval_every=4"},
+                          Remedy{.warmup = 2, .predict = true, .eval_every = 4});
+}
+TEST(Staleness, PredictedDelayOnTheBf16Wire) {
+  check_against_reference(1, 1, {"pd.fetch_codec=bf16"},
+                          Remedy{.predict = true, .bf16_wire = true});
+}
+TEST(Staleness, PredictedDelayOnTheLz4Wire) {
+  check_against_reference(1, 2, {"pd.fetch_codec=lz4"}, Remedy{.predict = true});
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/staleness.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
@@ -54,6 +55,9 @@ std::vector<StagePosition> stage_positions(const Deck& deck, const LayoutShape& 
 AdamWConfig adamw_config(const Deck& deck);
 // The fetch codec in use: bf16 precision makes holders serve bf16 copies of their fp32 masters.
 WireCodec fetch_codec(const Deck& deck);
+// Bounded staleness as the deck sets it (pd.staleness, its warm-up and correction, and the
+// evaluation steps, whose versions are served exactly).
+StalenessPlan staleness_plan(const Deck& deck);
 Precision precision(const Deck& deck);
 Recompute recompute_mode(const Deck& deck);
 StageOrder stage_order(const Deck& deck);

@@ -8,6 +8,7 @@
 // Bounded staleness s: step k computes on version max(0, k-1-s), so compute ranks run up to s
 // steps ahead of the updates. The holder keeps the last s+1 versions of each block (encoded for
 // the wire) and buffers pushes of up to s+1 future steps; s = 0 is exact synchronous training.
+// Versions that delayed steps compute on may be served predicted (pd/staleness.hpp).
 //
 // The arithmetic runs on a pool of threads (holder_update.hpp): a block's gradient is summed and
 // its sum of squares taken as soon as its last contribution arrives; after the norm agreement
@@ -28,6 +29,7 @@
 #include "pdtrain/pd/blocks.hpp"
 #include "pdtrain/pd/holder_update.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
+#include "pdtrain/pd/staleness.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
@@ -56,7 +58,7 @@ class HolderServer {
   // make up one step (1, or 2 for the tied embedding on two pipeline stages).
   HolderServer(const Layout& layout, const BlockTable& table, std::vector<int> owner,
                std::vector<int> contributions, const AdamWConfig& opt, WireCodec fetch_codec,
-               WireCodec push_codec, int staleness, TraceRecorder* trace);
+               WireCodec push_codec, const StalenessPlan& staleness, TraceRecorder* trace);
 
   // Serves until every compute rank has said it is done, then gathers the canonical CRC.
   void run();
@@ -100,6 +102,7 @@ class HolderServer {
     BlockState state;
     std::map<std::int64_t, Encoded> versions;      // the last staleness+1 versions
     std::map<std::int64_t, StepGradient> grads;    // by step
+    std::vector<float> predicted;                  // lz4: a predicted version before encoding
   };
 
   bool poll_once();  // receives and handles one message, if one is waiting
@@ -135,7 +138,8 @@ class HolderServer {
   std::map<int, Owned> owned_;  // by block id, ascending
   std::int64_t version_ = 0;
   std::int64_t start_version_ = 0;  // the version a restart began at
-  int staleness_ = 0;
+  StalenessPlan plan_;
+  int staleness_ = 0;  // plan_.staleness
   std::int64_t pushes_per_step_ = 0;               // gradients this holder takes per step
   std::map<std::int64_t, std::int64_t> missing_;   // step -> gradients still expected
   std::map<std::int64_t, UpdateInfo> recent_;      // the updates of the versions kept

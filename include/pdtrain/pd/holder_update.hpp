@@ -96,6 +96,10 @@ class FusedUpdate {
     // then the parameters themselves and only their CRC is computed.
     std::vector<char>* encoded = nullptr;
     std::uint32_t crc = 0;  // of the wire bytes, once done
+    // Served as p + predict * (p - p_before) (pd/staleness.hpp): 0 serves the parameters; the
+    // prediction needs `encoded` (a raw or bf16 copy, or lz4 compressed from `predicted`).
+    float predict = 0.0f;
+    std::vector<float>* predicted = nullptr;  // lz4 only: the extrapolated floats, sized here
   };
 
   FusedUpdate(WireCodec codec, std::vector<Block> blocks,
@@ -122,6 +126,7 @@ class FusedUpdate {
     std::vector<std::uint32_t> slice_crc;
   };
   void run_slice(std::int64_t task);
+  const void* run_predicted_slice(Block& blk, std::int64_t begin, std::int64_t n);
   void finish_block(std::size_t b);
 
   WireCodec codec_;
