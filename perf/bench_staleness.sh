@@ -6,7 +6,7 @@
 # Targets: staleness 1 within 1 % of staleness 0, staleness 2 within 3 %.
 #   perf/bench_staleness.sh [--short] [BUILD_DIR] [OUT_DIR]     (from the repository root)
 # --short: 60 steps, a check that the script works, not a measurement (the points with a
-# 100-step warm-up stay synchronous).
+# 200-step warm-up stay synchronous).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 short=()

@@ -97,7 +97,7 @@ struct PdConfig {
   std::string fetch_codec = "raw";  // raw | bf16 | lz4 (bf16 is lossy)
   std::string push_codec = "raw";   // raw | bf16 | zstd (bf16 is lossy)
   std::int64_t staleness = 0;       // 0: synchronous; s: step k uses version >= k-1-s
-  std::int64_t staleness_warmup = 100;  // steps 1..N synchronous before the delay starts
+  std::int64_t staleness_warmup = 200;  // steps 1..N synchronous before the delay starts
   std::string stale_correction = "predict";  // none | predict (serve extrapolated versions)
   std::int64_t prefetch_depth = 64; // uses (layers) fetched ahead, as far as pd.cache_mb allows
   double cache_mb = 0.0;            // parameter bytes resident per compute rank; 0: no limit
