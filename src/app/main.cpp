@@ -31,6 +31,7 @@ const char* kUsage =
     "       pdtrain summarize runs/<name>\n"
     "       pdtrain inspect CHECKPOINT.h5\n"
     "       pdtrain export CHECKPOINT.h5 --format llmc OUT.bin\n"
+    "       pdtrain export CHECKPOINT.h5 --format hf OUT_DIR\n"
     "\n"
     "Trains a GPT-2 model. Without DECK, runs the embedded default deck (input/default.toml).\n"
     "Launch with MPI, e.g.  mpirun -np 3 pdtrain   (1 parameter holder + 2 compute ranks).\n"
@@ -65,7 +66,7 @@ struct CommandLine {
   long long stop_after = 0;
   bool list_sweep = false;
   std::string summarize_dir;
-  std::vector<std::string> files;  // inspect: checkpoint; export: checkpoint, output
+  std::vector<std::string> files;  // inspect: checkpoint; export: checkpoint, format, output
   std::vector<std::string> sets;
   bool dry_run = false, help = false, version = false, print_default = false;
   bool print_reference = false;
@@ -106,11 +107,13 @@ CommandLine parse_command_line(int argc, char** argv) {
     return c;
   }
   if (argc > 1 && std::string(argv[1]) == "export") {
-    if (argc != 6 || std::string(argv[3]) != "--format" || std::string(argv[4]) != "llmc")
+    const std::string format = argc == 6 ? argv[4] : "";
+    if (argc != 6 || std::string(argv[3]) != "--format" || (format != "llmc" && format != "hf"))
       throw pdtrain::Error(pdtrain::ExitCode::deck,
-                           "usage: pdtrain export CHECKPOINT.h5 --format llmc OUT.bin");
+                           "usage: pdtrain export CHECKPOINT.h5 --format llmc OUT.bin | "
+                           "--format hf OUT_DIR");
     c.command = "export";
-    c.files = {argv[2], argv[5]};
+    c.files = {argv[2], format, argv[5]};
     return c;
   }
   for (int i = first; i < argc; ++i) {
@@ -212,7 +215,8 @@ int run(int argc, char** argv, int rank) {
     } else if (cl.command == "inspect") {
       if (rank == 0) pdtrain::inspect_checkpoint(cl.files[0]);
     } else if (cl.command == "export") {
-      if (rank == 0) pdtrain::export_llmc(cl.files[0], cl.files[1]);
+      if (rank == 0 && cl.files[1] == "llmc") pdtrain::export_llmc(cl.files[0], cl.files[2]);
+      if (rank == 0 && cl.files[1] == "hf") pdtrain::export_hf(cl.files[0], cl.files[2]);
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
       deck = load(cl, &listing);
     }
