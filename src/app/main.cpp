@@ -173,7 +173,7 @@ void choose_blas_threads() {
 // point per task). With --list-sweep, fills `listing` with the numbered points instead.
 pdtrain::Deck load(const CommandLine& cl, std::string* listing) {
   const bool file = !cl.deck_path.empty();
-  const std::string name = file ? cl.deck_path : "<default deck>";
+  const std::string name = file ? cl.deck_path : pdtrain::kDefaultDeckName;
   const std::string text = file ? pdtrain::read_deck_text(cl.deck_path)
                                 : std::string(pdtrain::default_deck_text());
   pdtrain::Deck deck = pdtrain::parse_deck(text, name, cl.sets);  // checks syntax and keys
@@ -204,6 +204,19 @@ pdtrain::Deck load(const CommandLine& cl, std::string* listing) {
   return pdtrain::sweep_point_deck(text, name, cl.sets, sweep, static_cast<std::size_t>(index));
 }
 
+// A model evaluated by one process runs as the single-rank replicated baseline whatever layout
+// the deck trains with: the loss does not depend on the layout (up to summation order), and a
+// deck written for a parallel job then works as it is.
+void run_as_one_process(pdtrain::Deck& d) {
+  const char* why = "one process";
+  for (const char* key : {"parallel.holders", "parallel.dp", "parallel.tp", "parallel.pp"})
+    d.origin[key] = why;
+  d.parallel.holders = 0;
+  d.parallel.dp = 0;
+  d.parallel.tp = 1;
+  d.parallel.pp = 1;
+}
+
 int run(int argc, char** argv, int rank) {
   CommandLine cl;
   pdtrain::Deck deck;
@@ -219,6 +232,9 @@ int run(int argc, char** argv, int rank) {
       if (rank == 0 && cl.files[1] == "hf") pdtrain::export_hf(cl.files[0], cl.files[2]);
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
       deck = load(cl, &listing);
+      int size = 0;
+      MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+      if (cl.command == "eval" && size == 1) run_as_one_process(deck);
     }
   });
   if (cl.command == "summarize" || cl.command == "inspect" || cl.command == "export") return 0;

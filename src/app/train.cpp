@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pdtrain/app/checkpointing.hpp"
+#include "pdtrain/app/model_init.hpp"
 #include "pdtrain/app/compute_device.hpp"
 #include "pdtrain/app/compute_loop.hpp"
 #include "pdtrain/app/report.hpp"
@@ -76,7 +77,8 @@ void rewind(Deck& deck, RunOptions& opts, const Error& divergence, std::int64_t 
 // before that step, with a lower learning rate and the step's batch skipped: all of it follows
 // from the deck, so a rewound run is reproducible.
 TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts) {
-  Deck d = deck;
+  Deck d;
+  run_collectively(job, ErrorScope::job, [&] { d = with_model_of_init(deck); });
   RunOptions o = opts;
   for (std::int64_t rewinds = 0;; ++rewinds) {
     std::int64_t diverged_step = 0;

@@ -93,9 +93,12 @@ std::vector<KeySpec> build_schema() {
           "Standard deviation of the normal weight initialization.")
           .above(0),
       key(&D::model, &ModelConfig::init, "model.init",
-          "Initial weights: empty for random (model.init_std), or llmc:PATH for an llm.c GPT-2 "
-          "checkpoint (its max_seq_len and padded vocabulary are taken when the deck's are 0).")
-          .with_rule("empty or llmc:PATH"),
+          "Initial weights: empty for random (model.init_std), llmc:PATH for an llm.c GPT-2 "
+          "checkpoint, or hf:DIR for a Hugging Face GPT-2 directory (config.json and "
+          "model.safetensors, as save_pretrained writes them). The file is the model: model "
+          "keys the deck leaves at their defaults take the file's values (model.seq_len at most "
+          "its positions); a key the deck sets to another value is an error naming both.")
+          .with_rule("empty, llmc:PATH or hf:DIR"),
 
       key(&D::data, &DataConfig::source, "data.source",
           "Training data: the built-in synthetic copy task, a text file, or a token file.")
