@@ -315,6 +315,12 @@ std::vector<KeySpec> build_schema() {
 
       key(&D::output, &OutputConfig::trace, "output.trace",
           "Write a Chrome trace per rank (OUT/trace/rank-<r>.json) and a merged one."),
+      key(&D::output, &OutputConfig::trajectory_every, "output.trajectory_every",
+          "Parameter trajectories: every N steps, each tensor's (per layer) parameter norm, update "
+          "norm and update-to-weight ratio into OUT/trajectories.csv, computed by the holders "
+          "that own its blocks; 0: none.")
+          .at_least(0)
+          .at_most(kMaxCount(40)),
   };
 }
 

@@ -117,6 +117,7 @@ struct CheckpointConfig {
 
 struct OutputConfig {
   bool trace = false;  // Chrome trace JSON per rank (OUT/trace/rank-<r>.json) and merged
+  std::int64_t trajectory_every = 0;  // > 0: per-tensor norms every N steps (OUT/trajectories.csv)
   friend bool operator==(const OutputConfig&, const OutputConfig&) = default;
 };
 

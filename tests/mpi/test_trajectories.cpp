@@ -1,0 +1,75 @@
+// Parameter trajectories (output.trajectory_every): the rows two holders write equal the norms
+// of the parameters and of their change taken from per-step checkpoints of the same run, for
+// every tensor and layer, at every N-th step and no other.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "pdtrain/app/tools.hpp"
+#include "run_helpers.hpp"
+
+namespace pdtrain::test {
+namespace {
+
+struct Row {
+  double param, update;
+};
+
+// (step, tensor) -> norms, from OUT/trajectories.csv.
+std::map<std::pair<long, std::string>, Row> read_rows(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,tensor,param_norm,update_norm,update_to_weight");
+  std::map<std::pair<long, std::string>, Row> rows;
+  while (std::getline(in, line)) {
+    std::stringstream s(line);
+    std::string step, name, p, u, ratio;
+    std::getline(s, step, ','), std::getline(s, name, ','), std::getline(s, p, ',');
+    std::getline(s, u, ','), std::getline(s, ratio, ',');
+    rows[{std::stol(step), name}] = {std::stod(p), std::stod(u)};
+    EXPECT_NEAR(std::stod(ratio), std::stod(u) / std::stod(p), 1e-6 * std::stod(ratio)) << line;
+  }
+  return rows;
+}
+
+TEST(Trajectories, HoldersRowsEqualNormsFromCheckpoints) {
+  const std::string out = temp_path("trajectories");
+  if (world_rank() == 0) std::filesystem::remove_all(out);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Deck d = parse_deck(tiny_deck({"run.steps=4", "parallel.holders=2",
+                                       "output.trajectory_every=2", "checkpoint.every=1",
+                                       "checkpoint.keep=10", "checkpoint.codec=\"raw\""}),
+                            "t.toml", {"run.out_dir=" + out});
+  RunOptions o;
+  o.verbose = false;
+  run_training(d, MPI_COMM_WORLD, o);
+  if (world_rank() != 0) return;
+  const auto rows = read_rows(out + "/trajectories.csv");
+  for (long step : {2L, 4L}) {
+    const CheckpointParams now = read_params(out + "/checkpoints/ckpt-0000000" + std::to_string(step) + ".h5");
+    const CheckpointParams before = read_params(out + "/checkpoints/ckpt-0000000" + std::to_string(step - 1) + ".h5");
+    for (const TensorInfo& t : now.catalog.tensors())
+      for (std::int64_t l = 0; l < t.layers; ++l) {
+        const std::string name = (t.per_layer ? "h." + std::to_string(l) + "." : std::string()) + t.name;
+        double p2 = 0, u2 = 0;
+        for (std::int64_t i = 0; i < t.rows * t.cols; ++i) {
+          const std::size_t k = static_cast<std::size_t>(t.offset + l * t.rows * t.cols + i);
+          const double p = now.canonical[k], u = p - before.canonical[k];
+          p2 += p * p, u2 += u * u;
+        }
+        const auto it = rows.find({step, name});
+        ASSERT_NE(it, rows.end()) << "no row for step " << step << " " << name;
+        EXPECT_NEAR(it->second.param, std::sqrt(p2), 1e-7 * std::sqrt(p2) + 1e-12) << step << " " << name;
+        EXPECT_NEAR(it->second.update, std::sqrt(u2), 1e-6 * std::sqrt(u2) + 1e-12) << step << " " << name;
+      }
+  }
+  for (const auto& [key, row] : rows) EXPECT_TRUE(key.first == 2 || key.first == 4) << key.first;
+}
+
+}  // namespace
+}  // namespace pdtrain::test
