@@ -1,6 +1,7 @@
 // Parameter trajectories (output.trajectory_every): the rows two holders write equal the norms
 // of the parameters and of their change taken from per-step checkpoints of the same run, for
-// every tensor and layer, at every N-th step and no other.
+// every tensor and layer, at every N-th step and no other; `pdtrain summarize` draws one curve
+// per tensor beside the loss curves.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "pdtrain/app/tools.hpp"
+#include "pdtrain/io/summary.hpp"
 #include "run_helpers.hpp"
 
 namespace pdtrain::test {
@@ -38,8 +40,8 @@ std::map<std::pair<long, std::string>, Row> read_rows(const std::string& path) {
 }
 
 TEST(Trajectories, HoldersRowsEqualNormsFromCheckpoints) {
-  const std::string out = temp_path("trajectories");
-  if (world_rank() == 0) std::filesystem::remove_all(out);
+  const std::string runs = temp_path("trajectories"), out = runs + "/pd";
+  if (world_rank() == 0) std::filesystem::remove_all(runs);
   MPI_Barrier(MPI_COMM_WORLD);
   const Deck d = parse_deck(tiny_deck({"run.steps=4", "parallel.holders=2",
                                        "output.trajectory_every=2", "checkpoint.every=1",
@@ -69,6 +71,12 @@ TEST(Trajectories, HoldersRowsEqualNormsFromCheckpoints) {
       }
   }
   for (const auto& [key, row] : rows) EXPECT_TRUE(key.first == 2 || key.first == 4) << key.first;
+  summarize_runs(runs);
+  std::ifstream svg(runs + "/trajectories-pd.svg");
+  const std::string text{std::istreambuf_iterator<char>(svg), {}};
+  std::size_t curves = 0;
+  for (std::size_t at = 0; (at = text.find("<polyline", at)) != std::string::npos; ++at) ++curves;
+  EXPECT_EQ(curves, 16u) << "one curve per llm.c tensor";
 }
 
 }  // namespace
