@@ -93,16 +93,22 @@ class HfInit : public ::testing::Test {
   void SetUp() override {
     if (world_rank() != 0) GTEST_SKIP() << "one-rank test";
   }
+  // The llm.c fixture, its parameters, and its export to the Hugging Face directory `name`
+  // (llm.c file -> pdtrain checkpoint -> hf).
+  void export_fixture(const std::string& name) {
+    llmc = llmc_fixture(cat);
+    read_llmc_params(llmc, cat, canonical);
+    hf = temp(name);
+    std::filesystem::remove_all(hf);
+    export_hf(checkpoint_of(cat, canonical, temp("ckpt-" + name)), hf);
+  }
   const ParamCatalog cat{resolve_model_shape(parse_deck(kModel, "t.toml", {}).model)};
+  std::string llmc, hf;
+  std::vector<float> canonical;
 };
 
 TEST_F(HfInit, LlmcToHfToLlmcIsByteIdentical) {
-  const std::string llmc = llmc_fixture(cat);
-  std::vector<float> canonical;
-  read_llmc_params(llmc, cat, canonical);
-  const std::string hf = temp("roundtrip-hf");
-  std::filesystem::remove_all(hf);
-  export_hf(checkpoint_of(cat, canonical, temp("ckpt-a")), hf);
+  export_fixture("roundtrip-hf");
   std::vector<float> back;
   read_hf_params(hf, cat, back);
   const std::string out = temp("roundtrip.bin");
@@ -113,12 +119,7 @@ TEST_F(HfInit, LlmcToHfToLlmcIsByteIdentical) {
 }
 
 TEST_F(HfInit, DirectoryIsTheModel) {
-  const std::string llmc = llmc_fixture(cat);
-  std::vector<float> canonical;
-  read_llmc_params(llmc, cat, canonical);
-  const std::string hf = temp("model-hf");
-  std::filesystem::remove_all(hf);
-  export_hf(checkpoint_of(cat, canonical, temp("ckpt-c")), hf);
+  export_fixture("model-hf");
   // The default deck (2 layers, 4 heads, 64 channels, 64 tokens) takes the file's shape;
   // seq_len 64 is cut to the file's 12 positions.
   const Eval from_hf = eval_default_deck({"model.init=hf:" + hf});
@@ -130,12 +131,7 @@ TEST_F(HfInit, DirectoryIsTheModel) {
 }
 
 TEST_F(HfInit, ConflictingDeckKeyNamesBoth) {
-  const std::string llmc = llmc_fixture(cat);
-  std::vector<float> canonical;
-  read_llmc_params(llmc, cat, canonical);
-  const std::string hf = temp("conflict-hf");
-  std::filesystem::remove_all(hf);
-  export_hf(checkpoint_of(cat, canonical, temp("ckpt-d")), hf);
+  export_fixture("conflict-hf");
   try {
     eval_default_deck({"model.init=hf:" + hf, "model.n_layer=2"});
     FAIL() << "expected an error";
