@@ -126,9 +126,10 @@ const std::vector<std::string> kFullDeck = {
     "dir = \"/scratch/ckpt\"",           // 68
     "[output]",                          // 69
     "trace = true",                      // 70
-    "[compute]",                         // 71
-    "device = \"cuda\"",                 // 72
-    "tf32 = true",                       // 73
+    "trajectory_every = 25",             // 71
+    "[compute]",                         // 72
+    "device = \"cuda\"",                 // 73
+    "tf32 = true",                       // 74
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -206,6 +207,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.parallel.schedule, "gpipe");
   EXPECT_EQ(d.parallel.order, "layer");
   EXPECT_TRUE(d.output.trace);
+  EXPECT_EQ(d.output.trajectory_every, 25);
   EXPECT_EQ(d.pd.fetch_codec, "bf16");
   EXPECT_EQ(d.pd.push_codec, "zstd");
   EXPECT_EQ(d.pd.staleness, 2);
@@ -619,8 +621,8 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 
 TEST(DeckSchema, CoversEveryDeckField) {
   // 5 run + 9 model + 6 data + 7 parallel + 10 train + 2 compute + 8 optimizer + 8 pd +
-  // 6 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 62u);
+  // 6 checkpoint + 2 output fields.
+  EXPECT_EQ(deck::schema().size(), 63u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;
