@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 
 #include "pdtrain/core/collectives.hpp"
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/rng.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
@@ -72,6 +75,61 @@ std::vector<std::int32_t> generate(const ParamCatalog& cat, const std::vector<fl
     out.push_back(next);
   }
   return out;
+}
+
+std::string tokens_text(const std::vector<std::int32_t>& tokens, bool bytes) {
+  std::string text;
+  for (std::int32_t t : tokens)
+    text += bytes ? std::string(1, static_cast<char>(t))
+                  : (text.empty() ? "" : " ") + std::to_string(t);
+  return text;
+}
+
+HolderHooks with_training_samples(HolderHooks hooks, const Deck& deck, const ParamCatalog& cat,
+                                  MPI_Comm holders) {
+  if (deck.train.sample_every <= 0) return hooks;
+  if (cat.total_numel() > std::numeric_limits<int>::max())  // one MPI_Gatherv of int counts
+    throw Error(ExitCode::deck, deck.where("train.sample_every") +
+                                    ": the model is too large to gather for samples during "
+                                    "training; sample its checkpoints with pdtrain sample");
+  const std::int64_t every = deck.train.sample_every;
+  const bool bytes = deck.data.source == "text";
+  SampleSettings settings;
+  settings.tokens = 64;
+  settings.seed = static_cast<std::uint64_t>(deck.run.seed);
+  auto inner = hooks.after_update;
+  hooks.after_update = [inner, every, bytes, settings, &cat, holders](
+                           std::int64_t version, const HolderHooks::BlocksGetter& get) {
+    if (version % every == 0) {
+      std::vector<float> mine;  // this holder's blocks, in block order
+      for (const auto& [id, state] : get()) mine.insert(mine.end(), state->param.begin(), state->param.end());
+      int rank = 0, size = 0;
+      MPI_CHECK(MPI_Comm_rank(holders, &rank));
+      MPI_CHECK(MPI_Comm_size(holders, &size));
+      const int n = static_cast<int>(mine.size());
+      std::vector<int> counts(static_cast<std::size_t>(size)), offsets(counts.size(), 0);
+      MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, holders));
+      for (int h = 1; h < size; ++h) offsets[h] = offsets[h - 1] + counts[h - 1];
+      std::vector<float> packed(rank == 0 ? static_cast<std::size_t>(cat.total_numel()) : 0);
+      MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_FLOAT, packed.data(), counts.data(),
+                            offsets.data(), MPI_FLOAT, 0, holders));
+      if (rank == 0) {
+        std::vector<float> canonical(packed.size());
+        std::int64_t at = 0;
+        for (const BlockInfo& b : cat.blocks()) {
+          cat.scatter_block(b, packed.data() + at, canonical.data());
+          at += b.numel();
+        }
+        const std::int32_t start = bytes ? '\n' : cat.shape().vocab_size == 50257 ? 50256 : 0;
+        const auto out = generate(cat, canonical, {start}, settings);
+        std::printf("sample at step %lld: %s\n", static_cast<long long>(version),
+                    tokens_text(out, bytes).c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (inner) inner(version, get);
+  };
+  return hooks;
 }
 
 }  // namespace pdtrain

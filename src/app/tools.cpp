@@ -97,13 +97,13 @@ void sample_checkpoint(const SampleCommand& c) {
   std::unique_ptr<LlmcTokenizer> tokenizer;
   if (!c.tokenizer.empty()) tokenizer = std::make_unique<LlmcTokenizer>(c.tokenizer);
   const std::vector<std::int32_t> out = generate(p.catalog, p.canonical, context, c.settings);
+  std::vector<std::int32_t> all = context;
+  all.insert(all.end(), out.begin(), out.end());
   std::string text;
-  for (const std::vector<std::int32_t>* part : {&context, &out})
-    for (std::int32_t t : *part) {
-      if (bytes) text += static_cast<char>(t);
-      else if (tokenizer) text += tokenizer->decode(t);
-      else text += (text.empty() ? "" : " ") + std::to_string(t);
-    }
+  if (tokenizer && !bytes)
+    for (std::int32_t t : all) text += tokenizer->decode(t);
+  else
+    text = tokens_text(all, bytes);
   std::printf("%s\n", text.c_str());
   std::fflush(stdout);
 }

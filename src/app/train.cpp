@@ -13,6 +13,7 @@
 
 #include "pdtrain/app/checkpointing.hpp"
 #include "pdtrain/app/model_init.hpp"
+#include "pdtrain/app/sample.hpp"
 #include "pdtrain/app/trajectories.hpp"
 #include "pdtrain/app/compute_device.hpp"
 #include "pdtrain/app/compute_loop.hpp"
@@ -294,9 +295,11 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
   if (training) {
     writer = make_writer(deck, *setup.catalog, layout.holders_comm());
     const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
-    server.set_hooks(with_trajectories(
-        checkpoint_hooks(*writer, deck, layout_text(setup.shape), tokens_per_step,
-                         opts.verbose && layout.holder_index() == 0),
+    server.set_hooks(with_training_samples(
+        with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
+                                           tokens_per_step,
+                                           opts.verbose && layout.holder_index() == 0),
+                          deck, *setup.catalog, layout.holders_comm()),
         deck, *setup.catalog, layout.holders_comm()));
   }
   server.run();
@@ -320,9 +323,11 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
     if (training && layout.compute_index() == 0) {  // one replica writes for all
       writer = make_writer(deck, *setup.catalog, MPI_COMM_SELF);
       const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
-      replica->set_hooks(with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
-                                                            tokens_per_step, opts.verbose),
-                                           deck, *setup.catalog, MPI_COMM_SELF));
+      replica->set_hooks(with_training_samples(
+          with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
+                                             tokens_per_step, opts.verbose),
+                            deck, *setup.catalog, MPI_COMM_SELF),
+          deck, *setup.catalog, MPI_COMM_SELF));
     }
     service = std::move(replica);
   } else {

@@ -162,6 +162,11 @@ std::vector<KeySpec> build_schema() {
           "Validate every N steps and at the end; 0: at the end only.")
           .at_least(0)
           .at_most(kMaxCount(40)),
+      key(&D::train, &TrainConfig::sample_every, "train.sample_every",
+          "Every N steps, print 64 tokens sampled from the model (temperature 1, seed run.seed; "
+          "holder 0 gathers the parameters, as llm.c samples during training); 0: never.")
+          .at_least(0)
+          .at_most(kMaxCount(40)),
       key(&D::train, &TrainConfig::eval_batches, "train.eval_batches",
           "Validation batches of train.batch_size sequences each.")
           .at_least(1)

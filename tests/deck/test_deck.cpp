@@ -91,45 +91,46 @@ const std::vector<std::string> kFullDeck = {
     "[train]",                           // 33
     "batch_size = 64",                   // 34
     "eval_every = 0",                    // 35
-    "eval_batches = 10",                 // 36
-    "recompute = \"full\"",               // 37
-    "precision = \"bf16\"",               // 38
-    "on_divergence = \"rewind\"",        // 39
-    "rewind_lr_factor = 0.25",           // 40
-    "max_rewinds = 2",                   // 41
-    "loss_spike_factor = 4.0",           // 42
-    "loss_spike_window = 8",             // 43
-    "[optimizer]",                       // 44
-    "lr = 6e-4",                         // 45
-    "min_lr = 6e-5",                     // 46
-    "warmup_steps = 700",                // 47
-    "weight_decay = 0.0",                // 48
-    "grad_clip = 0.5",                   // 49
-    "beta1 = 0.85",                      // 50
-    "beta2 = 0.999",                     // 51
-    "eps = 1e-6",                        // 52
-    "[pd]",                              // 53
-    "fetch_codec = \"bf16\"",             // 54
-    "push_codec = \"zstd\"",              // 55
-    "staleness = 2",                     // 56
-    "prefetch_depth = 3",                // 57
-    "cache_mb = 64.5",                   // 58
-    "fetch_thread = true",               // 59
-    "cache_warm_steps = 7",              // 60
-    "holder_threads = 2",                // 61
-    "[checkpoint]",                      // 62
-    "every = 100",                       // 63
-    "codec = \"xor\"",                   // 64
-    "anchor_every = 5",                  // 65
-    "keep = 2",                          // 66
-    "async = true",                      // 67
-    "dir = \"/scratch/ckpt\"",           // 68
-    "[output]",                          // 69
-    "trace = true",                      // 70
-    "trajectory_every = 25",             // 71
-    "[compute]",                         // 72
-    "device = \"cuda\"",                 // 73
-    "tf32 = true",                       // 74
+    "sample_every = 5",                  // 36
+    "eval_batches = 10",                 // 37
+    "recompute = \"full\"",               // 38
+    "precision = \"bf16\"",               // 39
+    "on_divergence = \"rewind\"",        // 40
+    "rewind_lr_factor = 0.25",           // 41
+    "max_rewinds = 2",                   // 42
+    "loss_spike_factor = 4.0",           // 43
+    "loss_spike_window = 8",             // 44
+    "[optimizer]",                       // 45
+    "lr = 6e-4",                         // 46
+    "min_lr = 6e-5",                     // 47
+    "warmup_steps = 700",                // 48
+    "weight_decay = 0.0",                // 49
+    "grad_clip = 0.5",                   // 50
+    "beta1 = 0.85",                      // 51
+    "beta2 = 0.999",                     // 52
+    "eps = 1e-6",                        // 53
+    "[pd]",                              // 54
+    "fetch_codec = \"bf16\"",             // 55
+    "push_codec = \"zstd\"",              // 56
+    "staleness = 2",                     // 57
+    "prefetch_depth = 3",                // 58
+    "cache_mb = 64.5",                   // 59
+    "fetch_thread = true",               // 60
+    "cache_warm_steps = 7",              // 61
+    "holder_threads = 2",                // 62
+    "[checkpoint]",                      // 63
+    "every = 100",                       // 64
+    "codec = \"xor\"",                   // 65
+    "anchor_every = 5",                  // 66
+    "keep = 2",                          // 67
+    "async = true",                      // 68
+    "dir = \"/scratch/ckpt\"",           // 69
+    "[output]",                          // 70
+    "trace = true",                      // 71
+    "trajectory_every = 25",             // 72
+    "[compute]",                         // 73
+    "device = \"cuda\"",                 // 74
+    "tf32 = true",                       // 75
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -200,7 +201,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:52");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:53");
   EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
@@ -208,6 +209,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.parallel.order, "layer");
   EXPECT_TRUE(d.output.trace);
   EXPECT_EQ(d.output.trajectory_every, 25);
+  EXPECT_EQ(d.train.sample_every, 5);
   EXPECT_EQ(d.pd.fetch_codec, "bf16");
   EXPECT_EQ(d.pd.push_codec, "zstd");
   EXPECT_EQ(d.pd.staleness, 2);
@@ -620,9 +622,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 10 train + 2 compute + 8 optimizer + 8 pd +
+  // 5 run + 9 model + 6 data + 7 parallel + 11 train + 2 compute + 8 optimizer + 8 pd +
   // 6 checkpoint + 2 output fields.
-  EXPECT_EQ(deck::schema().size(), 63u);
+  EXPECT_EQ(deck::schema().size(), 64u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

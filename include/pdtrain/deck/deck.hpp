@@ -60,6 +60,7 @@ struct ParallelConfig {
 struct TrainConfig {
   std::int64_t batch_size = 8;     // sequences per optimizer step, global
   std::int64_t eval_every = 50;    // validation every N steps (and at the end); 0: end only
+  std::int64_t sample_every = 0;   // > 0: print a short sample of the model every N steps
   std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
   std::string recompute = "none";  // none | attention | full (activation recomputation)
   std::string precision = "fp32";  // fp32 | bf16 (bf16 matmuls, fp32 master weights)
