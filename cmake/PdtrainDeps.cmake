@@ -3,6 +3,7 @@
 
 find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(toml11 REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)  # safetensors headers and config.json (interop/)
 find_package(GTest)
 
 # --- Kokkos: a standalone Kokkos >= 4 (OpenMP/CUDA, clusters) through Kokkos::kokkos;

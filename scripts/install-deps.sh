@@ -10,7 +10,7 @@ PACKAGES=(
   libtrilinos-kokkos-dev
   libhdf5-openmpi-dev hdf5-tools
   libzstd-dev liblz4-dev
-  libtoml11-dev
+  libtoml11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev
   libisal-dev

@@ -3,6 +3,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <cstdlib>
@@ -37,6 +38,9 @@ const char* kUsage =
     "       pdtrain summarize runs/<name>\n"
     "       pdtrain inspect CHECKPOINT.h5\n"
     "       pdtrain export CHECKPOINT.h5 --format llmc OUT.bin\n"
+    "       pdtrain export CHECKPOINT.h5 --format hf OUT_DIR\n"
+    "       pdtrain sample CHECKPOINT.h5 [--tokens N] [--prompt TEXT] [--temperature T]\n"
+    "                      [--seed S] [--tokenizer gpt2_tokenizer.bin]\n"
     "\n"
     "Trains a GPT-2 model. Without DECK, runs the embedded default deck (input/default.toml).\n"
     "Launch with MPI, e.g.  mpirun -np 3 pdtrain   (1 parameter holder + 2 compute ranks).\n"
@@ -44,6 +48,11 @@ const char* kUsage =
     "eval: the mean loss of the initial model (model.init) over the first N consecutive,\n"
     "      non-overlapping windows of data.path, each train.batch_size x model.seq_len tokens\n"
     "      with targets shifted by one (llm.c's validation loss).\n"
+    "\n"
+    "sample: N new tokens (default 256) of the checkpoint's model on one process, drawn from\n"
+    "      softmax(logits / T) (default 1; 0: greedy) with seed S. A model trained on text takes\n"
+    "      and prints text; one trained on token shards takes token ids (\"464 3290\") and\n"
+    "      prints ids, or text decoded with llm.c's tokenizer file.\n"
     "\n"
     "  --set k=v             override a deck key (checked like the deck), repeatable\n"
     "  --dry-run             print each rank's role, coordinates and blocks, then exit\n"
@@ -71,8 +80,9 @@ struct CommandLine {
   long long stop_after = 0;
   bool list_sweep = false;
   std::string summarize_dir;
-  std::vector<std::string> files;  // inspect: checkpoint; export: checkpoint, output
+  std::vector<std::string> files;  // inspect: checkpoint; export: checkpoint, format, output
   std::vector<std::string> sets;
+  pdtrain::SampleCommand sample;
   bool dry_run = false, help = false, version = false, print_default = false;
   bool print_reference = false;
   pdtrain::plan::PlanOptions plan;  // plan: --machine, --nodes, --ranks, --search, --calibrate
@@ -110,6 +120,46 @@ bool parse_plan_option(int argc, char** argv, int& i, pdtrain::plan::PlanOptions
   return true;
 }
 
+// A floating-point option value of at least 0.
+double nonnegative_value(const std::string& option, const char* text) {
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (*end != '\0' || !(v >= 0) || !std::isfinite(v))
+    throw pdtrain::Error(pdtrain::ExitCode::deck,
+                         option + " must be a number >= 0, got '" + text + "'");
+  return v;
+}
+
+// pdtrain sample CHECKPOINT [--tokens N] [--prompt TEXT] [--temperature T] [--seed S]
+// [--tokenizer FILE]
+pdtrain::SampleCommand parse_sample(int argc, char** argv) {
+  const char* usage =
+      "usage: pdtrain sample CHECKPOINT.h5 [--tokens N] [--prompt TEXT] [--temperature T] "
+      "[--seed S] [--tokenizer FILE]";
+  if (argc < 3 || argv[2][0] == '-') throw pdtrain::Error(pdtrain::ExitCode::deck, usage);
+  pdtrain::SampleCommand s;
+  s.checkpoint = argv[2];
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--tokens") {
+      s.settings.tokens = integer_value(a, option_value(argc, argv, i, "a count"), 1, "a positive integer");
+    } else if (a == "--prompt") {
+      s.prompt = option_value(argc, argv, i, "TEXT");
+      s.has_prompt = true;
+    } else if (a == "--temperature") {
+      s.settings.temperature = nonnegative_value(a, option_value(argc, argv, i, "T"));
+    } else if (a == "--seed") {
+      s.settings.seed = static_cast<std::uint64_t>(
+          integer_value(a, option_value(argc, argv, i, "S"), 0, "an integer >= 0"));
+    } else if (a == "--tokenizer") {
+      s.tokenizer = option_value(argc, argv, i, "FILE");
+    } else {
+      throw pdtrain::Error(pdtrain::ExitCode::deck, "unknown option '" + a + "'; " + usage);
+    }
+  }
+  return s;
+}
+
 CommandLine parse_command_line(int argc, char** argv) {
   CommandLine c;
   int first = 1;
@@ -127,12 +177,19 @@ CommandLine parse_command_line(int argc, char** argv) {
     c.files = {argv[2]};
     return c;
   }
+  if (argc > 1 && std::string(argv[1]) == "sample") {
+    c.command = "sample";
+    c.sample = parse_sample(argc, argv);
+    return c;
+  }
   if (argc > 1 && std::string(argv[1]) == "export") {
-    if (argc != 6 || std::string(argv[3]) != "--format" || std::string(argv[4]) != "llmc")
+    const std::string format = argc == 6 ? argv[4] : "";
+    if (argc != 6 || std::string(argv[3]) != "--format" || (format != "llmc" && format != "hf"))
       throw pdtrain::Error(pdtrain::ExitCode::deck,
-                           "usage: pdtrain export CHECKPOINT.h5 --format llmc OUT.bin");
+                           "usage: pdtrain export CHECKPOINT.h5 --format llmc OUT.bin | "
+                           "--format hf OUT_DIR");
     c.command = "export";
-    c.files = {argv[2], argv[5]};
+    c.files = {argv[2], format, argv[5]};
     return c;
   }
   for (int i = first; i < argc; ++i) {
@@ -193,7 +250,7 @@ void choose_blas_threads() {
 // point per task). With --list-sweep, fills `listing` with the numbered points instead.
 pdtrain::Deck load(const CommandLine& cl, std::string* listing) {
   const bool file = !cl.deck_path.empty();
-  const std::string name = file ? cl.deck_path : "<default deck>";
+  const std::string name = file ? cl.deck_path : pdtrain::kDefaultDeckName;
   const std::string text = file ? pdtrain::read_deck_text(cl.deck_path)
                                 : std::string(pdtrain::default_deck_text());
   pdtrain::Deck deck = pdtrain::parse_deck(text, name, cl.sets);  // checks syntax and keys
@@ -224,6 +281,19 @@ pdtrain::Deck load(const CommandLine& cl, std::string* listing) {
   return pdtrain::sweep_point_deck(text, name, cl.sets, sweep, static_cast<std::size_t>(index));
 }
 
+// A model evaluated by one process runs as the single-rank replicated baseline whatever layout
+// the deck trains with: the loss does not depend on the layout (up to summation order), and a
+// deck written for a parallel job then works as it is.
+void run_as_one_process(pdtrain::Deck& d) {
+  const char* why = "one process";
+  for (const char* key : {"parallel.holders", "parallel.dp", "parallel.tp", "parallel.pp"})
+    d.origin[key] = why;
+  d.parallel.holders = 0;
+  d.parallel.dp = 0;
+  d.parallel.tp = 1;
+  d.parallel.pp = 1;
+}
+
 int run(int argc, char** argv, int rank) {
   CommandLine cl;
   pdtrain::Deck deck;
@@ -235,15 +305,23 @@ int run(int argc, char** argv, int rank) {
     } else if (cl.command == "inspect") {
       if (rank == 0) pdtrain::inspect_checkpoint(cl.files[0]);
     } else if (cl.command == "export") {
-      if (rank == 0) pdtrain::export_llmc(cl.files[0], cl.files[1]);
+      if (rank == 0 && cl.files[1] == "llmc") pdtrain::export_llmc(cl.files[0], cl.files[2]);
+      if (rank == 0 && cl.files[1] == "hf") pdtrain::export_hf(cl.files[0], cl.files[2]);
+    } else if (cl.command == "sample") {
+      if (rank == 0) pdtrain::sample_checkpoint(cl.sample);
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
       if (cl.plan.calibrate.empty()) deck = load(cl, &listing);
       cl.plan.pd_grad_bytes = pdtrain::pd_grad_bound;  // the streamer's exact bound
       if (cl.command == "plan") pdtrain::plan::run_plan(deck, cl.plan, MPI_COMM_WORLD);
+      int size = 0;
+      MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+      if (cl.command == "eval" && size == 1) run_as_one_process(deck);
     }
   });
   if (cl.command == "plan" && !cl.help && !cl.list_sweep) return 0;
-  if (cl.command == "summarize" || cl.command == "inspect" || cl.command == "export") return 0;
+  if (cl.command == "summarize" || cl.command == "inspect" || cl.command == "export" ||
+      cl.command == "sample")
+    return 0;
   if (cl.list_sweep) {
     if (rank == 0) std::fputs(listing.c_str(), stdout);
     return 0;

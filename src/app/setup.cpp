@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "pdtrain/app/model_init.hpp"
 #include "pdtrain/app/stage_cache.hpp"
 #include "pdtrain/core/checked_int.hpp"
 #include "pdtrain/core/crc32c.hpp"
@@ -19,7 +20,6 @@
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/deck/schema.hpp"
 #include "pdtrain/layout/placement.hpp"
-#include "pdtrain/model/llmc_format.hpp"
 #include "pdtrain/pd/param_cache.hpp"
 
 namespace pdtrain {
@@ -41,21 +41,13 @@ data::SourceSpec source_spec(const Deck& d) {
   return s;
 }
 
-std::string llmc_init_path(const Deck& d) {
-  return d.model.init.rfind("llmc:", 0) == 0 ? d.model.init.substr(5) : std::string();
-}
-
-// The deck's model, completed by the header of an llm.c init file (its position table and
-// padded vocabulary when the deck leaves them 0) and checked against it.
+// The deck's model. run_training completed it from model.init's file (with_model_of_init);
+// the check keeps a caller that did not from building stages of another shape than the file's.
 ModelShape model_shape(const Deck& d) {
-  ModelShape s = resolve_model_shape(d.model);
-  const std::string path = llmc_init_path(d);
-  if (path.empty()) return s;
-  const LlmcHeader h = read_llmc_header(path);
-  if (d.model.max_seq_len == 0) s.max_seq_len = h.max_seq_len;
-  if (d.model.padded_vocab_size == 0) s.padded_vocab = h.padded_vocab_size;
-  check_llmc_shape(h, s, path);
-  return s;
+  if (!(with_model_of_init(d).model == d.model))
+    throw Error(ExitCode::runtime, "make_setup: the deck's model was not completed from " +
+                                       d.model.init + " (with_model_of_init)");
+  return resolve_model_shape(d.model);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,11 +199,11 @@ BlockTable block_table(const ParamCatalog& cat, const Deck& d) {
     t.blocks.push_back(BlockDesc{b.numel(), cat.tensor(b.tensor).weight_decay, cat.block_name(b)});
   const double init_std = d.model.init_std;
   const auto seed = static_cast<std::uint64_t>(d.run.seed);
-  if (const std::string path = llmc_init_path(d); !path.empty()) {
+  if (const InitFile init = init_file(d); init.kind != InitFile::Kind::none) {
     // Read once per process, on the first block asked for (only ranks that hold parameters).
     auto canonical = std::make_shared<std::vector<float>>();
-    t.init = [&cat, path, canonical](int id, float* out) {
-      if (canonical->empty()) read_llmc_params(path, cat, *canonical);
+    t.init = [&cat, init, canonical](int id, float* out) {
+      if (canonical->empty()) read_init_params(init, cat, *canonical);
       cat.gather_block(cat.block(id), canonical->data(), out);
     };
   } else {

@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "pdtrain/app/checkpointing.hpp"
+#include "pdtrain/app/model_init.hpp"
+#include "pdtrain/app/sample.hpp"
+#include "pdtrain/app/trajectories.hpp"
 #include "pdtrain/app/compute_device.hpp"
 #include "pdtrain/app/compute_loop.hpp"
 #include "pdtrain/app/report.hpp"
@@ -76,7 +79,8 @@ void rewind(Deck& deck, RunOptions& opts, const Error& divergence, std::int64_t 
 // before that step, with a lower learning rate and the step's batch skipped: all of it follows
 // from the deck, so a rewound run is reproducible.
 TrainResult run_training(const Deck& deck, MPI_Comm job, const RunOptions& opts) {
-  Deck d = deck;
+  Deck d;
+  run_collectively(job, ErrorScope::job, [&] { d = with_model_of_init(deck); });
   RunOptions o = opts;
   for (std::int64_t rewinds = 0;; ++rewinds) {
     std::int64_t diverged_step = 0;
@@ -263,6 +267,16 @@ void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_C
   });
 }
 
+// The holders' hooks, recording parameter trajectories too when the deck asks for them.
+HolderHooks with_trajectories(HolderHooks hooks, const Deck& deck, const ParamCatalog& cat,
+                              MPI_Comm holders) {
+  if (deck.output.trajectory_every <= 0) return hooks;
+  return TrajectoryRecorder::with_trajectories(
+      std::move(hooks), std::make_shared<TrajectoryRecorder>(cat, deck.output.trajectory_every,
+                                                             holders,
+                                                             deck.run.out_dir + "/trajectories.csv"));
+}
+
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
 // compute rank is done. Returns why training diverged, if the holders saw it.
 std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
@@ -283,8 +297,12 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
   if (training) {
     writer = make_writer(deck, *setup.catalog, layout.holders_comm());
     const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
-    server.set_hooks(checkpoint_hooks(*writer, deck, layout_text(setup.shape), tokens_per_step,
-                                      opts.verbose && layout.holder_index() == 0));
+    server.set_hooks(with_training_samples(
+        with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
+                                           tokens_per_step,
+                                           opts.verbose && layout.holder_index() == 0),
+                          deck, *setup.catalog, layout.holders_comm()),
+        deck, *setup.catalog, layout.holders_comm()));
   }
   server.run();
   return server.divergence();
@@ -307,8 +325,11 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
     if (training && layout.compute_index() == 0) {  // one replica writes for all
       writer = make_writer(deck, *setup.catalog, MPI_COMM_SELF);
       const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
-      replica->set_hooks(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
-                                          tokens_per_step, opts.verbose));
+      replica->set_hooks(with_training_samples(
+          with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
+                                             tokens_per_step, opts.verbose),
+                            deck, *setup.catalog, MPI_COMM_SELF),
+          deck, *setup.catalog, MPI_COMM_SELF));
     }
     service = std::move(replica);
   } else {

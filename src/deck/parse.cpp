@@ -322,12 +322,16 @@ const std::vector<CrossRule>& cross_rules() {
        }},
       {"model.init", "model.init",
        [](const Deck& d) {
-         return d.model.init.empty() || (d.model.init.rfind("llmc:", 0) == 0 && d.model.init.size() > 5);
+         const std::string& i = d.model.init;
+         return i.empty() || (i.rfind("llmc:", 0) == 0 && i.size() > 5) ||
+                (i.rfind("hf:", 0) == 0 && i.size() > 3);
        },
        [](const Deck& d) {
-         return "must be empty (random) or llmc:PATH, got " + val(d, "model.init");
+         return "must be empty (random), llmc:PATH or hf:DIR, got " + val(d, "model.init");
        },
-       [](const Deck& d) { return "must be empty or llmc:PATH, got " + val(d, "model.init"); }},
+       [](const Deck& d) {
+         return "must be empty, llmc:PATH or hf:DIR, got " + val(d, "model.init");
+       }},
       // bf16 precision puts bf16 weights on the wire; lz4 would recompress float bytes.
       {"pd.fetch_codec", "train.precision",
        [](const Deck& d) { return d.train.precision != "bf16" || d.pd.fetch_codec != "lz4"; },
@@ -403,6 +407,8 @@ struct FileCloser {
 };
 
 }  // namespace
+
+void check_deck_rules(const Deck& deck) { check_cross_rules(deck); }
 
 namespace deck {
 

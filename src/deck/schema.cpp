@@ -93,9 +93,12 @@ std::vector<KeySpec> build_schema() {
           "Standard deviation of the normal weight initialization.")
           .above(0),
       key(&D::model, &ModelConfig::init, "model.init",
-          "Initial weights: empty for random (model.init_std), or llmc:PATH for an llm.c GPT-2 "
-          "checkpoint (its max_seq_len and padded vocabulary are taken when the deck's are 0).")
-          .with_rule("empty or llmc:PATH"),
+          "Initial weights: empty for random (model.init_std), llmc:PATH for an llm.c GPT-2 "
+          "checkpoint, or hf:DIR for a Hugging Face GPT-2 directory (config.json and "
+          "model.safetensors, as save_pretrained writes them). The file is the model: model "
+          "keys the deck leaves at their defaults take the file's values (model.seq_len at most "
+          "its positions); a key the deck sets to another value is an error naming both.")
+          .with_rule("empty, llmc:PATH or hf:DIR"),
 
       key(&D::data, &DataConfig::source, "data.source",
           "Training data: the built-in synthetic copy task, a text file, or a token file.")
@@ -157,6 +160,11 @@ std::vector<KeySpec> build_schema() {
           .at_most(kMaxCount(30)),
       key(&D::train, &TrainConfig::eval_every, "train.eval_every",
           "Validate every N steps and at the end; 0: at the end only.")
+          .at_least(0)
+          .at_most(kMaxCount(40)),
+      key(&D::train, &TrainConfig::sample_every, "train.sample_every",
+          "Every N steps, print 64 tokens sampled from the model (temperature 1, seed run.seed; "
+          "holder 0 gathers the parameters, as llm.c samples during training); 0: never.")
           .at_least(0)
           .at_most(kMaxCount(40)),
       key(&D::train, &TrainConfig::eval_batches, "train.eval_batches",
@@ -338,6 +346,12 @@ std::vector<KeySpec> build_schema() {
 
       key(&D::output, &OutputConfig::trace, "output.trace",
           "Write a Chrome trace per rank (OUT/trace/rank-<r>.json) and a merged one."),
+      key(&D::output, &OutputConfig::trajectory_every, "output.trajectory_every",
+          "Parameter trajectories: every N steps, each tensor's (per layer) parameter norm, update "
+          "norm and update-to-weight ratio into OUT/trajectories.csv, computed by the holders "
+          "that own its blocks; 0: none.")
+          .at_least(0)
+          .at_most(kMaxCount(40)),
   };
 }
 

@@ -91,48 +91,50 @@ const std::vector<std::string> kFullDeck = {
     "[train]",                           // 33
     "batch_size = 64",                   // 34
     "eval_every = 0",                    // 35
-    "eval_batches = 10",                 // 36
-    "recompute = \"full\"",               // 37
-    "precision = \"bf16\"",               // 38
-    "on_divergence = \"rewind\"",        // 39
-    "rewind_lr_factor = 0.25",           // 40
-    "max_rewinds = 2",                   // 41
-    "loss_spike_factor = 4.0",           // 42
-    "loss_spike_window = 8",             // 43
-    "[optimizer]",                       // 44
-    "lr = 6e-4",                         // 45
-    "min_lr = 6e-5",                     // 46
-    "warmup_steps = 700",                // 47
-    "weight_decay = 0.0",                // 48
-    "grad_clip = 0.5",                   // 49
-    "beta1 = 0.85",                      // 50
-    "beta2 = 0.999",                     // 51
-    "eps = 1e-6",                        // 52
-    "[pd]",                              // 53
-    "fetch_codec = \"bf16\"",             // 54
-    "push_codec = \"zstd\"",              // 55
-    "staleness = 2",                     // 56
-    "prefetch_depth = 3",                // 57
-    "cache_mb = 64.5",                   // 58
-    "fetch_thread = true",               // 59
-    "cache_warm_steps = 7",              // 60
-    "holder_threads = 2",                // 61
-    "staleness_warmup = 50",             // 62
-    "stale_correction = \"none\"",       // 63
-    "[checkpoint]",                      // 64
-    "every = 100",                       // 65
-    "codec = \"xor\"",                   // 66
-    "anchor_every = 5",                  // 67
-    "keep = 2",                          // 68
-    "async = true",                      // 69
-    "dir = \"/scratch/ckpt\"",           // 70
-    "bitdelta_bits = 3",                 // 71
-    "moment_bits = 5",                   // 72
-    "[output]",                          // 73
-    "trace = true",                      // 74
-    "[compute]",                         // 75
-    "device = \"cuda\"",                 // 76
-    "tf32 = true",                       // 77
+    "sample_every = 5",                  // 36
+    "eval_batches = 10",                 // 37
+    "recompute = \"full\"",              // 38
+    "precision = \"bf16\"",              // 39
+    "on_divergence = \"rewind\"",        // 40
+    "rewind_lr_factor = 0.25",           // 41
+    "max_rewinds = 2",                   // 42
+    "loss_spike_factor = 4.0",           // 43
+    "loss_spike_window = 8",             // 44
+    "[optimizer]",                       // 45
+    "lr = 6e-4",                         // 46
+    "min_lr = 6e-5",                     // 47
+    "warmup_steps = 700",                // 48
+    "weight_decay = 0.0",                // 49
+    "grad_clip = 0.5",                   // 50
+    "beta1 = 0.85",                      // 51
+    "beta2 = 0.999",                     // 52
+    "eps = 1e-6",                        // 53
+    "[pd]",                              // 54
+    "fetch_codec = \"bf16\"",            // 55
+    "push_codec = \"zstd\"",             // 56
+    "staleness = 2",                     // 57
+    "prefetch_depth = 3",                // 58
+    "cache_mb = 64.5",                   // 59
+    "fetch_thread = true",               // 60
+    "cache_warm_steps = 7",              // 61
+    "holder_threads = 2",                // 62
+    "staleness_warmup = 50",             // 63
+    "stale_correction = \"none\"",       // 64
+    "[checkpoint]",                      // 65
+    "every = 100",                       // 66
+    "codec = \"xor\"",                   // 67
+    "anchor_every = 5",                  // 68
+    "keep = 2",                          // 69
+    "async = true",                      // 70
+    "dir = \"/scratch/ckpt\"",           // 71
+    "bitdelta_bits = 3",                 // 72
+    "moment_bits = 5",                   // 73
+    "[output]",                          // 74
+    "trace = true",                      // 75
+    "trajectory_every = 25",             // 76
+    "[compute]",                         // 77
+    "device = \"cuda\"",                 // 78
+    "tf32 = true",                       // 79
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -205,13 +207,15 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:52");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:53");
   EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
   EXPECT_EQ(d.parallel.order, "layer");
   EXPECT_TRUE(d.output.trace);
+  EXPECT_EQ(d.output.trajectory_every, 25);
+  EXPECT_EQ(d.train.sample_every, 5);
   EXPECT_EQ(d.pd.fetch_codec, "bf16");
   EXPECT_EQ(d.pd.push_codec, "zstd");
   EXPECT_EQ(d.pd.staleness, 2);
@@ -626,9 +630,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 10 train + 2 compute + 8 optimizer + 10 pd +
-  // 8 checkpoint + 1 output fields.
-  EXPECT_EQ(deck::schema().size(), 66u);
+  // 5 run + 9 model + 6 data + 7 parallel + 11 train + 2 compute + 8 optimizer + 10 pd +
+  // 8 checkpoint + 2 output fields.
+  EXPECT_EQ(deck::schema().size(), 68u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

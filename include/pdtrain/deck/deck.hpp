@@ -29,7 +29,7 @@ struct ModelConfig {
   std::int64_t seq_len = 64;
   std::int64_t max_seq_len = 0;  // rows of the position table; 0: seq_len
   double init_std = 0.02;
-  std::string init{};  // "" : random (init_std); "llmc:PATH": an llm.c GPT-2 checkpoint
+  std::string init{};  // "": random (init_std); "llmc:PATH": llm.c file; "hf:DIR": Hugging Face
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
@@ -60,6 +60,7 @@ struct ParallelConfig {
 struct TrainConfig {
   std::int64_t batch_size = 8;     // sequences per optimizer step, global
   std::int64_t eval_every = 50;    // validation every N steps (and at the end); 0: end only
+  std::int64_t sample_every = 0;   // > 0: print a short sample of the model every N steps
   std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
   std::string recompute = "none";  // none | attention | full (activation recomputation)
   std::string precision = "fp32";  // fp32 | bf16 (bf16 matmuls, fp32 master weights)
@@ -121,6 +122,7 @@ struct CheckpointConfig {
 
 struct OutputConfig {
   bool trace = false;  // Chrome trace JSON per rank (OUT/trace/rank-<r>.json) and merged
+  std::int64_t trajectory_every = 0;  // > 0: per-tensor norms every N steps (OUT/trajectories.csv)
   friend bool operator==(const OutputConfig&, const OutputConfig&) = default;
 };
 
@@ -155,14 +157,20 @@ struct Deck {
 Deck parse_deck(const std::string& text, const std::string& source_name,
                 const std::vector<std::string>& overrides);
 
+// The rules between keys (parse_deck checks them), checked again for a deck whose values were
+// completed after parsing (model.init's shape, app/model_init). Error(ExitCode::deck).
+void check_deck_rules(const Deck& deck);
+
 // The text of a deck file; Error(ExitCode::deck) naming it when unreadable.
 std::string read_deck_text(const std::string& path);
 
 // Reads the file (Error(ExitCode::deck) naming it when unreadable) and calls parse_deck.
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
 
-// The embedded default deck (input/default.toml compiled in).
+// The embedded default deck (input/default.toml compiled in), and its name in messages and
+// origins ("<default deck>:12").
 const char* default_deck_text();
+inline constexpr const char* kDefaultDeckName = "<default deck>";
 
 // True when two decks configure the same run: every key equal, origins and source ignored.
 bool same_settings(const Deck& a, const Deck& b);

@@ -84,6 +84,9 @@ class GptStage {
   // Device memory: the residual stream after the last layer [B*T*C], d(input) after backward.
   const float* output(int slot) const;
   const float* dinput() const { return acts_.grads.dresidual.data(); }
+  // Device memory: the last stage's logits of the forward in `slot`, [B*T rows, this rank's
+  // real vocabulary rows] (what a sampler reads; the loss has been taken from them already).
+  const float* logits(int slot) const { return acts_.slots[slot].logits.data(); }
   std::int64_t activation_numel() const { return dims_.B * dims_.T * dims_.C; }
   // Bytes of activations (all slots), backward scratch and loss ledger a stage allocates: the
   // same allocation plan the constructor follows (for --dry-run).
