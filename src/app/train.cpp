@@ -267,14 +267,18 @@ void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_C
   });
 }
 
-// The holders' hooks, recording parameter trajectories too when the deck asks for them.
+// The holders' hooks, recording parameter trajectories too when the deck asks for them. A
+// restarted run's recorder first sees the restored version (`restored`), as if it had just
+// been made, so the next recorded step has the parameters it changed from.
 HolderHooks with_trajectories(HolderHooks hooks, const Deck& deck, const ParamCatalog& cat,
-                              MPI_Comm holders) {
+                              MPI_Comm holders, const RestartPoint& restart,
+                              const HolderHooks::BlocksGetter& restored) {
   if (deck.output.trajectory_every <= 0) return hooks;
-  return TrajectoryRecorder::with_trajectories(
-      std::move(hooks), std::make_shared<TrajectoryRecorder>(cat, deck.output.trajectory_every,
-                                                             holders,
-                                                             deck.run.out_dir + "/trajectories.csv"));
+  auto recorder = std::make_shared<TrajectoryRecorder>(
+      cat, deck.output.trajectory_every, holders, deck.run.out_dir + "/trajectories.csv",
+      restart.version);
+  if (restart.version > 0) recorder->after_update(restart.version, restored);
+  return TrajectoryRecorder::with_trajectories(std::move(hooks), std::move(recorder));
 }
 
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
@@ -301,7 +305,8 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
         with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
                                            tokens_per_step,
                                            opts.verbose && layout.holder_index() == 0),
-                          deck, *setup.catalog, layout.holders_comm()),
+                          deck, *setup.catalog, layout.holders_comm(), restart,
+                          [&server] { return server.owned_blocks(); }),
         deck, *setup.catalog, layout.holders_comm()));
   }
   server.run();
@@ -328,7 +333,8 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
       replica->set_hooks(with_training_samples(
           with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
                                              tokens_per_step, opts.verbose),
-                            deck, *setup.catalog, MPI_COMM_SELF),
+                            deck, *setup.catalog, MPI_COMM_SELF, restart,
+                            [r = replica.get()] { return r->owned_blocks(); }),
           deck, *setup.catalog, MPI_COMM_SELF));
     }
     service = std::move(replica);

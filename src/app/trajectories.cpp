@@ -2,15 +2,16 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/io/metrics.hpp"
 
 namespace pdtrain {
 
 TrajectoryRecorder::TrajectoryRecorder(const ParamCatalog& cat, std::int64_t every,
-                                       MPI_Comm holders, const std::string& path)
-    : cat_(cat), every_(every), holders_(holders), path_(path) {
+                                       MPI_Comm holders, const std::string& path,
+                                       std::int64_t resume_step)
+    : cat_(cat), every_(every), resume_step_(resume_step), holders_(holders), path_(path) {
   std::map<std::pair<int, std::int64_t>, int> row;
   for (const TensorInfo& t : cat.tensors())
     for (std::int64_t l = 0; l < t.layers; ++l) {
@@ -61,9 +62,11 @@ void TrajectoryRecorder::after_update(std::int64_t version, const HolderHooks::B
 
 void TrajectoryRecorder::write_rows(std::int64_t version, const std::vector<double>& sums) {
   if (!out_) {
-    const bool fresh = !std::filesystem::exists(path_);
-    out_ = std::make_unique<OutputFile>(path_, OutputFile::Mode::append);
-    if (fresh) out_->write("step,tensor,param_norm,update_norm,update_to_weight\n");
+    const std::string header = "step,tensor,param_norm,update_norm,update_to_weight\n";
+    const bool resume = resume_step_ > 0 && keep_csv_rows_up_to(path_, header, resume_step_);
+    out_ = std::make_unique<OutputFile>(
+        path_, resume ? OutputFile::Mode::append : OutputFile::Mode::truncate);
+    if (!resume) out_->write(header);
   }
   std::string rows;
   char line[256];

@@ -18,16 +18,14 @@ const char* kHeader =
     "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,fetch_ms,compute_ms,reduce_ms,push_ms,"
     "bubble\n";
 
-// Keeps the rows of steps <= last of an existing metrics file (dropping those an interrupted
-// run wrote after its last checkpoint, and a row cut short). A file that changes is rewritten
-// whole through a checked, fsync'ed temporary and a rename: a failure (a full disk) leaves it
-// as it was. Returns false if there is no file to resume.
-bool keep_rows_up_to(const std::string& path, std::int64_t last) {
+}  // namespace
+
+bool keep_csv_rows_up_to(const std::string& path, const std::string& header, std::int64_t last) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   const std::string old(std::istreambuf_iterator<char>(in), {});
   if (in.bad()) throw Error(ExitCode::data, "cannot read " + path + ": " + std::strerror(errno));
-  std::string kept = kHeader;
+  std::string kept = header;
   std::size_t begin = old.find('\n');  // past the header
   while (begin != std::string::npos && begin + 1 < old.size()) {
     const std::size_t end = old.find('\n', begin + 1);
@@ -39,10 +37,9 @@ bool keep_rows_up_to(const std::string& path, std::int64_t last) {
   if (kept != old) write_file_atomically(path, kept);
   return true;
 }
-}  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, std::int64_t resume_step) {
-  const bool resume = resume_step > 0 && keep_rows_up_to(path, resume_step);
+  const bool resume = resume_step > 0 && keep_csv_rows_up_to(path, kHeader, resume_step);
   file_ = std::make_unique<OutputFile>(
       path, resume ? OutputFile::Mode::append : OutputFile::Mode::truncate);
   if (!resume) file_->write(kHeader);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "pdtrain/app/tools.hpp"
@@ -77,6 +78,42 @@ TEST(Trajectories, HoldersRowsEqualNormsFromCheckpoints) {
   std::size_t curves = 0;
   for (std::size_t at = 0; (at = text.find("<polyline", at)) != std::string::npos; ++at) ++curves;
   EXPECT_EQ(curves, 16u) << "one curve per llm.c tensor";
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Like metrics.csv: a run restarted from step 3's checkpoint drops the rows written after it
+// (steps 4 and 6) and writes them again, and a fresh run in the same directory starts the file
+// anew; either way the file is the uninterrupted run's, row for row.
+TEST(Trajectories, RestartKeepsRowsUpToItsCheckpointAndAFreshRunStartsAnew) {
+  const std::string runs = temp_path("trajectories-restart");
+  if (world_rank() == 0) std::filesystem::remove_all(runs);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string text = tiny_deck({"run.steps=6", "parallel.holders=2",
+                                      "output.trajectory_every=2", "checkpoint.every=3",
+                                      "checkpoint.keep=0"});
+  RunOptions o;
+  o.verbose = false;
+  const Deck once = parse_deck(text, "t.toml", {"run.out_dir=" + runs + "/once"});
+  run_training(once, MPI_COMM_WORLD, o);
+  const Deck twice = parse_deck(text, "t.toml", {"run.out_dir=" + runs + "/twice"});
+  run_training(twice, MPI_COMM_WORLD, o);
+  RunOptions from3 = o;
+  from3.restart = runs + "/twice/checkpoints/ckpt-00000003.h5";
+  run_training(twice, MPI_COMM_WORLD, from3);
+  const Deck fresh = parse_deck(text, "t.toml", {"run.out_dir=" + runs + "/fresh"});
+  run_training(fresh, MPI_COMM_WORLD, o);
+  run_training(fresh, MPI_COMM_WORLD, o);
+  if (world_rank() != 0) return;
+  const std::string want = file_text(runs + "/once/trajectories.csv");
+  std::set<long> steps;
+  for (const auto& [key, row] : read_rows(runs + "/once/trajectories.csv")) steps.insert(key.first);
+  ASSERT_EQ(steps, (std::set<long>{2, 4, 6}));
+  EXPECT_EQ(file_text(runs + "/twice/trajectories.csv"), want);
+  EXPECT_EQ(file_text(runs + "/fresh/trajectories.csv"), want);
 }
 
 }  // namespace

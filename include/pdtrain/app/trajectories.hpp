@@ -23,9 +23,10 @@ namespace pdtrain {
 class TrajectoryRecorder {
  public:
   // `holders`: the communicator of the ranks that own blocks (MPI_COMM_SELF for the baseline's
-  // one writer); its rank 0 writes `path`.
+  // one writer); its rank 0 writes `path`: a run restarted at `resume_step` > 0 keeps the rows
+  // of steps up to it (as metrics.csv), a fresh run starts the file anew.
   TrajectoryRecorder(const ParamCatalog& cat, std::int64_t every, MPI_Comm holders,
-                     const std::string& path);
+                     const std::string& path, std::int64_t resume_step = 0);
   // Collective over `holders`: called after every update, with all of them at `version`.
   void after_update(std::int64_t version, const HolderHooks::BlocksGetter& blocks);
 
@@ -37,6 +38,7 @@ class TrajectoryRecorder {
 
   const ParamCatalog& cat_;
   std::int64_t every_;
+  std::int64_t resume_step_;
   MPI_Comm holders_;
   std::string path_;
   std::unique_ptr<OutputFile> out_;

@@ -45,6 +45,12 @@ class MetricsWriter {
 };
 
 // "step   12/300 | loss 3.123456789 | val 3.2 | lr 3.00e-03 | norm 0.812 | 51234 tok/s | 12.3 ms | ETA 0:42"
+// Keeps the rows of steps <= last of an existing CSV file whose rows begin with their step
+// (dropping those an interrupted run wrote after its last checkpoint, and a row cut short),
+// under `header`. A file that changes is rewritten whole through a checked, fsync'ed temporary
+// and a rename: a failure (a full disk) leaves it as it was. Returns false if there is no file.
+bool keep_csv_rows_up_to(const std::string& path, const std::string& header, std::int64_t last);
+
 std::string format_step_line(const StepRecord& r, std::int64_t total_steps, double eta_seconds);
 std::string format_duration(double seconds);
 
