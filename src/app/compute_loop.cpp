@@ -369,7 +369,8 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
                      : StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
                                              layout.pp_rank(), micro_batches_);
     grads_ = std::make_unique<GradStreamer>(stage_params_, *service_, layout.dp_comm(),
-                                            backward_passes(deck), trace);
+                                            backward_passes(deck),
+                                            static_cast<int>(deck.pd.pushes_in_flight), trace);
   }
 }
 

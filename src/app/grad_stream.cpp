@@ -64,10 +64,10 @@ std::int64_t GradStreamer::PoolCounts::take(std::int64_t n) {
 // before it must (the worst case): gradient memory bound at a unit's first write; at its last
 // (staged: at the next unit's last, when its download is waited for), a packed unit takes a
 // packed buffer and gives its gradient memory back, an in-place one keeps it until its push is
-// retired, which happens when a push beyond kPushesInFlight needs room. Pools never shrink and
+// retired, which happens when a push beyond `pushes_in_flight` needs room (with 0, at once). Pools never shrink and
 // every step repeats the same order, so the first step's peak is the run's.
 std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int replicas,
-                                       bool staged) {
+                                       int pushes_in_flight, bool staged) {
   const std::vector<int> per_pass = writes_per_pass(p);
   std::vector<int> written(per_pass.size(), 0);
   std::vector<bool> bound(per_pass.size(), false);
@@ -83,13 +83,16 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
     held += 4 * floats;
     peak = std::max(peak, held);
   };
+  const auto retire_oldest = [&] {
+    const OnWire& old = in_flight.front();
+    (old.in_place ? grads : packed).give(old.n);
+    in_flight.pop_front();
+  };
   const auto push = [&](int u) {
-    if (in_flight.size() == kPushesInFlight) {
-      const OnWire& old = in_flight.front();
-      (old.in_place ? grads : packed).give(old.n);
-      in_flight.pop_front();
-    }
-    if (p.unit_is_packed(u, pushed_blocks_of(p, u))) {
+    if (pushes_in_flight > 0 && static_cast<int>(in_flight.size()) == pushes_in_flight)
+      retire_oldest();
+    const bool from_tiles = pushes_in_flight == 0 && replicas == 1;  // sends_from_tiles()
+    if (p.unit_is_packed(u, pushed_blocks_of(p, u)) || from_tiles) {
       in_flight.push_back({true, p.unit_numel(u)});
     } else {
       const std::int64_t n = pushed_numel(p, u);
@@ -97,6 +100,7 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
       grads.give(p.unit_numel(u));
       in_flight.push_back({false, n});
     }
+    if (pushes_in_flight == 0) retire_oldest();
   };
   for (int pass = 0; pass < passes; ++pass)
     for (const std::vector<int>& use : GptStage::backward_grad_uses(p)) {
@@ -121,10 +125,11 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
 }
 
 GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
-                           int passes, TraceRecorder* trace)
+                           int passes, int pushes_in_flight, TraceRecorder* trace)
     : params_(params), service_(service), device_(params.device()), trace_(trace),
-      passes_(passes), replicas_(comm_size(dp_comm)),
-      bound_bytes_(bound_bytes(params, passes, replicas_, !params.device().is_host())),
+      passes_(passes), pushes_in_flight_(pushes_in_flight), replicas_(comm_size(dp_comm)),
+      bound_bytes_(bound_bytes(params, passes, replicas_, pushes_in_flight,
+                               !params.device().is_host())),
       writes_per_pass_(writes_per_pass(params)),
       group_of_unit_(static_cast<std::size_t>(params.num_units()), -1),
       in_place_(static_cast<std::size_t>(params.num_units()), false),
@@ -133,6 +138,7 @@ GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_C
       final_(static_cast<std::size_t>(params.num_units()), false),
       bound_(static_cast<std::size_t>(params.num_units())) {
   PDT_CHECK(passes >= 1, "a step has at least one backward pass");
+  PDT_CHECK(pushes_in_flight >= 0, "pushes in flight cannot be negative");
   int group = 0;
   for (int u = 0; u < params.num_units(); ++u) {
     const std::vector<int> blocks = pushed_blocks_of(params, u);
@@ -232,11 +238,20 @@ void GradStreamer::push_unit(int u, Mirrored<float> grads) {
   // The name is built only when a trace is written (this runs once per unit and step).
   TraceSpan span(trace_, trace_ ? "push " + params_.unit_name(u) : std::string(), "pd");
   const int g = group_of_unit_[u];
-  retire_pushes(kPushesInFlight - 1);  // room for this unit's push
+  if (pushes_in_flight_ > 0) retire_pushes(static_cast<std::size_t>(pushes_in_flight_ - 1));
   // The push (and the reduction) needs the blocks back to back: a unit whose storage is its
   // blocks in order goes as it is, a layer is packed and its gradient memory is free at once.
   Push push;
   float* data = grads.host();
+  if (sends_from_tiles(u)) {  // no packing copy: the push goes from the unit's tiles
+    std::vector<ConstBlockPlace> places;
+    for (int b : reducer_.blocks(g)) places.push_back(params_.grad_place(params_.catalog().block(b), data));
+    push.ticket = service_.start_push_from(step_, reducer_.blocks(g), places);
+    push.grads = std::move(grads);
+    pushes_.push_back(std::move(push));
+    retire_pushes(0);  // the least memory: backward waits for it
+    return;
+  }
   if (in_place_[u]) {
     push.grads = std::move(grads);
   } else {
@@ -251,6 +266,14 @@ void GradStreamer::push_unit(int u, Mirrored<float> grads) {
     pushes_.push_back(std::move(push));
   else
     recycle(push);
+  if (pushes_in_flight_ == 0) retire_pushes(0);  // the least memory: backward waits for it
+}
+
+// With no push in flight and one replica, a layer's gradient goes to its holders straight from
+// its tiles (the push waits anyway, so MPI may move a datatype while it does): no packed copy is
+// held, and the unit's memory is free again before the next unit is bound.
+bool GradStreamer::sends_from_tiles(int u) const {
+  return pushes_in_flight_ == 0 && replicas_ == 1 && !in_place_[u];
 }
 
 // Collective over the replicas: every replica releases its units in the same order. This

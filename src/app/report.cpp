@@ -54,8 +54,9 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
   plan::PlanInput in = plan::plan_input(deck, ls, 1);
   in.model = cat.shape();  // completed by an llm.c init file's header
   in.pd_grad_bytes = [&](int) {
-    return static_cast<double>(GradStreamer::bound_bytes(pos.shapes, backward_passes(deck), ls.dp,
-                                                         deck.compute.device != "cpu"));
+    return static_cast<double>(GradStreamer::bound_bytes(
+        pos.shapes, backward_passes(deck), ls.dp, static_cast<int>(deck.pd.pushes_in_flight),
+        deck.compute.device != "cpu"));
   };
   int slots = 0;
   const plan::ComputeMemory mem = plan::compute_memory(in, p, t, false, &slots);
@@ -92,11 +93,12 @@ std::function<double(int)> pd_grad_bound(const Deck& deck, const LayoutShape& sh
   std::vector<StageSpec> specs;
   for (int p = 0; p < shape.pp; ++p) specs.push_back(stage_spec(deck, shape, p, 0));
   const int passes = backward_passes(deck), replicas = shape.dp;
+  const int in_flight = static_cast<int>(deck.pd.pushes_in_flight);
   const bool staged = deck.compute.device != "cpu";
   const Precision prec = precision(deck);
-  return [cat, specs, passes, replicas, staged, prec](int p) {
+  return [cat, specs, passes, replicas, in_flight, staged, prec](int p) {
     const StageParams shapes(*cat, specs[static_cast<std::size_t>(p)], StageParams::Storage::shapes_only, prec);
-    return static_cast<double>(GradStreamer::bound_bytes(shapes, passes, replicas, staged));
+    return static_cast<double>(GradStreamer::bound_bytes(shapes, passes, replicas, in_flight, staged));
   };
 }
 

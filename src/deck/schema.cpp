@@ -300,6 +300,15 @@ std::vector<KeySpec> build_schema() {
           "needs MPI_THREAD_MULTIPLE, else the compute thread does it between layers. Off by "
           "default: it pays only with a spare core per compute rank, and it drives the MPI "
           "library from two threads at once."),
+      key(&D::pd, &PdConfig::pushes_in_flight, "pd.pushes_in_flight",
+          "Units whose gradients a compute rank keeps on the wire while its backward goes on "
+          "(each unit's gradient is reduced and pushed as soon as it is final). 1: a unit's "
+          "push overlaps the next unit's backward, for one more unit of gradient memory; 0: "
+          "backward waits for each push (the least memory; the push's time is exposed: a copy "
+          "by the holder within a node, RDMA across nodes); more: slower links. Exact: any "
+          "value gives the same numbers. The dry run prints the gradient bound it gives.")
+          .at_least(0)
+          .at_most(8),
       key(&D::pd, &PdConfig::holder_threads, "pd.holder_threads",
           "Threads of each holder's update (gradient sums and sums of squares as pushes arrive, "
           "then AdamW, wire encoding and CRC fused per slice); 0: the cores the holder process "

@@ -67,9 +67,12 @@ ParameterService::Ticket FetchClient::start_fetch_in_place(std::int64_t version,
   f->version = version;
   f->sink = std::move(sink);
   f->target = std::move(target);
+  // The test hook damages a block as it arrives from a holder (relays pass the damage on).
+  f->flip_pending = version == flip_at_version_ && layout_.dp_rank() == 0;
+  if (f->flip_pending) flip_at_version_ = -1;
   f->groups = by_holder(blocks);
   f->replies.resize(f->groups.size());
-  f->landings.resize(f->groups.size());
+  f->arrivals.resize(f->groups.size());
   f->replied.assign(f->groups.size(), 0);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -144,7 +147,6 @@ bool FetchClient::advance_all() {
   bool moved = false;
   for (const Job& j : jobs)
     if (j->stage == InFlight::Stage::created) {
-      prepare_landings(*j);  // here, on the thread that moves fetches (it owns the buffers)
       if (layout_.dp_rank() == 0)
         send_requests(*j);
       else
@@ -203,98 +205,8 @@ int FetchClient::wire_width() const {
   }
 }
 
-// Typed landings for the holders' groups where the target places at least one block. Not with
-// data-parallel relays: a reply relayed from one contiguous buffer and received into one lets
-// Open MPI's shared-memory transport move it with a single copy (CMA) that the receiver makes
-// alone; a datatype on either side turns that into 32 KiB fragments that advance only when the
-// sending replica polls, which a compute rank without the fetch thread does once per layer.
-// (A holder's reply is a datatype anyway, so receiving it in place costs nothing of the kind.)
-void FetchClient::prepare_landings(InFlight& f) {
-  if (!f.target || wire_width() == 0 || relays()) return;
-  for (std::size_t h = 0; h < f.groups.size(); ++h)
-    if (!f.groups[h].empty()) build_landing(f.groups[h], f.target, f.replies[h], f.landings[h]);
-}
-
-// The reply's layout is known: headers, then each block's numel * width bytes in request order.
-// Placed payloads go to their tiles (a strided hvector where a tile's rows are apart, e.g. a
-// column slab of a row-parallel weight); the headers and unplaced payloads to `reply`.
-void FetchClient::build_landing(const std::vector<int>& group, const BlockTarget& target,
-                                Buffer& reply, Landing& l) {
-  const int w = wire_width();
-  const std::size_t head = sizeof(wire::ReplyHeader) + group.size() * sizeof(wire::BlockHeader);
-  std::size_t side = 0, payload = 0;
-  l.at.resize(group.size());
-  l.in_place.assign(group.size(), 0);
-  for (std::size_t i = 0; i < group.size(); ++i) {
-    const std::int64_t nb = table_.blocks[group[i]].numel * w;
-    const BlockPlace p = target.place(group[i], w);
-    if (p.data != nullptr) {
-      PDT_CHECK(p.bytes() == nb, "block " + table_.blocks[group[i]].name + " placed in " +
-                                     std::to_string(p.bytes()) + " bytes, expected " +
-                                     std::to_string(nb));
-      l.at[i] = p;
-      l.in_place[i] = 1;
-    } else {
-      l.at[i] = BlockPlace{nullptr, 1, nb, nb};
-      side += static_cast<std::size_t>(nb);
-    }
-    payload += static_cast<std::size_t>(nb);
-  }
-  if (std::find(l.in_place.begin(), l.in_place.end(), 1) == l.in_place.end()) {
-    l = Landing{};  // nothing placed: the reply is received as bytes
-    return;
-  }
-  reply = take_buffer(head + side);
-  char* next = reply.data.get() + head;
-  for (std::size_t i = 0; i < group.size(); ++i)
-    if (!l.in_place[i]) l.at[i].data = next, next += l.at[i].bytes();
-  l.type = landing_type(reply.data.get(), head, l.at);
-  l.bytes = head + payload;
-}
-
-// One datatype over absolute addresses: the headers at `head_at`, then each payload's tile (an
-// hvector of rows where they are apart).
-MPI_Datatype FetchClient::landing_type(const char* head_at, std::size_t head,
-                                       const std::vector<BlockPlace>& at) {
-  std::vector<int> lengths;
-  std::vector<MPI_Aint> where;
-  std::vector<MPI_Datatype> types, strided;
-  auto add = [&](const char* p, std::int64_t n, MPI_Datatype t) {
-    where.emplace_back();
-    MPI_CHECK(MPI_Get_address(p, &where.back()));
-    lengths.push_back(static_cast<int>(n));
-    types.push_back(t);
-  };
-  add(head_at, static_cast<std::int64_t>(head), MPI_BYTE);
-  for (const BlockPlace& p : at) {
-    if (p.bytes() == 0) continue;  // the holder sends nothing for it either
-    if (p.contiguous()) {
-      add(p.data, p.bytes(), MPI_BYTE);
-      continue;
-    }
-    strided.emplace_back();
-    MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(p.rows), static_cast<int>(p.row_bytes),
-                                      p.stride_bytes, MPI_BYTE, &strided.back()));
-    add(p.data, 1, strided.back());
-  }
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  MPI_CHECK(MPI_Type_create_struct(static_cast<int>(where.size()), lengths.data(), where.data(),
-                                   types.data(), &type));
-  MPI_CHECK(MPI_Type_commit(&type));
-  for (MPI_Datatype& t : strided) MPI_CHECK(MPI_Type_free(&t));  // the struct keeps them
-  return type;
-}
-
-void FetchClient::free_landings(InFlight& f) {
-  for (Landing& l : f.landings)
-    if (l.type != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&l.type));
-}
-
-// Takes every reply that has arrived, whatever fetch it answers (its header names the ticket).
-// A reply's fetch is known only from its header, after the receive: it is received through the
-// landing of the oldest fetch awaiting this holder when that fetch's typed reply has its size
-// (holders answer in request order unless an update makes a later request ready first), and
-// moved if the header names another fetch. Other replies are received as bytes.
+// Takes every reply header that has arrived, whatever fetch it answers (it names the ticket),
+// and posts its payloads' receives; then checks the payloads that have arrived, every fetch's.
 bool FetchClient::receive_replies(const std::vector<Job>& jobs) {
   bool got = false;
   for (;;) {
@@ -302,73 +214,172 @@ bool FetchClient::receive_replies(const std::vector<Job>& jobs) {
     MPI_Message m;
     MPI_Status st;
     MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, wire::kFetchReply, layout_.world(), &flag, &m, &st));
-    if (!flag) return got;
+    if (!flag) break;
     got = true;
     int bytes = 0;
     MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-    const int h = st.MPI_SOURCE;  // holders are world ranks 0..H-1
-    InFlight* guess = nullptr;
-    for (const Job& g : jobs)
-      if (g->stage == InFlight::Stage::awaiting_replies && h < static_cast<int>(g->groups.size()) &&
-          !g->groups[h].empty() && !g->replied[h]) {
-        const Landing& l = g->landings[h];
-        if (l.type != MPI_DATATYPE_NULL && l.bytes == static_cast<std::size_t>(bytes))
-          guess = g.get();
-        break;
-      }
-    InFlight* f = receive_reply(m, bytes, h, guess, jobs, st.MPI_SOURCE);
-    f->replied[h] = 1;
-    --f->awaited_replies;
+    receive_header(m, bytes, st.MPI_SOURCE, jobs);  // holders are world ranks 0..H-1
+  }
+  for (const Job& j : jobs)
+    if (j->stage == InFlight::Stage::awaiting_replies) got = check_arrived(*j) || got;
+  return got;
+}
+
+void FetchClient::receive_header(MPI_Message& m, int bytes, int h, const std::vector<Job>& jobs) {
+  const std::string from = "holder rank " + std::to_string(h);
+  PDT_CHECK(static_cast<std::size_t>(bytes) >= sizeof(wire::ReplyHeader),
+            "short fetch reply from " + from);
+  header_.resize(static_cast<std::size_t>(bytes));
+  MPI_CHECK(MPI_Mrecv(header_.data(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
+  from_holders_ += bytes;
+  wire::ReplyHeader rh;
+  std::memcpy(&rh, header_.data(), sizeof(rh));
+  InFlight* f = nullptr;
+  bool earlier_waits = false;  // an older fetch still awaits this holder's reply
+  for (const Job& g : jobs) {
+    const bool awaits = g->stage == InFlight::Stage::awaiting_replies &&
+                        h < static_cast<int>(g->groups.size()) && !g->groups[h].empty() &&
+                        !g->replied[h];
+    if (g->ticket == rh.ticket) {
+      f = awaits ? g.get() : nullptr;
+      break;
+    }
+    earlier_waits = earlier_waits || awaits;
+  }
+  PDT_CHECK(f != nullptr, from + " answered unknown fetch " + std::to_string(rh.ticket));
+  const std::size_t n = f->groups[h].size();
+  PDT_CHECK(rh.n == static_cast<std::int64_t>(n) &&
+                header_.size() == sizeof(rh) + n * sizeof(wire::BlockHeader),
+            "malformed fetch reply header from " + from);
+  if (earlier_waits) ++out_of_order_;
+  post_payloads(*f, h, header_);
+  f->replied[h] = 1;
+  --f->awaited_replies;
+}
+
+// The header says each payload's size; a placed block must have exactly its tile's. Payloads
+// that are not placed go back to back after the headers in the reply buffer, as a relay sends
+// them on.
+void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& header) {
+  const std::vector<int>& group = f.groups[h];
+  const std::size_t n = group.size();
+  const int w = f.target && !relays() ? wire_width() : 0;
+  Arrival& a = f.arrivals[h];
+  a.at.assign(n, BlockPlace{});
+  a.in_place.assign(n, 0);
+  a.checked.assign(n, 0);
+  a.crc.assign(n, 0);
+  std::size_t side = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    wire::BlockHeader bh;
+    std::memcpy(&bh, header.data() + sizeof(wire::ReplyHeader) + i * sizeof(bh), sizeof(bh));
+    const BlockDesc& d = table_.blocks[group[i]];
+    PDT_CHECK(bh.bytes >= 0 && bh.bytes <= std::numeric_limits<int>::max(),
+              "block " + d.name + " announced with " + std::to_string(bh.bytes) + " bytes");
+    const BlockPlace p = w > 0 && bh.bytes > 0 ? f.target.place(group[i], w) : BlockPlace{};
+    if (p.data != nullptr) {
+      PDT_CHECK(p.bytes() == bh.bytes, "block " + d.name + " arrived with " +
+                                           std::to_string(bh.bytes) + " bytes, expected " +
+                                           std::to_string(p.bytes()));
+      a.at[i] = p;
+      a.in_place[i] = 1;
+    } else {
+      a.at[i] = BlockPlace{nullptr, 1, bh.bytes, bh.bytes};
+      side += static_cast<std::size_t>(bh.bytes);
+    }
+  }
+  Buffer& r = f.replies[h];
+  r = take_buffer(header.size() + side);
+  std::memcpy(r.data.get(), header.data(), header.size());
+  char* next = r.data.get() + header.size();
+  for (std::size_t i = 0; i < n; ++i)
+    if (!a.in_place[i]) a.at[i].data = next, next += a.at[i].bytes();
+  const int source = layout_.holder_world_rank(h);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (a.at[i].bytes() == 0) continue;  // the holder sends nothing for it either
+    from_holders_ += a.at[i].bytes();
+    MPI_Request r = receive_payload(f, a.at[i], source);
+    // A payload whose send has arrived is copied inside MPI_Irecv; checking it now, before the
+    // next one is copied, reads it from cache.
+    int done = 0;
+    MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    if (done) {
+      check_block(f, h, i);
+      continue;
+    }
+    f.payloads.push_back(r);
+    f.payload_of.emplace_back(h, static_cast<int>(i));
+    ++f.awaited_payloads;
   }
 }
 
-FetchClient::InFlight* FetchClient::receive_reply(MPI_Message& m, int bytes, int h,
-                                                  InFlight* into, const std::vector<Job>& jobs,
-                                                  int source) {
-  from_holders_ += bytes;
-  PDT_CHECK(static_cast<std::size_t>(bytes) >= sizeof(wire::ReplyHeader),
-            "short fetch reply from rank " + std::to_string(source));
-  Buffer r;
-  const char* head = nullptr;
-  if (into != nullptr) {
-    MPI_CHECK(MPI_Mrecv(MPI_BOTTOM, 1, into->landings[h].type, &m, MPI_STATUS_IGNORE));
-    head = into->replies[h].data.get();
-  } else {
-    r = take_buffer(static_cast<std::size_t>(bytes));
-    MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
-    head = r.data.get();
+MPI_Request FetchClient::receive_payload(InFlight& f, const BlockPlace& p, int source) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (p.contiguous()) {
+    MPI_CHECK(MPI_Irecv(p.data, static_cast<int>(p.bytes()), MPI_BYTE, source,
+                        wire::kFetchPayload, layout_.world(), &r));
+    return r;
   }
-  wire::ReplyHeader rh;
-  std::memcpy(&rh, head, sizeof(rh));
-  InFlight* f = nullptr;
-  for (const Job& g : jobs)
-    if (g->ticket == rh.ticket) f = g.get();
-  PDT_CHECK(f != nullptr && f->stage == InFlight::Stage::awaiting_replies &&
-                h < static_cast<int>(f->groups.size()) && !f->groups[h].empty() && !f->replied[h],
-            "holder rank " + std::to_string(source) + " answered unknown fetch " +
-                std::to_string(rh.ticket));
-  if (f == into) {
-    f->landings[h].received_typed = true;
-    return f;
+  // A column slab of a row-parallel weight: its rows are apart in the unit.
+  MPI_Datatype& t = f.strided.emplace_back();
+  MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(p.rows), static_cast<int>(p.row_bytes),
+                                    p.stride_bytes, MPI_BYTE, &t));
+  MPI_CHECK(MPI_Type_commit(&t));
+  MPI_CHECK(MPI_Irecv(p.data, 1, t, source, wire::kFetchPayload, layout_.world(), &r));
+  return r;
+}
+
+bool FetchClient::check_arrived(InFlight& f) {
+  if (f.awaited_payloads == 0) return false;
+  completed_.resize(f.payloads.size());
+  int done = 0;
+  MPI_CHECK(MPI_Testsome(static_cast<int>(f.payloads.size()), f.payloads.data(), &done,
+                         completed_.data(), MPI_STATUSES_IGNORE));
+  if (done == MPI_UNDEFINED || done == 0) return false;
+  for (int k = 0; k < done; ++k) {
+    const auto [h, i] = f.payload_of[static_cast<std::size_t>(completed_[k])];
+    check_block(f, h, static_cast<std::size_t>(i));
+    --f.awaited_payloads;
   }
-  if (into != nullptr) {  // landed at the wrong fetch: back to bytes (its own reply comes later)
-    ++moved_;
-    r = take_buffer(static_cast<std::size_t>(bytes));
-    int pos = 0;
-    MPI_CHECK(MPI_Pack(MPI_BOTTOM, 1, into->landings[h].type, r.data.get(), bytes, &pos,
-                       layout_.world()));
+  return true;
+}
+
+void FetchClient::check_block(InFlight& f, int h, std::size_t i) {
+  Arrival& a = f.arrivals[h];
+  const BlockPlace& p = a.at[i];
+  if (f.flip_pending && p.bytes() > 0) {
+    p.data[0] ^= 0x10;
+    f.flip_pending = false;
   }
-  Landing& l = f->landings[h];
-  if (l.type != MPI_DATATYPE_NULL && l.bytes == static_cast<std::size_t>(bytes)) {
-    int pos = 0;
-    MPI_CHECK(MPI_Unpack(r.data.get(), bytes, &pos, MPI_BOTTOM, 1, l.type, layout_.world()));
-    l.received_typed = true;
-    spare_.push_back(std::move(r));
-  } else {
-    f->replies[h] = std::move(r);
-    l.received_typed = false;
+  a.crc[i] = a.in_place[i] ? check_in_place(f, f.groups[h][i], p)
+                           : crc32c(p.data, static_cast<std::size_t>(p.bytes()));
+  a.checked[i] = 1;
+}
+
+void FetchClient::place_buffered(InFlight& f, int h) {
+  const std::size_t n = f.groups[h].size();
+  const std::size_t head = sizeof(wire::ReplyHeader) + n * sizeof(wire::BlockHeader);
+  const Buffer& r = f.replies[h];
+  PDT_CHECK(r.size >= head, "short relayed fetch reply");
+  Arrival& a = f.arrivals[h];
+  a.at.assign(n, BlockPlace{});
+  a.in_place.assign(n, 0);
+  a.checked.assign(n, 0);
+  a.crc.assign(n, 0);
+  std::size_t at = head;
+  for (std::size_t i = 0; i < n; ++i) {
+    wire::BlockHeader bh;
+    std::memcpy(&bh, r.data.get() + sizeof(wire::ReplyHeader) + i * sizeof(bh), sizeof(bh));
+    PDT_CHECK(bh.bytes >= 0 && at + static_cast<std::size_t>(bh.bytes) <= r.size,
+              "relayed fetch reply shorter than its headers say");
+    a.at[i] = BlockPlace{r.data.get() + at, 1, bh.bytes, bh.bytes};
+    at += static_cast<std::size_t>(bh.bytes);
   }
-  return f;
+}
+
+void FetchClient::free_receive_types(InFlight& f) {
+  for (MPI_Datatype& t : f.strided) MPI_CHECK(MPI_Type_free(&t));
+  f.strided.clear();
 }
 
 bool FetchClient::advance(InFlight& f) {
@@ -376,7 +387,7 @@ bool FetchClient::advance(InFlight& f) {
   const S before = f.stage;
   bool received = false;
   if (f.stage == S::awaiting_replies) {
-    if (f.awaited_replies > 0) return false;
+    if (f.awaited_replies > 0 || f.awaited_payloads > 0) return false;
     int sent = 0;
     MPI_CHECK(MPI_Testall(static_cast<int>(f.sends.size()), f.sends.data(), &sent,
                           MPI_STATUSES_IGNORE));
@@ -400,6 +411,7 @@ bool FetchClient::advance(InFlight& f) {
       Buffer& r = f.replies[f.next_group];
       r = take_buffer(static_cast<std::size_t>(bytes));
       MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
+      place_buffered(f, static_cast<int>(f.next_group));
       ++f.next_group;
       received = true;
     }
@@ -442,13 +454,7 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
     for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
       learnt.push_back(UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr});
     const char* hdr = reply + sizeof(rh);
-    const Landing& l = f.landings[h];
-    // Payloads follow the headers, or (typed) are where the landing put them.
-    char* data = reply + sizeof(rh) + group.size() * sizeof(wire::BlockHeader);
-    if (version == flip_at_version_) {
-      (l.received_typed ? l.at[0].data : data)[0] ^= 0x10;
-      flip_at_version_ = -1;
-    }
+    Arrival& a = f.arrivals[h];
     for (std::size_t i = 0; i < group.size(); ++i) {
       wire::BlockHeader bh;
       std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
@@ -457,19 +463,14 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
       PDT_CHECK(bh.id == b && bh.version == version,
                 "block " + d.name + " arrived as id " + std::to_string(bh.id) + " version " +
                     std::to_string(bh.version) + ", expected version " + std::to_string(version));
+      if (!a.checked[i]) check_block(f, h, i);  // relayed: checked here, from the buffer
+      PDT_CHECK(a.crc[i] == bh.crc, "CRC mismatch in block " + d.name + " (version " +
+                                        std::to_string(version) + ") fetched from holder " +
+                                        std::to_string(h));
       const auto nb = static_cast<std::size_t>(bh.bytes);
-      if (l.received_typed) {
-        PDT_CHECK(bh.bytes == l.at[i].bytes(),
-                  "block " + d.name + " arrived with " + std::to_string(bh.bytes) +
-                      " bytes, expected " + std::to_string(l.at[i].bytes()));
-        data = l.at[i].data;
-      }
-      const bool in_place = l.received_typed && l.in_place[i];
-      PDT_CHECK((in_place ? check_in_place(f, b, l.at[i]) : crc32c(data, nb)) == bh.crc,
-                "CRC mismatch in block " + d.name + " (version " + std::to_string(version) +
-                    ") fetched from holder " + std::to_string(h));
       fetched_ += static_cast<std::int64_t>(nb);
-      if (in_place) continue;
+      if (a.in_place[i]) continue;
+      const char* data = a.at[i].data;
       if (fetch_codec_ == WireCodec::raw &&
           reinterpret_cast<std::uintptr_t>(data) % alignof(float) == 0) {
         // Raw floats are used where they arrived (the buffer outlives the sink call).
@@ -482,10 +483,9 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
                   std::string("cannot decode (") + to_string(fetch_codec_) + ") block " + d.name);
         f.sink(b, decoded_.data());
       }
-      data += nb;
     }
   }
-  free_landings(f);
+  free_receive_types(f);
   for (Buffer& r : f.replies)
     if (r.capacity > 0) spare_.push_back(std::move(r));
   if (stop) stop_ = true;
@@ -552,7 +552,12 @@ ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
     places.push_back(ConstBlockPlace{reinterpret_cast<const char*>(grads), 1, bytes, bytes});
     grads += table_.blocks[b].numel;
   }
-  return send_push(step, blocks, places);
+  return send_push(step, blocks, places, false);
+}
+
+ParameterService::PushTicket FetchClient::start_push_from(
+    std::int64_t step, const std::vector<int>& blocks, const std::vector<ConstBlockPlace>& places) {
+  return send_push(step, blocks, places, true);
 }
 
 namespace {
@@ -573,7 +578,8 @@ std::uint32_t place_crc(const ConstBlockPlace& t) {
 // gradients that lie back to back are sent from where they are; others are packed or encoded.
 ParameterService::PushTicket FetchClient::send_push(std::int64_t step,
                                                     const std::vector<int>& blocks,
-                                                    const std::vector<ConstBlockPlace>& places) {
+                                                    const std::vector<ConstBlockPlace>& places,
+                                                    bool describe) {
   PDT_CHECK(places.size() == blocks.size(), "a push needs one place per block");
   std::vector<const ConstBlockPlace*> place_of(table_.blocks.size(), nullptr);
   for (std::size_t i = 0; i < blocks.size(); ++i) place_of[blocks[i]] = &places[i];
@@ -597,6 +603,12 @@ ParameterService::PushTicket FetchClient::send_push(std::int64_t step,
       if (direct != nullptr) direct += t.bytes();
     }
     const char* from = direct != nullptr ? place_of[groups[h].front()]->data : nullptr;
+    MPI_Datatype tiles = MPI_DATATYPE_NULL;
+    if (from == nullptr && describe && push_codec_ == WireCodec::raw) {
+      std::vector<const ConstBlockPlace*> group_places;
+      for (int b : groups[h]) group_places.push_back(place_of[b]);
+      tiles = out.described.emplace_back(tiles_type(group_places));
+    }
     std::int64_t total = 0;
     for (std::size_t i = 0; i < groups[h].size(); ++i) {
       const int b = groups[h][i];
@@ -607,7 +619,7 @@ ParameterService::PushTicket FetchClient::send_push(std::int64_t step,
       if (push_codec_ == WireCodec::raw) {
         bh.bytes = t.bytes();
         bh.crc = place_crc(t);
-        if (from == nullptr) {
+        if (from == nullptr && tiles == MPI_DATATYPE_NULL) {
           payload.resize(payload.size() + static_cast<std::size_t>(t.bytes()));
           pack_rows(t, payload.data() + payload.size() - static_cast<std::size_t>(t.bytes()));
         }
@@ -629,8 +641,12 @@ ParameterService::PushTicket FetchClient::send_push(std::int64_t step,
                         layout_.world(), &out.requests.emplace_back()));
     PDT_CHECK(total <= std::numeric_limits<int>::max(),
               "a push of " + std::to_string(total) + " bytes to one holder exceeds an MPI count");
-    MPI_CHECK(MPI_Isend(from, static_cast<int>(total), MPI_BYTE, holder, wire::kPushPayload,
-                        layout_.world(), &out.requests.emplace_back()));
+    if (tiles != MPI_DATATYPE_NULL)  // the holder receives the same bytes, back to back
+      MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, tiles, holder, wire::kPushPayload, layout_.world(),
+                          &out.requests.emplace_back()));
+    else
+      MPI_CHECK(MPI_Isend(from, static_cast<int>(total), MPI_BYTE, holder, wire::kPushPayload,
+                          layout_.world(), &out.requests.emplace_back()));
   }
   return ticket;
 }
@@ -642,7 +658,39 @@ std::map<ParameterService::PushTicket, FetchClient::Pushing>::iterator FetchClie
   return it;
 }
 
-void FetchClient::free_push(std::map<PushTicket, Pushing>::iterator it) { pushes_.erase(it); }
+void FetchClient::free_push(std::map<PushTicket, Pushing>::iterator it) {
+  for (MPI_Datatype& t : it->second.described) MPI_CHECK(MPI_Type_free(&t));
+  pushes_.erase(it);
+}
+
+// One datatype over absolute addresses: each tile's rows in order (an hvector where they are
+// apart), so a push sends them as the packed bytes the holder expects, without packing here.
+MPI_Datatype FetchClient::tiles_type(const std::vector<const ConstBlockPlace*>& tiles) {
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> where;
+  std::vector<MPI_Datatype> types, strided;
+  for (const ConstBlockPlace* t : tiles) {
+    if (t->bytes() == 0) continue;
+    where.emplace_back();
+    MPI_CHECK(MPI_Get_address(t->data, &where.back()));
+    if (t->contiguous()) {
+      lengths.push_back(static_cast<int>(t->bytes()));
+      types.push_back(MPI_BYTE);
+      continue;
+    }
+    MPI_Datatype& rows = strided.emplace_back();
+    MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(t->rows), static_cast<int>(t->row_bytes),
+                                      t->stride_bytes, MPI_BYTE, &rows));
+    lengths.push_back(1);
+    types.push_back(rows);
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_CHECK(MPI_Type_create_struct(static_cast<int>(where.size()), lengths.data(), where.data(),
+                                   types.data(), &type));
+  MPI_CHECK(MPI_Type_commit(&type));
+  for (MPI_Datatype& t : strided) MPI_CHECK(MPI_Type_free(&t));  // the struct keeps them
+  return type;
+}
 
 bool FetchClient::push_done(PushTicket ticket) {
   auto it = pushing(ticket);

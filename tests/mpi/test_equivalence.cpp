@@ -131,7 +131,9 @@ TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
       {"pd.prefetch_depth=8"},
       {"pd.prefetch_depth=3", "pd.fetch_thread=true"},  // a background thread moves fetches
       {"pd.prefetch_depth=2", "pd.cache_mb=0.02", "pd.fetch_thread=true"},
-      {"pd.prefetch_depth=2", "pd.cache_mb=0.02", "pd.cache_warm_steps=5"}};  // cold start
+      {"pd.prefetch_depth=2", "pd.cache_mb=0.02", "pd.cache_warm_steps=5"},  // cold start
+      // Backward waits for each push; with one replica a layer goes from its tiles, unpacked.
+      {"pd.prefetch_depth=2", "pd.cache_mb=0.02", "pd.pushes_in_flight=0"}};
   for (std::size_t i = 0; i < settings.size(); ++i) {
     std::vector<std::string> sets = settings[i];
     sets.push_back("parallel.holders=1");
@@ -255,6 +257,26 @@ TEST(Equivalence, HolderThreadsAreBitIdentical) {
   if (a.losses.empty()) return;
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.crc, b.crc);
+}
+
+// Waiting for each push (pd.pushes_in_flight = 0: a layer's gradient sent from its tiles,
+// row-parallel weights' column slabs among them) or keeping two on the wire changes nothing.
+TEST(Equivalence, PushesInFlightAreBitIdentical) {
+  ASSERT_GE(world_size(), 4);
+  const std::vector<std::string> tp2 = {"parallel.holders=1", "parallel.tp=2",
+                                        "parallel.micro_batches=2"};
+  RunOutcome by_count[3];
+  for (int n = 0; n <= 2; ++n) {
+    std::vector<std::string> sets = tp2;
+    sets.push_back("pd.pushes_in_flight=" + std::to_string(n));
+    by_count[n] = run_groups(3, sets, "in-flight" + std::to_string(n));
+  }
+  if (by_count[0].losses.empty()) return;
+  ASSERT_EQ(by_count[1].losses.size(), 20u);
+  for (int n : {0, 2}) {
+    EXPECT_EQ(by_count[n].losses, by_count[1].losses) << n << " in flight";
+    EXPECT_EQ(by_count[n].crc, by_count[1].crc) << n << " in flight";
+  }
 }
 
 TEST(Reproducibility, BoundedStalenessIsReproducible) {

@@ -9,7 +9,7 @@
 // Memory: a rank holds the gradients of the units between their first and last write (with one
 // micro-batch and one stage: the tied embedding from the head's backward to the lookup's, and
 // the layer being done; with several micro-batches in the default order, every unit from the
-// first backward to the last), plus at most kPushesInFlight units on the wire. With one replica
+// first backward to the last), plus at most `pd.pushes_in_flight` units on the wire. With one replica
 // every unit is pushed from its gradient memory (row-parallel weights' column slabs as strided
 // rows); with several, a unit whose blocks are whole rows in storage order (the embeddings, the
 // final LayerNorm) is reduced and pushed there too, and a layer is packed into a buffer first
@@ -45,23 +45,24 @@ namespace pdtrain {
 
 class GradStreamer final : public GradUser {
  public:
-  // One unit on the wire while the next one's backward runs: a push over shared memory or a
-  // network takes far less than a layer's backward, and each more in flight costs a unit.
-  static constexpr int kPushesInFlight = 1;
-
-  // `passes`: backward passes of the stage per step (its micro-batches). Collective over
-  // dp_comm. Registers itself as the stage's GradUser.
+  // `passes`: backward passes of the stage per step (its micro-batches). `pushes_in_flight`
+  // (pd.pushes_in_flight): units on the wire while backward goes on; 1 (the default) lets a
+  // unit's push overlap the next unit's backward, a push over shared memory or a network
+  // taking far less than a layer's backward, and each more costs a unit of memory; 0 waits for
+  // each push before backward goes on (the least memory). Collective over dp_comm. Registers
+  // itself as the stage's GradUser.
   GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm, int passes,
-               TraceRecorder* trace);
+               int pushes_in_flight, TraceRecorder* trace);
   ~GradStreamer() override;
   GradStreamer(const GradStreamer&) = delete;
   GradStreamer& operator=(const GradStreamer&) = delete;
 
   // The most gradient bytes (unit gradients + packed pushes) a rank with `params` holds in a
-  // step of `passes` backward passes, with `replicas` data-parallel replicas; `staged`: on a
-  // device whose memory is not the host's (a unit waits for its download one release longer).
+  // step of `passes` backward passes, with `replicas` data-parallel replicas and
+  // `pushes_in_flight`; `staged`: on a device whose memory is not the host's (a unit waits for
+  // its download one release longer).
   static std::int64_t bound_bytes(const StageParams& params, int passes, int replicas,
-                                  bool staged);
+                                  int pushes_in_flight, bool staged);
 
   void begin_step(std::int64_t step);
   void grads_begin(const std::vector<int>& units) override;
@@ -107,6 +108,7 @@ class GradStreamer final : public GradUser {
   void finish_download();  // the unit downloading, if any: wait for it and push it
   // Pushes unit u's gradient from its host view: (pack,) reduce, start the push.
   void push_unit(int unit, Mirrored<float> grads);
+  bool sends_from_tiles(int unit) const;
   // Reduces group g of `data` over the replicas and starts this replica's push of its segment
   // (false when it has none).
   bool reduce_and_start_push(int group, float* data, ParameterService::PushTicket* ticket);
@@ -121,6 +123,7 @@ class GradStreamer final : public GradUser {
   Device& device_;
   TraceRecorder* trace_;
   int passes_;
+  int pushes_in_flight_;
   int replicas_;  // data-parallel; 1: nothing to reduce, blocks pushed where they lie
   std::int64_t bound_bytes_;
   std::vector<int> writes_per_pass_;  // per unit: grads_end() calls in one backward

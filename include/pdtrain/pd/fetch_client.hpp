@@ -8,12 +8,11 @@
 // thread runs kernels, so fetch time hides behind compute even where MPI has no asynchronous
 // progress. Otherwise the compute thread does the same work in progress()/finish_fetch().
 //
-// Receiving in place (start_fetch_in_place): with a fixed-size codec (raw, bf16) a reply's
-// size and layout are known before it arrives, so it is received through a datatype that puts
-// the headers into a small buffer and each placed block's payload straight into its tile of
-// the unit's memory; the CRC32C is then checked there, fused with the target's finishing pass.
-// A block crosses memory once after MPI's copy instead of three times. With dp > 1 replies
-// keep the buffer (relays stay contiguous: see prepare_landings).
+// Receiving in place (start_fetch_in_place): a reply is a header, then one message per block;
+// with a fixed-size codec (raw, bf16) each placed block's payload is received straight into its
+// tile of the unit's memory and its CRC32C checked there as soon as it has arrived, fused with
+// the target's finishing pass. A block crosses memory once after MPI's copy instead of three
+// times. With dp > 1 replies keep a buffer (relays stay one contiguous message per holder).
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -49,6 +48,8 @@ class FetchClient final : public ParameterService {
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
   PushTicket start_push(std::int64_t step, const std::vector<int>& blocks,
                         const float* grads) override;
+  PushTicket start_push_from(std::int64_t step, const std::vector<int>& blocks,
+                             const std::vector<ConstBlockPlace>& places) override;
   bool push_done(PushTicket ticket) override;
   void wait_push(PushTicket ticket) override;
   std::uint32_t finish() override;
@@ -58,9 +59,10 @@ class FetchClient final : public ParameterService {
   // Bytes (encoded) this rank received from holders; the rest of bytes_fetched() came by relay.
   std::int64_t bytes_from_holders() const { return from_holders_; }
   std::int64_t bytes_pushed() const override { return pushed_; }
-  // Replies received in place at another fetch than theirs and moved (holders answered out of
-  // request order); for tests and the curious.
-  std::int64_t replies_moved() const { return moved_; }
+  // Replies that answered a later fetch before an earlier one from the same holder (an update
+  // made the later request ready first); each still lands in its own fetch's place. For tests
+  // and the curious.
+  std::int64_t replies_out_of_order() const { return out_of_order_; }
   bool background() const { return worker_.joinable(); }
 
  private:
@@ -81,28 +83,35 @@ class FetchClient final : public ParameterService {
   // point, not MPI_Ibcast: the compute thread runs non-blocking collectives at the same time,
   // and Open MPI 4.1's libnbc is not safe to drive from two threads. Only the thread that
   // moves fetches touches a job's fields, except `delivered` and `info` (guarded by mutex_).
-  // Where one holder's reply goes. Typed: `type` (absolute addresses, MPI_BOTTOM) receives
-  // the headers and unplaced payloads into the reply buffer and placed payloads into their
-  // tiles; `bytes` is the reply's size. Only without data-parallel relays (dp 1).
-  struct Landing {
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    std::size_t bytes = 0;
-    std::vector<BlockPlace> at;   // per block: its payload (a tile, or in the reply buffer)
-    std::vector<char> in_place;   // per block: `at` is the target's memory
-    bool received_typed = false;  // the reply came through `type` (else as bytes)
+  // One holder's reply to a fetch: a header message (ReplyHeader + BlockHeader[n]), then one
+  // contiguous message per non-empty block payload, in header order (MPI's non-overtaking rule
+  // matches them to the receives posted when the header arrives). A payload is received
+  // straight into its tile of the unit when the target places it (fixed-size codec, no
+  // relays), else into the reply buffer after the headers; either way its CRC32C is taken as
+  // soon as it has arrived, while it is still in cache.
+  struct Arrival {
+    std::vector<BlockPlace> at;       // per block: where its payload lies
+    std::vector<char> in_place;       // per block: `at` is the target's memory
+    std::vector<char> checked;        // per block: `crc` is taken
+    std::vector<std::uint32_t> crc;   // per block: CRC32C of what arrived
   };
   struct InFlight {
     Ticket ticket = 0;
     std::int64_t version = 0;
     BlockSink sink;
     BlockTarget target;
-    std::vector<Landing> landings;            // per holder
-    std::vector<char> replied;                // per holder: its reply is here
+    std::vector<Arrival> arrivals;            // per holder
+    std::vector<char> replied;                // per holder: its reply's header is here
     std::vector<std::vector<int>> groups;     // block ids by owning holder
     std::vector<std::vector<char>> requests;  // per holder, kept until sent
-    std::vector<Buffer> replies;              // per holder
+    std::vector<Buffer> replies;              // per holder: headers, then buffered payloads
     std::vector<MPI_Request> sends;
-    int awaited_replies = 0;
+    int awaited_replies = 0;                  // headers still to come
+    std::vector<MPI_Request> payloads;        // posted payload receives
+    std::vector<std::pair<int, int>> payload_of;  // per receive: (holder, block index)
+    std::vector<MPI_Datatype> strided;        // receive types of strided tiles, freed after
+    int awaited_payloads = 0;
+    bool flip_pending = false;                // test hook: damage the first payload checked
     std::size_t next_group = 0;            // relay: the next holder's reply to receive
     bool relay_posted = false;             // relay: sends to the children posted
     std::vector<MPI_Request> relay_reqs;
@@ -118,10 +127,13 @@ class FetchClient final : public ParameterService {
     PushTicket ticket = 0;
     std::vector<std::vector<char>> headers, payloads;
     std::vector<MPI_Request> requests;
+    std::vector<MPI_Datatype> described;  // payloads sent as datatypes over their tiles
   };
-  // The push of blocks[i]'s gradient (fp32) from places[i].
+  // The push of blocks[i]'s gradient (fp32) from places[i]; `describe`: raw tiles that are not
+  // back to back go as one datatype over them instead of being packed.
   PushTicket send_push(std::int64_t step, const std::vector<int>& blocks,
-                       const std::vector<ConstBlockPlace>& places);
+                       const std::vector<ConstBlockPlace>& places, bool describe);
+  static MPI_Datatype tiles_type(const std::vector<const ConstBlockPlace*>& tiles);
   std::map<PushTicket, Pushing>::iterator pushing(PushTicket ticket);
   void free_push(std::map<PushTicket, Pushing>::iterator it);
 
@@ -132,20 +144,20 @@ class FetchClient final : public ParameterService {
   bool advance_all();
   void send_requests(InFlight& f);
   int wire_width() const;  // bytes per element on the wire; 0: variable (compressed)
-  void prepare_landings(InFlight& f);
-  void build_landing(const std::vector<int>& group, const BlockTarget& target, Buffer& reply,
-                     Landing& l);
-  static MPI_Datatype landing_type(const char* head_at, std::size_t head,
-                                   const std::vector<BlockPlace>& at);
-  // Receives a probed reply of `bytes` from holder h into `into` (typed if it fits, else as
-  // bytes); returns the fetch its header names, moving the reply there if that is another.
-  InFlight* receive_reply(MPI_Message& m, int bytes, int h, InFlight* into,
-                          const std::vector<Job>& jobs, int source);
-  void move_reply(InFlight& from, InFlight& to, int h);
+  // Receives a reply's header from holder h and posts its payloads' receives.
+  void receive_header(MPI_Message& m, int bytes, int h, const std::vector<Job>& jobs);
+  void post_payloads(InFlight& f, int h, const std::vector<char>& header);
+  MPI_Request receive_payload(InFlight& f, const BlockPlace& p, int source);
+  // Payloads that have arrived get their CRC32C taken (and, in place, the target's finishing
+  // pass) at once; true if any did.
+  bool check_arrived(InFlight& f);
+  void check_block(InFlight& f, int h, std::size_t i);
+  // Where a relayed reply's payloads lie: back to back after its headers.
+  void place_buffered(InFlight& f, int h);
   // Checks the CRC32C of a block that landed in place, handing its rows to the target's
   // `landed` a cache-sized chunk at a time (one pass over memory).
   std::uint32_t check_in_place(const InFlight& f, int block, const BlockPlace& p) const;
-  void free_landings(InFlight& f);
+  void free_receive_types(InFlight& f);
   bool receive_replies(const std::vector<Job>& jobs);
   bool advance(InFlight& f);
   UpdateInfo verify_and_deliver(InFlight& f);
@@ -167,9 +179,11 @@ class FetchClient final : public ParameterService {
   Ticket next_ticket_ = 0;
   std::vector<Buffer> spare_;                 // buffers of delivered replies
   std::vector<float> decoded_;                // one block, decoded
+  std::vector<char> header_;                  // the reply header being read
+  std::vector<int> completed_;                // MPI_Testsome's indices
   std::map<std::int64_t, UpdateInfo> known_;  // updates learnt from reply headers
   std::atomic<bool> stop_{false};
-  std::atomic<std::int64_t> fetched_{0}, from_holders_{0}, moved_{0};
+  std::atomic<std::int64_t> fetched_{0}, from_holders_{0}, out_of_order_{0};
   std::int64_t pushed_ = 0;
   std::map<PushTicket, Pushing> pushes_;  // on their way (compute thread only)
   PushTicket next_push_ticket_ = 0;

@@ -151,9 +151,8 @@ class HolderServer {
   std::vector<char> payload_;              // a push's payloads (grows, never shrinks)
   std::multimap<std::size_t, std::vector<float>> spare_;  // gradient buffers for reuse, by size
   struct Sending {
-    std::vector<char> bytes;  // the headers; the payload is the blocks' encoded bytes
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<char> bytes;            // the headers; the payloads are the blocks' encoded bytes
+    std::vector<MPI_Request> requests;  // the header's send, then one per non-empty payload
   };
   std::deque<Sending> sending_;  // replies on their way (std::deque: elements never move)
   int done_ranks_ = 0;

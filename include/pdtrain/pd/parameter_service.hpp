@@ -77,6 +77,12 @@ class ParameterService {
     push(step, blocks, grads);
     return next_push_++;
   }
+  // The same push from where the gradients lie (places[i]: block i's rows, apart in a unit's
+  // storage), without packing them first. A remote service describes the tiles to MPI, which
+  // then moves them only while this rank is inside MPI: it suits a rank that waits for the push
+  // (pd.pushes_in_flight = 0), not one that computes meanwhile. This default packs them.
+  virtual PushTicket start_push_from(std::int64_t step, const std::vector<int>& blocks,
+                                     const std::vector<ConstBlockPlace>& places);
   virtual bool push_done(PushTicket) { return true; }  // also frees it when done
   virtual void wait_push(PushTicket) {}
   // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.

@@ -7,13 +7,17 @@ namespace pdtrain::wire {
 
 enum Tag : int {
   kFetchRequest = 101,  // compute -> holder: FetchRequest + int32 ids[n]
-  kFetchReply = 102,    // holder -> compute: ReplyHeader + BlockHeader[n] + encoded payloads
+  kFetchReply = 102,    // holder -> compute: ReplyHeader + BlockHeader[n], then per block with
+                        // bytes > 0 one kFetchPayload message, in header order
   kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n], then a kPushPayload
   kPushPayload = 107,   // compute -> holder: the n encoded payloads back to back, contiguous,
                         // so the holder copies it in without the pushing rank's help
   kDone = 104,          // compute -> holder: this rank has finished the run
   kFinalCrc = 105,      // holder 0 -> reporter: uint32 canonical CRC
-  kRelay = 106,         // replica -> replica (data-parallel tree): one holder's fetch reply
+  kRelay = 106,         // replica -> replica (data-parallel tree): one holder's fetch reply,
+                        // headers and payloads back to back
+  kFetchPayload = 108,  // holder -> compute: one block's encoded bytes, contiguous, so the
+                        // receiver moves it alone straight into place
 };
 
 struct FetchRequest {
