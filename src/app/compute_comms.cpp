@@ -56,7 +56,9 @@ CommChoice agree_on_comm(const Deck& deck, const Layout& layout, const std::stri
   CommChoice c;
   c.nccl = everywhere == 1;
   const std::string asked = "parallel.comm = " + deck.parallel.comm;
-  if (c.nccl)
+  if (c.nccl && layout.is_holder())
+    c.why = asked + ": nccl among the compute ranks";  // holders never touch NCCL
+  else if (c.nccl)
     c.why = asked + ": every compute rank has a GPU of its own; " + pin_deterministic_nccl() +
             " (NCCL " + nccl_version() + ")";
   else if (deck.parallel.comm == "mpi")
