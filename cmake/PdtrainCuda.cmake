@@ -42,6 +42,30 @@ message(STATUS "pdtrain: CUDA backend with CUDA ${CUDAToolkit_VERSION} for ${PDT
 
 set(PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/cuda_device.cpp)
 set(PDTRAIN_DEVICE_EXTRA_DEPS CUDA::cudart_static)
+
+# NCCL between compute ranks' GPUs (src/device/cuda/nccl_collectives.cpp), when the toolkit (or
+# NCCL_ROOT) has it; without it parallel.comm = "nccl" is an error and "auto" picks MPI. The
+# binary then needs libnccl.so.2 at run time (the machine's, like cuBLASLt):
+# -DPDTRAIN_WITH_NCCL=OFF builds without it for a machine that has none.
+option(PDTRAIN_WITH_NCCL "NCCL between GPU compute ranks (when the toolkit has it)" ON)
+find_path(PDTRAIN_NCCL_INCLUDE_DIR nccl.h
+          HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+find_library(PDTRAIN_NCCL_LIBRARY nccl
+             HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+if(PDTRAIN_WITH_NCCL AND PDTRAIN_NCCL_INCLUDE_DIR AND PDTRAIN_NCCL_LIBRARY)
+  message(STATUS "pdtrain: NCCL from ${PDTRAIN_NCCL_LIBRARY}")
+  add_library(pdtrain::nccl UNKNOWN IMPORTED)
+  set_target_properties(pdtrain::nccl PROPERTIES IMPORTED_LOCATION ${PDTRAIN_NCCL_LIBRARY}
+                                                 INTERFACE_INCLUDE_DIRECTORIES ${PDTRAIN_NCCL_INCLUDE_DIR})
+  list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/nccl_collectives.cpp)
+  list(APPEND PDTRAIN_DEVICE_EXTRA_DEPS pdtrain::nccl)
+  set(PDTRAIN_NCCL ON)
+else()
+  message(STATUS "pdtrain: no NCCL (not found, or PDTRAIN_WITH_NCCL=OFF; NCCL_ROOT points at one): "
+                 "compute ranks talk over MPI only")
+  list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/no_nccl/nccl_absent.cpp)
+  set(PDTRAIN_NCCL OFF)
+endif()
 set(PDTRAIN_KERNELS_EXTRA_SOURCES "")
 set(PDTRAIN_KERNELS_EXTRA_DEPS pdtrain_kernels_cuda)
 

@@ -50,7 +50,7 @@
 #           sudo scripts/gpu-check-chroot.sh          # the same run on a bare Debian, no GPU
 #   device: a session has 15 minutes of device time in all, so two calls, each a fresh plan:
 #     1. the GPU tests: command
-#          GPU_CHECK_REQUIRE_GPU=1 GPU_CHECK_ONLY='^(gpu-info|bundle-libs|backend-cuda|gpu-training|sanitizer)' bash scripts/gpu-check.sh run
+#          GPU_CHECK_REQUIRE_GPU=1 GPU_CHECK_ONLY='^(gpu-info|bundle-libs|backend-cuda|gpu-training|gpu-nccl|sanitizer)' bash scripts/gpu-check.sh run
 #        carry ["gpu-bundle"], timeout_s 600 (worst case ~8 minutes; typical far less);
 #     2. the benchmarks, if time is left: GPU_CHECK_ONLY='^perf-(gemm-cuda|gpu|pytorch)'
 #        (budgets cap it near 6 minutes); then give the machine back.

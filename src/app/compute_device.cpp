@@ -37,8 +37,10 @@ kernels::ComputeBackend make_compute_backend(const Deck& deck, const Setup& setu
 
 std::string describe_compute_device(const Deck& deck, const Setup& setup, int rank) {
   if (deck.compute.device == "cpu") return "cpu";
-  return "cuda (node-local compute rank " + std::to_string(node_local_compute_index(setup, rank)) +
-         ": that GPU, modulo the node's GPUs)";
+  const int k = node_local_compute_index(setup, rank);
+  return "cuda GPU " + std::to_string(k) + " of node " +
+         std::to_string(setup.node[static_cast<std::size_t>(rank)]) + " (its compute rank " +
+         std::to_string(k) + ", modulo the node's GPUs)";
 }
 
 }  // namespace pdtrain

@@ -321,13 +321,13 @@ TrainResult ComputeLoop::run_eval(std::int64_t batches) {
 
 ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout,
                          const RunOptions& opts, kernels::ComputeBackend& backend,
-                         std::unique_ptr<ParameterService> service, DeviceReplica* replica,
+                         const CommChoice& comm, std::unique_ptr<ParameterService> service, DeviceReplica* replica,
                          std::int64_t start_step, TraceRecorder* trace)
     : deck_(deck), setup_(setup), layout_(layout), opts_(opts), trace_(trace),
       start_step_(start_step),
       backend_(backend),
-      tp_(layout.tp_comm()),
-      staged_tp_(tp_, *backend.device),
+      comm_(comm),
+      comms_(make_compute_comms(comm, layout, *backend.device)),
       stage_params_(*setup.catalog, stage_spec(deck, layout),
                     layout.replicated() ? StageParams::Storage::resident
                                         : StageParams::Storage::streamed,
@@ -337,11 +337,11 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
       micro_batch_(micro_batch_size(deck, layout.shape())),
       T_(deck.model.seq_len),
       slots_(activation_slots(deck, layout.shape(), layout.pp_rank())),
-      stage_(stage_params_, micro_batch_, T_, staged_tp_, slots_, recompute_mode(deck),
+      stage_(stage_params_, micro_batch_, T_, comms_.model_tp(), slots_, recompute_mode(deck),
              *backend.ops, stage_order(deck)),
       runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
               micro_batch_, T_, slots_, *backend.device),
-      pipeline_(layout.pp_comm(), kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
+      pipeline_(*comms_.pp, kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
                 trace),
       reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
       service_(std::move(service)), replica_(replica) {
@@ -444,7 +444,7 @@ double ComputeLoop::mean_over_stages(double x) {
 
 void ComputeLoop::open_outputs() {
   metrics_ = std::make_unique<MetricsWriter>(deck_.run.out_dir + "/metrics.csv", start_step_);
-  if (opts_.verbose) print_run_header(deck_, setup_, layout_, backend_.ops->describe());
+  if (opts_.verbose) print_run_header(deck_, setup_, layout_, backend_.ops->describe(), comm_.why);
 }
 
 void ComputeLoop::write_heat_map() {

@@ -18,6 +18,7 @@
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/signals.hpp"
 #include "pdtrain/deck/sweep.hpp"
+#include "pdtrain/device/nccl_collectives.hpp"
 #include "pdtrain/io/summary.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
@@ -331,8 +332,9 @@ int run(int argc, char** argv, int rank) {
       if (cl.print_reference) std::fputs(pdtrain::deck_reference_markdown().c_str(), stdout);
       if (cl.help) std::fputs(kUsage, stdout);
       if (cl.version)
-        std::printf("pdtrain %s\nbackends: %s\n", PDTRAIN_VERSION,
-                    pdtrain::kernels::backends_built().c_str());
+        std::printf("pdtrain %s\nbackends: %s\ncomm: mpi%s\n", PDTRAIN_VERSION,
+                    pdtrain::kernels::backends_built().c_str(),
+                    pdtrain::nccl_built() ? (", nccl " + pdtrain::nccl_version()).c_str() : "");
       if (cl.print_default) std::fputs(pdtrain::default_deck_text(), stdout);
     }
     return 0;

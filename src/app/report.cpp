@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "pdtrain/layout/placement.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/plan/model.hpp"
 #include "pdtrain/schedule/pipeline_schedule.hpp"
@@ -102,6 +103,24 @@ std::function<double(int)> pd_grad_bound(const Deck& deck, const LayoutShape& sh
   };
 }
 
+namespace {
+
+std::string links_text(const char* kind, int size, const GroupLinks& l) {
+  return std::string(kind) + " " + std::to_string(size) + ": " + std::to_string(l.intra_node) +
+         " group(s) within a node, " + std::to_string(l.inter_node) + " across nodes";
+}
+
+// Which links each kind of collective group crosses, and the transport asked for.
+void print_group_links(const Deck& deck, const Setup& s) {
+  const GridLinks l = grid_links(s.shape, s.node);
+  std::printf("groups: %s; %s; %s | parallel.comm = %s (resolved at start-up: nccl needs a GPU "
+              "of its own per compute rank)\n",
+              links_text("tp", s.shape.tp, l.tp).c_str(), links_text("pp", s.shape.pp, l.pp).c_str(),
+              links_text("dp", s.shape.dp, l.dp).c_str(), deck.parallel.comm.c_str());
+}
+
+}  // namespace
+
 void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
   const ParamCatalog& cat = *s.catalog;
   const LayoutShape& ls = s.shape;
@@ -127,6 +146,7 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
       print_compute_rank(deck, s, stages[static_cast<std::size_t>(p * ls.tp + t)], r);
     }
   }
+  print_group_links(deck, s);
 }
 
 namespace {
@@ -147,7 +167,7 @@ void print_staleness(const Deck& deck) {
 }  // namespace
 
 void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout,
-                      const std::string& compute) {
+                      const std::string& compute, const std::string& comm) {
   const ModelShape& m = setup.catalog->shape();
   const LayoutShape& ls = layout.shape();
   std::printf("pdtrain %s | %s | %d ranks: %d holder(s) + %d compute (dp %d x pp %d x tp %d)%s\n",
@@ -181,6 +201,7 @@ void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout
     if (deck.pd.staleness > 0) print_staleness(deck);
   }
   std::printf("\ncompute: %s", compute.c_str());
+  if (layout.shape().compute() > 1) std::printf("\ncomm: %s", comm.c_str());
   std::printf("\ndata: %s\n", setup.source->describe().c_str());
   std::printf("output: %s\n", deck.run.out_dir.c_str());
   std::fflush(stdout);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pdtrain/app/checkpointing.hpp"
+#include "pdtrain/app/compute_comms.hpp"
 #include "pdtrain/app/model_init.hpp"
 #include "pdtrain/app/sample.hpp"
 #include "pdtrain/app/trajectories.hpp"
@@ -64,7 +65,8 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
                              TraceRecorder* trace);
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
-                             kernels::ComputeBackend& backend, TraceRecorder* trace);
+                             kernels::ComputeBackend& backend, const CommChoice& comm,
+                             TraceRecorder* trace);
 void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world);
 // One training run, the divergence guard's rewind between runs.
 TrainResult train_once(const Deck& deck, MPI_Comm job, const RunOptions& opts,
@@ -132,17 +134,22 @@ TrainResult train_once(const Deck& deck, MPI_Comm job, const RunOptions& opts,
     const std::string hint = kernels::blas_misdetection_hint();
     if (!hint.empty()) std::printf("hint: %s\n", hint.c_str());
   }
-  // Compute ranks take their device (a GPU, or the CPU); one that cannot ends the whole job.
+  // Compute ranks take their device (a GPU, or the CPU) and see whether NCCL can serve them;
+  // one that cannot do what the deck asks ends the whole job. Then all agree on the transport.
   kernels::ComputeBackend backend;
+  std::string why_not_nccl;
   run_collectively(world, ErrorScope::job, [&] {
-    if (!layout.is_holder()) backend = make_compute_backend(deck, setup, layout);
+    if (layout.is_holder()) return;
+    backend = make_compute_backend(deck, setup, layout);
+    why_not_nccl = nccl_unavailable_here(deck, setup, layout);
   });
+  const CommChoice comm = agree_on_comm(deck, layout, why_not_nccl);
   TraceRecorder trace = trace_recorder(deck, layout);
   TrainResult result;
   if (layout.is_holder())
     result.divergence = serve_parameters(deck, setup, layout, opts, restart, &trace);
   else
-    result = run_compute_rank(deck, setup, layout, opts, restart, backend, &trace);
+    result = run_compute_rank(deck, setup, layout, opts, restart, backend, comm, &trace);
   if (deck.output.trace) write_traces(deck, trace, world);
   // A diverged run ended in order: every rank learns the step, and the job ends (or rewinds)
   // with the lowest rank's account (a holder's names the block, a compute rank's the loss).
@@ -317,7 +324,8 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
 // baseline, where compute rank 0 writes the checkpoints); then the step loop.
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
-                             kernels::ComputeBackend& backend, TraceRecorder* trace) {
+                             kernels::ComputeBackend& backend, const CommChoice& comm,
+                             TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
   std::unique_ptr<ParameterService> service;
   DeviceReplica* baseline = nullptr;
@@ -345,8 +353,8 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
                                             *wire_codec_from_string(deck.pd.push_codec),
                                             deck.pd.fetch_thread);
   }
-  ComputeLoop loop(deck, setup, layout, opts, backend, std::move(service), baseline, restart.step,
-                   trace);
+  ComputeLoop loop(deck, setup, layout, opts, backend, comm, std::move(service), baseline,
+                   restart.step, trace);
   setup.table.init = nullptr;
   return training ? loop.run() : loop.run_eval(opts.eval_batches);
 }

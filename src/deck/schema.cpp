@@ -153,6 +153,14 @@ std::vector<KeySpec> build_schema() {
           "tied embedding adds its micro-batches' gradients.")
           .one_of({"micro_batch", "layer"})
           .with_rule("layer needs parallel.pp = 1"),
+      key(&D::parallel, &ParallelConfig::comm, "parallel.comm",
+          "Transport of compute-to-compute traffic (tensor-parallel all-reduces). mpi: MPI over "
+          "host memory (a GPU rank stages through pinned memory). nccl: NCCL between the compute "
+          "ranks' GPUs, on its own stream (needs a pdtrain built with CUDA and NCCL, "
+          "compute.device = \"cuda\" and a GPU of its own for every compute rank; anything else "
+          "is an error). auto: nccl when all of that holds, else mpi; the run header says which "
+          "and why. Pipeline messages and the data-parallel gradient reduce use MPI either way.")
+          .one_of({"auto", "mpi", "nccl"}),
 
       key(&D::train, &TrainConfig::batch_size, "train.batch_size",
           "Sequences per optimizer step, over all data-parallel ranks.")

@@ -101,4 +101,39 @@ std::vector<int> spread_holders(int holders, const std::vector<int>& job_node) {
   return job_rank;
 }
 
+namespace {
+
+// Counts `group` (run ranks) as within one node or across nodes.
+void count_group(const std::vector<int>& group, const std::vector<int>& node, GroupLinks* links) {
+  bool one_node = true;
+  for (int r : group) one_node = one_node && node[r] == node[group.front()];
+  ++(one_node ? links->intra_node : links->inter_node);
+}
+
+}  // namespace
+
+GridLinks grid_links(const LayoutShape& s, const std::vector<int>& node) {
+  GridLinks links;
+  std::vector<int> group;
+  for (int d = 0; d < s.dp; ++d)
+    for (int p = 0; p < s.pp; ++p) {
+      group.clear();
+      for (int t = 0; t < s.tp; ++t) group.push_back(s.compute_rank(d, p, t));
+      count_group(group, node, &links.tp);
+    }
+  for (int d = 0; d < s.dp; ++d)
+    for (int t = 0; t < s.tp; ++t) {
+      group.clear();
+      for (int p = 0; p < s.pp; ++p) group.push_back(s.compute_rank(d, p, t));
+      count_group(group, node, &links.pp);
+    }
+  for (int p = 0; p < s.pp; ++p)
+    for (int t = 0; t < s.tp; ++t) {
+      group.clear();
+      for (int d = 0; d < s.dp; ++d) group.push_back(s.compute_rank(d, p, t));
+      count_group(group, node, &links.dp);
+    }
+  return links;
+}
+
 }  // namespace pdtrain

@@ -1,6 +1,7 @@
 #include "pdtrain/schedule/grad_reduce.hpp"
 
 #include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/mpi_collectives.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/layout/placement.hpp"
 
@@ -8,17 +9,17 @@ namespace pdtrain {
 
 GradReducer::GradReducer(MPI_Comm dp_comm, std::vector<int> blocks,
                          std::vector<std::int64_t> numel)
-    : comm_(dp_comm), reduce_(dp_comm) {
-  me_ = reduce_.rank();
-  dp_ = reduce_.size();
+    : comm_(dp_comm), replicas_(std::make_unique<MpiCollectives>(dp_comm)) {
+  me_ = replicas_->rank();
+  dp_ = replicas_->size();
   groups_.push_back(make_group(std::move(blocks), numel));
 }
 
 GradReducer::GradReducer(MPI_Comm dp_comm, const std::vector<std::vector<int>>& groups,
                          const std::vector<std::int64_t>& numel_by_block)
-    : comm_(dp_comm), reduce_(dp_comm) {
-  me_ = reduce_.rank();
-  dp_ = reduce_.size();
+    : comm_(dp_comm), replicas_(std::make_unique<MpiCollectives>(dp_comm)) {
+  me_ = replicas_->rank();
+  dp_ = replicas_->size();
   for (const std::vector<int>& blocks : groups) {
     std::vector<std::int64_t> numel;
     for (int b : blocks) numel.push_back(numel_by_block[b]);

@@ -1,7 +1,6 @@
 #include "pdtrain/schedule/pipeline_schedule.hpp"
 
 #include <algorithm>
-#include <deque>
 #include <map>
 #include <ostream>
 #include <sstream>
@@ -59,7 +58,7 @@ const char* to_string(ActionKind kind) {
 }
 
 std::ostream& operator<<(std::ostream& os, const PipelineAction& a) {
-  return os << to_string(a.kind) << '(' << a.micro_batch << ')';
+  return os << to_string(a.kind) << '(' << a.micro_batch << ')' << (a.grouped_with_next ? "+" : "");
 }
 
 std::vector<PipelineAction> pipeline_actions(PipelineKind kind, int stages, int stage,
@@ -86,6 +85,23 @@ std::vector<PipelineAction> pipeline_actions(PipelineKind kind, int stages, int 
   return out;
 }
 
+bool is_message(ActionKind kind) {
+  return kind != ActionKind::forward && kind != ActionKind::backward;
+}
+
+bool is_send(ActionKind kind) {
+  return kind == ActionKind::send_activation || kind == ActionKind::send_grad;
+}
+
+std::vector<PipelineAction> pair_messages(std::vector<PipelineAction> list) {
+  for (std::size_t k = 0; k + 1 < list.size(); ++k) {
+    const ActionKind next = list[k + 1].kind;
+    list[k].grouped_with_next = is_send(list[k].kind) && is_message(next) && !is_send(next);
+  }
+  if (!list.empty()) list.back().grouped_with_next = false;
+  return list;
+}
+
 int pipeline_tag(int micro_batch, bool backward) {
   if (micro_batch < 0 || micro_batch > kPipelineMaxMicroBatch)
     throw std::invalid_argument("pipeline_tag: micro_batch " + std::to_string(micro_batch) +
@@ -104,101 +120,167 @@ double ideal_bubble_fraction(int stages, int micro_batches) {
   return static_cast<double>(stages - 1) / (micro_batches + stages - 1);
 }
 
+namespace {
+
+// A message, by (receiving stage, is gradient, micro-batch). Each key has one sender and one
+// receiver, so the n-th send of a key matches the n-th receive of it.
+using MessageKey = std::tuple<int, bool, int>;
+
+// One posted message of a stage's open group: which key, which side, its place in that key's
+// order of posts.
+struct PostedMessage {
+  MessageKey key;
+  bool send;
+  std::size_t index;
+};
+
+// The run of all stages' lists; see simulate_lists in the header.
+class PipelineSimulator {
+ public:
+  PipelineSimulator(const std::vector<std::vector<PipelineAction>>& lists, double t_forward,
+                    double t_backward, SendModel sends)
+      : lists_(lists), p_(static_cast<int>(lists.size())), tf_(t_forward), tb_(t_backward),
+        sends_(sends), pc_(p_, 0), clock_(p_, 0.0), busy_(p_, 0.0), held_(p_, 0),
+        forwarded_(p_), open_(p_) {
+    sim_.max_in_flight.assign(p_, 0);
+  }
+
+  PipelineSimulation run() {
+    // Step each stage as far as it can go, round after round, until no stage moves. A stage
+    // only ever stops at a group of messages, so once a round moves nothing, nothing ever will.
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int s = 0; s < p_; ++s)
+        while (pc_[s] < lists_[s].size() && step(s)) moved = true;
+    }
+    return result();
+  }
+
+ private:
+  [[noreturn]] void bad(int s, std::size_t k, const char* why) const {
+    std::ostringstream os;
+    os << "simulate_lists: stage " << s << " action " << k << " " << lists_[s][k] << ": " << why;
+    throw std::invalid_argument(os.str());
+  }
+
+  // Runs stage s's next action or group; false if it waits (after posting its messages).
+  bool step(int s) {
+    const PipelineAction& a = lists_[s][pc_[s]];
+    if (a.micro_batch < 0) bad(s, pc_[s], "negative micro-batch");
+    if (!is_message(a.kind)) {
+      if (a.grouped_with_next) bad(s, pc_[s], "a compute cannot be grouped");
+      compute(s, a);
+      ++pc_[s];
+      return true;
+    }
+    const bool posted_now = open_[s].empty();
+    if (posted_now) post_group(s);
+    if (!group_done(s)) return posted_now;  // posting may unblock a neighbour
+    pc_[s] += open_[s].size();
+    open_[s].clear();
+    return true;
+  }
+
+  void compute(int s, const PipelineAction& a) {
+    const bool forward = a.kind == ActionKind::forward;
+    clock_[s] += forward ? tf_ : tb_;
+    busy_[s] += forward ? tf_ : tb_;
+    if (forward) {
+      ++forwarded_[s][a.micro_batch];
+      sim_.max_in_flight[s] = std::max(sim_.max_in_flight[s], ++held_[s]);
+    } else if (forwarded_[s][a.micro_batch] > 0) {  // frees that micro-batch's activations
+      --forwarded_[s][a.micro_batch];
+      --held_[s];
+    }
+  }
+
+  // Posts every message of the group starting at stage s's next action.
+  void post_group(int s) {
+    for (std::size_t k = pc_[s];; ++k) {
+      if (k >= lists_[s].size()) bad(s, k - 1, "the group runs past the end of the list");
+      const PipelineAction& a = lists_[s][k];
+      if (!is_message(a.kind)) bad(s, k, "a compute cannot be grouped");
+      if (a.micro_batch < 0) bad(s, k, "negative micro-batch");
+      const bool grad = a.kind == ActionKind::send_grad || a.kind == ActionKind::recv_grad;
+      const bool send = is_send(a.kind);
+      // A gradient goes down a stage, an activation up.
+      const int to = send ? (grad ? s - 1 : s + 1) : s;
+      const int from = send ? s : (grad ? s + 1 : s - 1);
+      if (to < 0 || to >= p_ || from < 0 || from >= p_)
+        bad(s, k, send ? "no neighbour to send to" : "no neighbour sends this");
+      const MessageKey key{to, grad, a.micro_batch};
+      std::vector<double>& times = send ? sent_[key] : received_[key];
+      open_[s].push_back({key, send, times.size()});
+      times.push_back(clock_[s]);
+      if (!a.grouped_with_next) return;
+    }
+  }
+
+  // Whether every message of stage s's open group is done; if so the stage's clock moves to
+  // the latest time a partner posted its side.
+  bool group_done(int s) {
+    double done_at = clock_[s];
+    for (const PostedMessage& m : open_[s]) {
+      if (m.send && sends_ == SendModel::buffered) continue;
+      const std::vector<double>& partner = m.send ? received_[m.key] : sent_[m.key];
+      if (partner.size() <= m.index) return false;
+      done_at = std::max(done_at, partner[m.index]);
+    }
+    clock_[s] = done_at;
+    return true;
+  }
+
+  PipelineSimulation result() {
+    sim_.completed = true;
+    std::ostringstream report;
+    for (int s = 0; s < p_; ++s) {
+      sim_.makespan = std::max(sim_.makespan, clock_[s]);
+      if (pc_[s] < lists_[s].size()) {
+        if (sim_.completed) report << "deadlock:";
+        sim_.completed = false;
+        report << " stage " << s << " waits forever at action " << pc_[s] << " "
+               << lists_[s][pc_[s]] << ";";
+      }
+    }
+    sim_.deadlock_report = report.str();
+    sim_.idle_fraction.assign(p_, 0.0);
+    if (sim_.makespan > 0)
+      for (int s = 0; s < p_; ++s) sim_.idle_fraction[s] = 1.0 - busy_[s] / sim_.makespan;
+    return sim_;
+  }
+
+  const std::vector<std::vector<PipelineAction>>& lists_;
+  int p_;
+  double tf_, tb_;
+  SendModel sends_;
+  std::vector<std::size_t> pc_;  // next action of each stage
+  std::vector<double> clock_, busy_;
+  std::vector<int> held_;
+  std::vector<std::map<int, int>> forwarded_;  // micro-batch -> forwards not yet backwarded
+  std::vector<std::vector<PostedMessage>> open_;  // each stage's posted, unfinished group
+  std::map<MessageKey, std::vector<double>> sent_, received_;  // posting times, in order
+  PipelineSimulation sim_;
+};
+
+}  // namespace
+
 PipelineSimulation simulate_lists(const std::vector<std::vector<PipelineAction>>& lists,
-                                  double t_forward, double t_backward) {
+                                  double t_forward, double t_backward, SendModel sends) {
   if (t_forward < 0 || t_backward < 0)
     throw std::invalid_argument("simulate_lists: negative compute time");
-  const int p = static_cast<int>(lists.size());
-  // Messages in flight, by (receiving stage, is gradient, micro-batch): the send times, oldest
-  // first. Each key has a single sender, so the queue is in that sender's program order.
-  std::map<std::tuple<int, bool, int>, std::deque<double>> queued;
-  std::vector<std::size_t> pc(p, 0);  // next action of each stage
-  std::vector<double> clock(p, 0.0), busy(p, 0.0);
-  std::vector<int> held(p, 0);
-  std::vector<std::map<int, int>> forwarded(p);  // micro-batch -> forwards not yet backwarded
-
-  PipelineSimulation sim;
-  sim.max_in_flight.assign(p, 0);
-  auto bad = [](int s, std::size_t k, const PipelineAction& a, const char* why) {
-    std::ostringstream os;
-    os << "simulate_lists: stage " << s << " action " << k << " " << a << ": " << why;
-    throw std::invalid_argument(os.str());
-  };
-
-  // Runs stage s's next action; false if it is a receive whose message has not been sent yet.
-  auto step = [&](int s) {
-    const std::size_t k = pc[s];
-    const PipelineAction& a = lists[s][k];
-    if (a.micro_batch < 0) bad(s, k, a, "negative micro-batch");
-    switch (a.kind) {
-      case ActionKind::recv_activation:
-      case ActionKind::recv_grad: {
-        const bool grad = a.kind == ActionKind::recv_grad;
-        if (grad ? s == p - 1 : s == 0) bad(s, k, a, "no neighbour sends this");
-        auto it = queued.find({s, grad, a.micro_batch});
-        if (it == queued.end() || it->second.empty()) return false;
-        clock[s] = std::max(clock[s], it->second.front());  // waits for the message to arrive
-        it->second.pop_front();
-        return true;
-      }
-      case ActionKind::send_activation:
-      case ActionKind::send_grad: {
-        const bool grad = a.kind == ActionKind::send_grad;
-        if (grad ? s == 0 : s == p - 1) bad(s, k, a, "no neighbour to send to");
-        queued[{grad ? s - 1 : s + 1, grad, a.micro_batch}].push_back(clock[s]);
-        return true;
-      }
-      case ActionKind::forward:
-        clock[s] += t_forward;
-        busy[s] += t_forward;
-        ++forwarded[s][a.micro_batch];
-        sim.max_in_flight[s] = std::max(sim.max_in_flight[s], ++held[s]);
-        return true;
-      case ActionKind::backward:
-        clock[s] += t_backward;
-        busy[s] += t_backward;
-        if (forwarded[s][a.micro_batch] > 0) {  // frees that micro-batch's activations
-          --forwarded[s][a.micro_batch];
-          --held[s];
-        }
-        return true;
-    }
-    return true;
-  };
-
-  // Step each stage as far as it can go, round after round, until no stage moves. A stage only
-  // ever stops at a receive, so once a round moves nothing, nothing ever will.
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (int s = 0; s < p; ++s)
-      for (; pc[s] < lists[s].size() && step(s); ++pc[s]) moved = true;
-  }
-
-  sim.completed = true;
-  std::ostringstream report;
-  for (int s = 0; s < p; ++s) {
-    sim.makespan = std::max(sim.makespan, clock[s]);
-    if (pc[s] < lists[s].size()) {
-      if (sim.completed) report << "deadlock:";
-      sim.completed = false;
-      report << " stage " << s << " waits forever at action " << pc[s] << " " << lists[s][pc[s]]
-             << ";";
-    }
-  }
-  sim.deadlock_report = report.str();
-  sim.idle_fraction.assign(p, 0.0);
-  if (sim.makespan > 0)
-    for (int s = 0; s < p; ++s) sim.idle_fraction[s] = 1.0 - busy[s] / sim.makespan;
-  return sim;
+  return PipelineSimulator(lists, t_forward, t_backward, sends).run();
 }
 
 PipelineSimulation simulate_pipeline(PipelineKind kind, int stages, int micro_batches,
-                                     double t_forward, double t_backward) {
+                                     double t_forward, double t_backward, SendModel sends,
+                                     bool paired) {
   check_shape(stages, 0, micro_batches);
   std::vector<std::vector<PipelineAction>> lists;
-  for (int s = 0; s < stages; ++s)
-    lists.push_back(pipeline_actions(kind, stages, s, micro_batches));
-  return simulate_lists(lists, t_forward, t_backward);
+  for (int s = 0; s < stages; ++s) {
+    std::vector<PipelineAction> list = pipeline_actions(kind, stages, s, micro_batches);
+    lists.push_back(paired ? pair_messages(std::move(list)) : std::move(list));
+  }
+  return simulate_lists(lists, t_forward, t_backward, sends);
 }
 
 }  // namespace pdtrain

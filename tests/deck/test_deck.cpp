@@ -88,54 +88,55 @@ const std::vector<std::string> kFullDeck = {
     "micro_batches = 4",                 // 30
     "schedule = \"gpipe\"",              // 31
     "order = \"layer\"",                 // 32
-    "[train]",                           // 33
-    "batch_size = 64",                   // 34
-    "eval_every = 0",                    // 35
-    "sample_every = 5",                  // 36
-    "eval_batches = 10",                 // 37
-    "recompute = \"full\"",              // 38
-    "precision = \"bf16\"",              // 39
-    "on_divergence = \"rewind\"",        // 40
-    "rewind_lr_factor = 0.25",           // 41
-    "max_rewinds = 2",                   // 42
-    "loss_spike_factor = 4.0",           // 43
-    "loss_spike_window = 8",             // 44
-    "[optimizer]",                       // 45
-    "lr = 6e-4",                         // 46
-    "min_lr = 6e-5",                     // 47
-    "warmup_steps = 700",                // 48
-    "weight_decay = 0.0",                // 49
-    "grad_clip = 0.5",                   // 50
-    "beta1 = 0.85",                      // 51
-    "beta2 = 0.999",                     // 52
-    "eps = 1e-6",                        // 53
-    "[pd]",                              // 54
-    "fetch_codec = \"bf16\"",            // 55
-    "push_codec = \"zstd\"",             // 56
-    "staleness = 2",                     // 57
-    "prefetch_depth = 3",                // 58
-    "cache_mb = 64.5",                   // 59
-    "fetch_thread = true",               // 60
-    "cache_warm_steps = 7",              // 61
-    "holder_threads = 2",                // 62
-    "staleness_warmup = 50",             // 63
-    "stale_correction = \"none\"",       // 64
-    "pushes_in_flight = 0",              // 65
-    "[checkpoint]",                      // 66
-    "every = 100",                       // 67
-    "codec = \"xor\"",                   // 68
-    "anchor_every = 5",                  // 69
-    "keep = 2",                          // 70
-    "async = true",                      // 71
-    "dir = \"/scratch/ckpt\"",           // 72
-    "bitdelta_bits = 3",                 // 73
-    "moment_bits = 5",                   // 74
-    "[output]",                          // 75
-    "trace = true",                      // 76
-    "trajectory_every = 25",             // 77
-    "[compute]",                         // 78
-    "device = \"cuda\"",                 // 79
-    "tf32 = true",                       // 80
+    "comm = \"nccl\"",                  // 33
+    "[train]",                           // 34
+    "batch_size = 64",                   // 35
+    "eval_every = 0",                    // 36
+    "sample_every = 5",                  // 37
+    "eval_batches = 10",                 // 38
+    "recompute = \"full\"",              // 39
+    "precision = \"bf16\"",              // 40
+    "on_divergence = \"rewind\"",        // 41
+    "rewind_lr_factor = 0.25",           // 42
+    "max_rewinds = 2",                   // 43
+    "loss_spike_factor = 4.0",           // 44
+    "loss_spike_window = 8",             // 45
+    "[optimizer]",                       // 46
+    "lr = 6e-4",                         // 47
+    "min_lr = 6e-5",                     // 48
+    "warmup_steps = 700",                // 49
+    "weight_decay = 0.0",                // 50
+    "grad_clip = 0.5",                   // 51
+    "beta1 = 0.85",                      // 52
+    "beta2 = 0.999",                     // 53
+    "eps = 1e-6",                        // 54
+    "[pd]",                              // 55
+    "fetch_codec = \"bf16\"",            // 56
+    "push_codec = \"zstd\"",             // 57
+    "staleness = 2",                     // 58
+    "prefetch_depth = 3",                // 59
+    "cache_mb = 64.5",                   // 60
+    "fetch_thread = true",               // 61
+    "cache_warm_steps = 7",              // 62
+    "holder_threads = 2",                // 63
+    "staleness_warmup = 50",             // 64
+    "stale_correction = \"none\"",       // 65
+    "pushes_in_flight = 0",              // 66
+    "[checkpoint]",                      // 67
+    "every = 100",                       // 68
+    "codec = \"xor\"",                   // 69
+    "anchor_every = 5",                  // 70
+    "keep = 2",                          // 71
+    "async = true",                      // 72
+    "dir = \"/scratch/ckpt\"",           // 73
+    "bitdelta_bits = 3",                 // 74
+    "moment_bits = 5",                   // 75
+    "[output]",                          // 76
+    "trace = true",                      // 77
+    "trajectory_every = 25",             // 78
+    "[compute]",                         // 79
+    "device = \"cuda\"",                 // 80
+    "tf32 = true",                       // 81
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -208,12 +209,13 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:53");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:54");
   EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
   EXPECT_EQ(d.parallel.order, "layer");
+  EXPECT_EQ(d.parallel.comm, "nccl");
   EXPECT_TRUE(d.output.trace);
   EXPECT_EQ(d.output.trajectory_every, 25);
   EXPECT_EQ(d.train.sample_every, 5);
@@ -632,9 +634,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 11 train + 2 compute + 8 optimizer + 11 pd +
+  // 5 run + 9 model + 6 data + 8 parallel + 11 train + 2 compute + 8 optimizer + 11 pd +
   // 8 checkpoint + 2 output fields.
-  EXPECT_EQ(deck::schema().size(), 69u);
+  EXPECT_EQ(deck::schema().size(), 70u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

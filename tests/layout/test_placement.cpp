@@ -76,5 +76,30 @@ TEST(SpreadHolders, HoldersGoToDifferentNodes) {
   EXPECT_EQ(spread_holders(3, {0, 1, 1, 1}), (std::vector<int>{0, 1, 2, 3}));
 }
 
+TEST(GridLinks, TensorGroupsInsideANodePipelineAcrossReplicasOutermost) {
+  // 1 holder + dp 2 x pp 2 x tp 2 on 4-rank nodes: holder 0 and compute ranks 1..3 on node 0,
+  // 4..7 on node 1, 8 on node 2.
+  LayoutShape s;
+  s.holders = 1;
+  s.dp = 2;
+  s.pp = 2;
+  s.tp = 2;
+  const std::vector<int> node = {0, 0, 0, 0, 1, 1, 1, 1, 2};
+  const GridLinks l = grid_links(s, node);
+  // tp groups {1,2} {3,4} {5,6} {7,8}: two within a node, two across.
+  EXPECT_EQ(l.tp.intra_node, 2);
+  EXPECT_EQ(l.tp.inter_node, 2);
+  // pp groups {1,3} {2,4} {5,7} {6,8}: {1,3} and {5,7} within.
+  EXPECT_EQ(l.pp.intra_node, 2);
+  EXPECT_EQ(l.pp.inter_node, 2);
+  // dp groups {1,5} {2,6} {3,7} {4,8}: all across.
+  EXPECT_EQ(l.dp.intra_node, 0);
+  EXPECT_EQ(l.dp.inter_node, 4);
+  // One node: every group within it.
+  const GridLinks one = grid_links(s, std::vector<int>(9, 0));
+  EXPECT_EQ(one.tp.inter_node + one.pp.inter_node + one.dp.inter_node, 0);
+  EXPECT_EQ(one.tp.intra_node + one.pp.intra_node + one.dp.intra_node, 4 + 4 + 4);
+}
+
 }  // namespace
 }  // namespace pdtrain

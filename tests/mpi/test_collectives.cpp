@@ -13,7 +13,7 @@
 #include "pdtrain/core/counts.hpp"
 #include "pdtrain/core/fixed_order_reduce.hpp"
 #include "pdtrain/core/mpi_check.hpp"
-#include "pdtrain/layout/tensor_parallel_group.hpp"
+#include "pdtrain/core/mpi_collectives.hpp"
 #include "pdtrain/schedule/grad_reduce.hpp"
 
 namespace pdtrain {
@@ -130,7 +130,7 @@ TEST(FixedOrderReducer, AllgatherPutsEverySegmentInItsPlace) {
 }
 
 TEST(FixedOrderReducer, TensorParallelAllreduceGivesEveryRankTheRankOrderSum) {
-  TensorParallelGroup tp(MPI_COMM_WORLD);
+  MpiCollectives tp(MPI_COMM_WORLD);
   for (std::int64_t n : {1000, 2, 0}) {  // n = 2: a rank with an empty segment
     std::vector<float> data = my_copy(n);
     tp.allreduce_sum(data.data(), n);

@@ -24,12 +24,14 @@ constexpr PipelineKind kKinds[] = {kGpipe, k1f1b};
 
 // A list in a short notation, so expected lists read like the schedule diagrams:
 // ra = recv_activation, F = forward, sa = send_activation, rg = recv_grad, B = backward,
-// sg = send_grad, each followed by the micro-batch ("ra0 F0 sa0 ...").
+// sg = send_grad, each followed by the micro-batch ("ra0 F0 sa0 ..."); a "+" after an action
+// groups it with the next one ("sa1+ rg0": posted together, see pair_messages).
 std::string notation(const std::vector<PipelineAction>& list) {
   static const char* const kShort[] = {"ra", "F", "sa", "rg", "B", "sg"};
   std::ostringstream os;
   for (std::size_t k = 0; k < list.size(); ++k)
-    os << (k ? " " : "") << kShort[static_cast<int>(list[k].kind)] << list[k].micro_batch;
+    os << (k ? " " : "") << kShort[static_cast<int>(list[k].kind)] << list[k].micro_batch
+       << (list[k].grouped_with_next ? "+" : "");
   return os.str();
 }
 
@@ -51,7 +53,7 @@ std::vector<PipelineAction> parse(const std::string& text) {
       const std::string n = name;
       if (tok.rfind(n, 0) == 0 && tok.size() > n.size() &&
           std::isdigit(static_cast<unsigned char>(tok[n.size()]))) {
-        out.push_back({kind, std::stoi(tok.substr(n.size()))});
+        out.push_back({kind, std::stoi(tok.substr(n.size())), tok.back() == '+'});
         found = true;
         break;
       }
@@ -288,6 +290,80 @@ TEST(PipelineSimulation, RejectsMessagesToMissingNeighbours) {
   EXPECT_THROW(simulate_lists({parse("F0 sg0"), parse("F0")}), std::invalid_argument);
   EXPECT_THROW(simulate_lists({parse("F0"), parse("rg0 F0")}), std::invalid_argument);
   EXPECT_THROW(simulate_lists({parse("F0")}, -1.0, 2.0), std::invalid_argument);
+}
+
+// ---- blocking sends and paired messages -------------------------------------------------
+
+TEST(PairMessages, GroupsEachSendWithTheReceiveRightAfterIt) {
+  // 1f1b, stage 0 of 2, 3 micro-batches: the steady state's send_activation(i+1) meets
+  // recv_grad(i); the warm-up's send and the cool-down's receives stay alone.
+  EXPECT_EQ(notation(pair_messages(pipeline_actions(k1f1b, 2, 0, 3))),
+            "F0 sa0 F1 sa1+ rg0 B0 F2 sa2+ rg1 B1 rg2 B2");
+  // Stage 1 of 2: send_grad(i) meets recv_activation(i+1).
+  EXPECT_EQ(notation(pair_messages(pipeline_actions(k1f1b, 2, 1, 3))),
+            "ra0 F0 B0 sg0+ ra1 F1 B1 sg1+ ra2 F2 B2 sg2");
+  // A middle stage of 3 in warm-up: the activation out with the next one in.
+  EXPECT_EQ(notation(pair_messages(pipeline_actions(k1f1b, 3, 1, 2))),
+            "ra0 F0 sa0+ ra1 F1 sa1+ rg0 B0 sg0+ rg1 B1 sg1");
+  // Never two sends or two receives in one group, never a compute.
+  EXPECT_EQ(notation(pair_messages(parse("F0 sa0 sg0 rg0 ra0 B0"))), "F0 sa0 sg0+ rg0 ra0 B0");
+}
+
+TEST(PipelineSimulation, UnpairedOneFOneBDeadlocksWithBlockingSends) {
+  // Stage 0 sends micro-batch 1's activation while stage 1 sends micro-batch 0's gradient:
+  // with rendezvous sends each waits for a receive the other posts only afterwards.
+  const PipelineSimulation r = simulate_pipeline(k1f1b, 2, 2, 1.0, 2.0, SendModel::rendezvous);
+  EXPECT_FALSE(r.completed);
+  EXPECT_NE(r.deadlock_report.find("stage 0 waits forever at action 3 send_activation(1)"),
+            std::string::npos)
+      << r.deadlock_report;
+  EXPECT_NE(r.deadlock_report.find("stage 1 waits forever at action 3 send_grad(0)"),
+            std::string::npos)
+      << r.deadlock_report;
+  // The same lists complete when sends are buffered (what the MPI executor relies on).
+  EXPECT_TRUE(simulate_pipeline(k1f1b, 2, 2, 1.0, 2.0, SendModel::buffered).completed);
+}
+
+TEST(PipelineSimulation, PairedMessagesNeverDeadlockWithBlockingSends) {
+  // Every stage count 1-8 and micro-batch count 1-16, both schedules: the paired lists
+  // complete under rendezvous sends, in the same time as with buffered sends (a group waits
+  // only for a partner that is already due), and without pairing 1f1b deadlocks whenever a
+  // stage has both a warm-up and a steady state.
+  for (PipelineKind kind : kKinds)
+    for (int p = 1; p <= 8; ++p)
+      for (int m = 1; m <= 16; ++m) {
+        SCOPED_TRACE(std::string(to_string(kind)) + " stages " + std::to_string(p) + " m " +
+                     std::to_string(m));
+        const PipelineSimulation r =
+            simulate_pipeline(kind, p, m, 1.0, 2.0, SendModel::rendezvous, true);
+        ASSERT_TRUE(r.completed) << r.deadlock_report;
+        EXPECT_DOUBLE_EQ(r.makespan, simulate_pipeline(kind, p, m).makespan);
+        for (int s = 0; s < p; ++s)
+          EXPECT_EQ(r.max_in_flight[s], pipeline_in_flight(kind, p, s, m)) << "stage " << s;
+        const bool unpaired_ok =
+            simulate_pipeline(kind, p, m, 1.0, 2.0, SendModel::rendezvous, false).completed;
+        if (kind == k1f1b && p >= 2 && m >= 2) EXPECT_FALSE(unpaired_ok);
+      }
+}
+
+TEST(PipelineSimulation, RendezvousSendWaitsForTheReceiver) {
+  // Stage 1 posts its receive only after a forward of its own (time 1): stage 0's send, posted
+  // at 1, completes at 1 and its next forward ends at 2; stage 1 waits for nothing.
+  const PipelineSimulation r = simulate_lists({parse("F0 sa0 F1"), parse("F9 ra0 F0")}, 1.0, 2.0,
+                                              SendModel::rendezvous);
+  ASSERT_TRUE(r.completed) << r.deadlock_report;
+  EXPECT_DOUBLE_EQ(r.makespan, 2.0);
+  // Posted later (after 3 units of work), the receive holds the send until then.
+  const PipelineSimulation late = simulate_lists({parse("F0 sa0 F1"), parse("F8 F9 F7 ra0 F0")},
+                                                 1.0, 2.0, SendModel::rendezvous);
+  ASSERT_TRUE(late.completed) << late.deadlock_report;
+  EXPECT_DOUBLE_EQ(late.idle_fraction[0], 1.0 - 2.0 / 4.0);  // stage 0: 2 of 4 busy
+}
+
+TEST(PipelineSimulation, RejectsGroupsThatJoinACompute) {
+  EXPECT_THROW(simulate_lists({parse("F0+ F1")}), std::invalid_argument);
+  EXPECT_THROW(simulate_lists({parse("F0 sa0+"), parse("ra0 F0")}), std::invalid_argument);
+  EXPECT_THROW(simulate_lists({parse("F0 sa0+ F1"), parse("ra0 F0")}), std::invalid_argument);
 }
 
 // ---- tags -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ int node_local_compute_index(const Setup& setup, int rank);
 kernels::ComputeBackend make_compute_backend(const Deck& deck, const Setup& setup,
                                              const Layout& layout);
 
-// For --dry-run: "cpu", or "cuda (node-local compute rank 3: GPU 3 mod the node's GPUs)".
+// For --dry-run: "cpu", or "cuda GPU 3 of node 1 (its compute rank 3, modulo the node's GPUs)".
 std::string describe_compute_device(const Deck& deck, const Setup& setup, int rank);
 
 }  // namespace pdtrain

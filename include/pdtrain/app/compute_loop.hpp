@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "pdtrain/app/compute_comms.hpp"
 #include "pdtrain/app/grad_stream.hpp"
 #include "pdtrain/app/setup.hpp"
 #include "pdtrain/app/stage_cache.hpp"
@@ -20,7 +21,6 @@
 #include "pdtrain/io/metrics.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/layout/layout.hpp"
-#include "pdtrain/layout/tensor_parallel_group.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/pd/device_replica.hpp"
@@ -35,7 +35,8 @@ class ComputeLoop {
  public:
   // `replica`: the baseline's DeviceReplica (it is `service`), null under PD.
   ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout, const RunOptions& opts,
-              kernels::ComputeBackend& backend, std::unique_ptr<ParameterService> service,
+              kernels::ComputeBackend& backend, const CommChoice& comm,
+              std::unique_ptr<ParameterService> service,
               DeviceReplica* replica, std::int64_t start_step, TraceRecorder* trace);
 
   // The step loop, from the step after start_step to run.steps (or --stop-after, or a signal).
@@ -78,8 +79,8 @@ class ComputeLoop {
   TraceRecorder* trace_;
   std::int64_t start_step_;
   kernels::ComputeBackend& backend_;
-  TensorParallelGroup tp_;
-  StagedTensorParallel staged_tp_;  // the tp group for device memory (host staging on a GPU)
+  CommChoice comm_;
+  ComputeComms comms_;  // the tp group the model uses, the pipeline's neighbours
   StageParams stage_params_;
   int micro_batches_;
   PipelineKind kind_;

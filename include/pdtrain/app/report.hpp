@@ -29,8 +29,10 @@ void print_dry_run(const Deck& deck, const Setup& setup, const Layout& layout);
 
 // The reporter's header: version, ranks, model, batch, wire codecs, the compute backend (its
 // device and kernels), data and output directory.
+// `comm`: the transport of compute-to-compute traffic and why (CommChoice::why), shown when
+// there is more than one compute rank.
 void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout,
-                      const std::string& compute);
+                      const std::string& compute, const std::string& comm);
 
 // Step `rec`: its metrics.csv row, and on stdout (verbose) the line of the first, the last and
 // every run.log_every-th step; `eta` the seconds the run has left.

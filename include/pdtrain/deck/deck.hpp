@@ -53,6 +53,7 @@ struct ParallelConfig {
   std::int64_t micro_batches = 1;  // per replica and step; the pipeline fills with these
   std::string schedule = "1f1b";   // pipeline schedule: 1f1b | gpipe
   std::string order = "micro_batch";  // micro_batch | layer (one stage: each unit once per pass)
+  std::string comm = "auto";  // compute-to-compute transport: auto | mpi | nccl
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "pdtrain/layout/layout.hpp"
+
 namespace pdtrain {
 
 // Which holder owns each block: contiguous runs of blocks balanced by bytes, so every holder
@@ -38,5 +40,18 @@ std::vector<int> place_near_fetchers(const std::vector<std::int64_t>& block_byte
 // (holder h on node h mod nodes), each serving the fetchers nearest it; on one node nothing
 // moves. `job_node[r]` is the node of job rank r. Returns the job rank of each rank of the run.
 std::vector<int> spread_holders(int holders, const std::vector<int>& job_node);
+
+// Which links the compute grid's collective groups cross: per kind of group (tensor-parallel,
+// pipeline, data-parallel), how many groups lie within one node (NVLink / shared memory) and
+// how many span nodes (the network). The grid puts tp fastest, so tp groups stay inside a node
+// whenever tp divides the compute ranks per node, pipeline stages next, replicas outermost.
+// `node[r]` is the node of run rank r (holders first).
+struct GroupLinks {
+  int intra_node = 0, inter_node = 0;
+};
+struct GridLinks {
+  GroupLinks tp, pp, dp;
+};
+GridLinks grid_links(const LayoutShape& shape, const std::vector<int>& node);
 
 }  // namespace pdtrain

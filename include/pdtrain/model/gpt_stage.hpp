@@ -11,7 +11,7 @@
 // Tensor parallelism is inside the stage, at Megatron's points: one all-reduce after each
 // row-parallel layer in forward, one before each column-parallel layer's input gradient in
 // backward, and the vocabulary-parallel embedding and cross-entropy, all through
-// TensorParallelOps (on device memory; a GPU rank's implementation stages through the host).
+// TensorParallelOps (on device memory: NCCL, or MPI staged through the host on a GPU rank).
 // With NoTensorParallel the same code is the single-rank model.
 #include <cstdint>
 #include <vector>

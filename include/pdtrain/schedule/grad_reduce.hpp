@@ -3,15 +3,17 @@
 // groups reduced one at a time (the whole stage at once, or one parameter unit as soon as its
 // gradient is final); each group is cut into dp contiguous segments (balanced by size), and
 // replica r receives every replica's copy of its segment and adds them in replica order
-// 0, 1, ..., dp-1 (core/fixed_order_reduce). Every element is added in the same order however
+// 0, 1, ..., dp-1 (the collectives seam, core/collectives.hpp: MpiCollectives over the dp
+// communicator, core/fixed_order_reduce). Every element is added in the same order however
 // the blocks are grouped, so the result is bitwise the same for any grouping and any message
 // timing; replica r then pushes (or, in the replicated baseline, all-gathers) its segment.
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
-#include "pdtrain/core/fixed_order_reduce.hpp"
+#include "pdtrain/core/collectives.hpp"
 
 namespace pdtrain {
 
@@ -34,11 +36,11 @@ class GradReducer {
   // `packed` holds this replica's gradients of blocks(g) back to back. Returns the sum over
   // replicas of this replica's segment (valid until the next call).
   const float* reduce_scatter(const float* packed, int g = 0) {
-    return reduce_.reduce_scatter(packed, groups_[g].counts);
+    return replicas_->reduce_scatter(packed, groups_[g].counts);
   }
   // Every replica's reduced segment into `packed_out` (all blocks of group g, in order).
   void allgather(const float* my_segment, float* packed_out, int g = 0) {
-    reduce_.allgather(my_segment, packed_out, groups_[g].counts);
+    replicas_->allgather(my_segment, packed_out, groups_[g].counts);
   }
   // Sum over replicas of one value per replica, added in replica order.
   double sum(double local);
@@ -52,9 +54,9 @@ class GradReducer {
   Group make_group(std::vector<int> blocks, const std::vector<std::int64_t>& numel) const;
 
   MPI_Comm comm_;
+  std::unique_ptr<Collectives> replicas_;  // the dp group's collectives (host memory)
   int me_ = 0, dp_ = 1;
   std::vector<Group> groups_;
-  FixedOrderReducer reduce_;
 };
 
 }  // namespace pdtrain

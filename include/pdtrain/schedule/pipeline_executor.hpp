@@ -1,16 +1,17 @@
 #pragma once
-// Runs a stage's pipeline action list (pipeline_schedule.hpp) with MPI point-to-point between
-// neighbouring stages. Posting order: each receive is posted right before the compute that
-// needs it and waited on quietly; each send is non-blocking (MPI_Isend from a buffer owned by
-// the executor) and completed at the end of the step. With non-blocking sends the 1F1B and
-// GPipe lists cannot deadlock (the schedule tests simulate every stage/micro-batch count), and
-// tags (pipeline_tag) encode micro-batch and direction, so a message can only match its own
-// receive.
-#include <mpi.h>
-
+// Runs a stage's pipeline action list (pipeline_schedule.hpp) with point-to-point messages
+// between neighbouring stages, through the pp group's collectives (core/collectives.hpp).
+// The list is paired (pair_messages): a send and the receive right after it are one group,
+// posted together right before the compute that needs the receive; the group ends (its receive
+// has landed) before that compute. Sends leave from buffers owned by the executor and complete
+// at the end of the step. Paired, the 1F1B and GPipe lists cannot deadlock even when a send
+// blocks until matched (NCCL; the schedule tests simulate every stage/micro-batch count under
+// both send models), and tags (pipeline_tag) encode micro-batch and direction, so on MPI a
+// message can only match its own receive (NCCL matches in posting order, the same order).
 #include <cstdint>
 #include <vector>
 
+#include "pdtrain/core/collectives.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/schedule/pipeline_schedule.hpp"
 
@@ -32,7 +33,8 @@ class PipelineStageOps {
 
 class PipelineExecutor {
  public:
-  PipelineExecutor(MPI_Comm pp_comm, PipelineKind kind, int micro_batches,
+  // `stages` is the pp group: its rank is this stage, its size the stage count.
+  PipelineExecutor(Collectives& stages, PipelineKind kind, int micro_batches,
                    std::int64_t activation_numel, TraceRecorder* trace);
 
   // One optimizer step's forward and backward passes. Returns the seconds this stage waited for
@@ -45,19 +47,20 @@ class PipelineExecutor {
   int stages() const { return stages_; }
 
  private:
-  double recv(int from, int tag);          // into recv_; returns seconds waited
+  void recv(int from, int tag);  // into recv_, landed at the group's end
   void send(int to, int tag, const float* data);
-  void finish_sends();
+  double end_group();  // returns seconds waited
+  void post(const PipelineAction& a, PipelineStageOps& ops);
   void run(const std::vector<PipelineAction>& actions, PipelineStageOps& ops, double* waited);
 
-  MPI_Comm comm_;
+  Collectives& comm_;
   PipelineKind kind_;
   int micro_batches_, stage_ = 0, stages_ = 1;
   std::int64_t numel_;
   TraceRecorder* trace_;
   std::vector<float> recv_;
   std::vector<std::vector<float>> send_bufs_;
-  std::vector<MPI_Request> send_reqs_;
+  std::size_t sends_ = 0;  // sends posted this step (send_bufs_ in use)
 };
 
 }  // namespace pdtrain

@@ -16,9 +16,13 @@
 // its forward and starts backward itself.
 //
 // The lists are deadlock-free when sends do not wait for the matching receive (MPI_Isend, or a
-// send the runtime buffers): with blocking rendezvous sends, 1f1b's send_activation(i+w) on
-// stage s and send_grad(i) on stage s+1 can wait on each other. simulate_pipeline() checks the
-// lists under exactly that model (non-blocking sends, blocking receives).
+// send the runtime buffers): with blocking rendezvous sends (NCCL's ncclSend: the stream waits
+// until the peer has posted the receive), 1f1b's send_activation(i+w) on stage s and
+// send_grad(i) on stage s+1 can wait on each other. pair_messages() fixes that the way
+// Megatron's send_forward_recv_backward does: each send is posted in one group with the receive
+// right after it (ncclGroupStart/End), and a group waits until all its messages are matched, so
+// stage s's {send_activation(i+w), recv_grad(i)} meets stage s+1's {send_grad(i),
+// recv_activation(i+w)}. simulate_pipeline() checks a schedule under either send model.
 //
 // Pure: no MPI, no model. PipelineExecutor (pipeline_executor.hpp) turns the actions into MPI
 // messages and calls on the stage (PipelineStageOps, which the app's StageRunner implements).
@@ -41,9 +45,15 @@ const char* to_string(ActionKind kind);  // the enumerator's name
 struct PipelineAction {
   ActionKind kind;
   int micro_batch;
+  // Posted in one group with the next action (both messages): the group's messages are
+  // started together and the stage goes on when all of them are done.
+  bool grouped_with_next = false;
   bool operator==(const PipelineAction&) const = default;
 };
 std::ostream& operator<<(std::ostream& os, const PipelineAction& a);  // "forward(3)"
+
+bool is_message(ActionKind kind);  // a send or a receive
+bool is_send(ActionKind kind);
 
 // The ordered actions of stage `stage` (0-based, of `stages`) for one optimizer step of
 // `micro_batches` micro-batches. Stage 0 has no recv_activation/send_grad; the last stage has no
@@ -52,6 +62,11 @@ std::ostream& operator<<(std::ostream& os, const PipelineAction& a);  // "forwar
 // stage is not in [0, stages).
 std::vector<PipelineAction> pipeline_actions(PipelineKind kind, int stages, int stage,
                                              int micro_batches);
+
+// `list` with every send that is followed at once by a receive grouped with it (a send is never
+// grouped with another send, nor a receive with a receive: each group holds at most one message
+// to each neighbour). What the executor runs, on either transport.
+std::vector<PipelineAction> pair_messages(std::vector<PipelineAction> list);
 
 // MPI tag of the message carrying micro-batch `micro_batch`'s activation (backward = false,
 // stage s -> s+1) or gradient (backward = true, stage s+1 -> s):
@@ -82,21 +97,30 @@ struct PipelineSimulation {
   std::string deadlock_report;        // empty if completed; otherwise where each stuck stage waits
 };
 
-// Runs `lists[s]` as stage s's actions, all stages at once: forward takes t_forward, backward
-// t_backward, sends and receives take no time. A send completes at once and queues its message
-// (timestamped with the sender's clock); a receive waits until the matching message
-// (send_activation(i) of stage s-1 for recv_activation(i) of stage s, send_grad(i) of stage s+1
-// for recv_grad(i) of stage s) has been sent, and then until its timestamp. Finish times do not
-// depend on the order stages are stepped in, so the result is exact. A stage that can never
-// proceed is a deadlock. Idle time counts waiting in receives and after the stage's last action.
-// Throws std::invalid_argument for negative times or micro-batches, or an action that names a
-// neighbour that does not exist (recv_activation/send_grad on stage 0, send_activation/recv_grad
-// on the last stage).
-PipelineSimulation simulate_lists(const std::vector<std::vector<PipelineAction>>& lists,
-                                  double t_forward = 1.0, double t_backward = 2.0);
+// How a send completes. buffered: at once (MPI_Isend completed later, or a send the runtime
+// buffers), the message queued with the sender's clock. rendezvous: only when the receiver has
+// posted the matching receive (ncclSend, a large blocking MPI_Send), at the later of the two
+// posting times.
+enum class SendModel { buffered, rendezvous };
 
-// simulate_lists on pipeline_actions() of every stage.
+// Runs `lists[s]` as stage s's actions, all stages at once: forward takes t_forward, backward
+// t_backward, sends and receives take no time. Messages are posted one group at a time (an
+// action alone, or actions joined by grouped_with_next): the stage posts every message of the
+// group, then waits until each is done. A receive is done once the matching message
+// (send_activation(i) of stage s-1 for recv_activation(i) of stage s, send_grad(i) of stage s+1
+// for recv_grad(i) of stage s) has been posted, at the later posting time; a send as `sends`
+// says. Finish times do not depend on the order stages are stepped in, so the result is exact.
+// A stage that can never proceed is a deadlock. Idle time counts waiting for messages and after
+// the stage's last action. Throws std::invalid_argument for negative times or micro-batches, a
+// group that joins a compute, or an action that names a neighbour that does not exist
+// (recv_activation/send_grad on stage 0, send_activation/recv_grad on the last stage).
+PipelineSimulation simulate_lists(const std::vector<std::vector<PipelineAction>>& lists,
+                                  double t_forward = 1.0, double t_backward = 2.0,
+                                  SendModel sends = SendModel::buffered);
+
+// simulate_lists on pipeline_actions() of every stage, with pair_messages() applied if `paired`.
 PipelineSimulation simulate_pipeline(PipelineKind kind, int stages, int micro_batches,
-                                     double t_forward = 1.0, double t_backward = 2.0);
+                                     double t_forward = 1.0, double t_backward = 2.0,
+                                     SendModel sends = SendModel::buffered, bool paired = false);
 
 }  // namespace pdtrain

@@ -1,0 +1,46 @@
+#pragma once
+// How compute ranks talk to each other (parallel.comm): which implementation of the collectives
+// seam (core/collectives.hpp) serves the tensor-parallel group, and the groups a compute rank
+// builds. NCCL serves a group only when the binary has NCCL, compute.device is the GPU and every
+// compute rank has a GPU of its own (ranks sharing a GPU cannot form a NCCL communicator over
+// it); otherwise MPI over host memory. Pipeline messages and the data-parallel gradient reduce
+// are MPI in both cases (their buffers are host memory today).
+#include <memory>
+#include <string>
+
+#include "pdtrain/app/setup.hpp"
+#include "pdtrain/core/collectives.hpp"
+#include "pdtrain/deck/deck.hpp"
+#include "pdtrain/device/device.hpp"
+#include "pdtrain/layout/layout.hpp"
+
+namespace pdtrain {
+
+struct CommChoice {
+  bool nccl = false;
+  std::string why;  // for the run header: what was asked and why this transport serves it
+};
+
+// On a compute rank, no MPI: why NCCL cannot serve this rank ("" when it can). Throws
+// pdtrain::Error naming parallel.comm's deck line when the deck asks for nccl and it cannot
+// (status 2 for the build or the device, 3 when compute ranks share a GPU); the caller agrees
+// on it over the job (core/agreement), so the whole job ends within seconds.
+std::string nccl_unavailable_here(const Deck& deck, const Setup& setup, const Layout& layout);
+
+// Collective over the job (`layout.world()`): NCCL when the deck allows it and no compute rank
+// has a reason against it (`why_not_here`: nccl_unavailable_here on compute ranks, "" on
+// holders). Every rank gets the same choice.
+CommChoice agree_on_comm(const Deck& deck, const Layout& layout, const std::string& why_not_here);
+
+// A compute rank's groups. `model_tp` is what the model's tensor-parallel calls go to: NCCL on
+// device memory, or MPI behind host staging (device/host_staging) on a GPU, or MPI directly on
+// the CPU. Collective over the compute ranks (the NCCL ids are broadcast within each tp group).
+struct ComputeComms {
+  std::unique_ptr<Collectives> tp;       // the tp group
+  std::unique_ptr<TensorParallelOps> staged_tp;  // MPI on a GPU: tp behind host staging
+  std::unique_ptr<Collectives> pp;       // the pipeline's neighbours (MPI, host memory)
+  TensorParallelOps& model_tp() const { return staged_tp ? *staged_tp : *tp; }
+};
+ComputeComms make_compute_comms(const CommChoice& choice, const Layout& layout, Device& device);
+
+}  // namespace pdtrain

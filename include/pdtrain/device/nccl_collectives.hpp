@@ -1,0 +1,43 @@
+#pragma once
+// The NCCL implementation of the collectives seam (core/collectives.hpp) between compute ranks'
+// GPUs, built with -DPDTRAIN_CUDA=ON when the toolkit has NCCL (src/device/cuda/
+// nccl_collectives.cpp); other builds have src/device/no_nccl/, where nccl_built() is false and
+// asking for NCCL is an error. This header includes neither CUDA nor NCCL nor MPI: the id of a
+// group is created on its first rank and broadcast by the caller over the group's MPI
+// communicator, which holds compute ranks only (holders never join a NCCL communicator).
+//
+// Every operation takes device memory of the rank's CUDA device and runs on a stream of its own:
+// it starts after the work queued so far on the compute queue (an event), and later compute
+// work waits for it (another event); the host never waits. Sums are NCCL's, which add in an
+// order of NCCL's choosing: make_nccl_collectives pins it (pin_deterministic_nccl) so a run
+// repeats its bits, and every rank of a group gets the same bits (the ring all-reduce's last
+// phase copies each reduced chunk to every rank).
+#include <array>
+#include <memory>
+#include <string>
+
+#include "pdtrain/core/collectives.hpp"
+#include "pdtrain/device/device.hpp"
+
+namespace pdtrain {
+
+using NcclId = std::array<char, 128>;  // ncclUniqueId's bytes (NCCL_UNIQUE_ID_BYTES)
+
+bool nccl_built();
+std::string nccl_version();  // "2.28.3"; "" when not built
+
+// A new group's id, on the group's first rank (ncclGetUniqueId).
+NcclId make_nccl_id();
+
+// Pins what decides NCCL's order of additions, unless the environment already sets it:
+// NCCL_ALGO=Ring, NCCL_PROTO=Simple, NCCL_NVLS_ENABLE=0 (NVLink SHARP adds in the switch),
+// NCCL_COLLNET_ENABLE=0. Returns the settings in force, for the run header.
+std::string pin_deterministic_nccl();
+
+// Collective over the group's `size` ranks, each with its `rank` and the same `id`; `device`
+// must be the rank's CUDA device (its GPU is made current). Throws pdtrain::Error when NCCL is
+// not built or the device is not a GPU; a failed NCCL call ends the job (NCCL_CHECK).
+std::unique_ptr<Collectives> make_nccl_collectives(Device& device, int rank, int size,
+                                                   const NcclId& id);
+
+}  // namespace pdtrain

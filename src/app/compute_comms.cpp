@@ -1,0 +1,87 @@
+#include "pdtrain/app/compute_comms.hpp"
+
+#include <mpi.h>
+
+#include "pdtrain/app/compute_device.hpp"
+#include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/mpi_collectives.hpp"
+#include "pdtrain/device/host_staging.hpp"
+#include "pdtrain/device/nccl_collectives.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
+
+namespace pdtrain {
+
+namespace {
+
+int compute_ranks_on_node(const Setup& setup, int node) {
+  int count = 0;
+  for (std::size_t r = static_cast<std::size_t>(setup.shape.holders); r < setup.node.size(); ++r)
+    if (setup.node[r] == node) ++count;
+  return count;
+}
+
+// Why this compute rank cannot use NCCL, and the status a deck asking for it ends with.
+std::string reason_against_nccl(const Deck& deck, const Setup& setup, int rank, ExitCode* code) {
+  *code = ExitCode::deck;
+  if (!nccl_built())
+    return "this pdtrain was built without NCCL (configure with -DPDTRAIN_CUDA=ON and a CUDA "
+           "toolkit that has NCCL; pdtrain --version lists what was built)";
+  if (deck.compute.device == "cpu")
+    return "compute.device is \"cpu\": NCCL moves GPU memory (set compute.device = \"cuda\")";
+  const int node = setup.node[static_cast<std::size_t>(rank)];
+  const int ranks = compute_ranks_on_node(setup, node), gpus = kernels::cuda_device_count();
+  *code = ExitCode::layout;
+  if (ranks > gpus)
+    return std::to_string(ranks) + " compute ranks on node " + std::to_string(node) +
+           " share its " + std::to_string(gpus) +
+           " GPU(s): NCCL needs a GPU of its own for every compute rank";
+  return "";
+}
+
+}  // namespace
+
+std::string nccl_unavailable_here(const Deck& deck, const Setup& setup, const Layout& layout) {
+  if (deck.parallel.comm == "mpi") return "parallel.comm is \"mpi\"";
+  ExitCode code = ExitCode::deck;
+  const std::string why = reason_against_nccl(deck, setup, layout.world_rank(), &code);
+  if (!why.empty() && deck.parallel.comm == "nccl")
+    throw Error(code, deck.where("parallel.comm") + ": nccl, but " + why);
+  return why;
+}
+
+CommChoice agree_on_comm(const Deck& deck, const Layout& layout, const std::string& why_not_here) {
+  int here = why_not_here.empty() ? 1 : 0, everywhere = 0;
+  MPI_CHECK(MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, layout.world()));
+  CommChoice c;
+  c.nccl = everywhere == 1;
+  const std::string asked = "parallel.comm = " + deck.parallel.comm;
+  if (c.nccl && layout.is_holder())
+    c.why = asked + ": nccl among the compute ranks";  // holders never touch NCCL
+  else if (c.nccl)
+    c.why = asked + ": every compute rank has a GPU of its own; " + pin_deterministic_nccl() +
+            " (NCCL " + nccl_version() + ")";
+  else if (deck.parallel.comm == "mpi")
+    c.why = asked;
+  else
+    c.why = asked + ": " + (here ? "another compute rank cannot use NCCL" : why_not_here);
+  return c;
+}
+
+ComputeComms make_compute_comms(const CommChoice& choice, const Layout& layout, Device& device) {
+  ComputeComms c;
+  if (choice.nccl) {
+    // The id travels inside the tp group's MPI communicator: compute ranks only.
+    NcclId id{};
+    if (layout.tp_rank() == 0) id = make_nccl_id();
+    MPI_CHECK(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, layout.tp_comm()));
+    c.tp = make_nccl_collectives(device, layout.tp_rank(), layout.shape().tp, id);
+  } else {
+    c.tp = std::make_unique<MpiCollectives>(layout.tp_comm());
+    if (!device.is_host()) c.staged_tp = std::make_unique<StagedTensorParallel>(*c.tp, device);
+  }
+  c.pp = std::make_unique<MpiCollectives>(layout.pp_comm());
+  return c;
+}
+
+}  // namespace pdtrain
