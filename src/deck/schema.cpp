@@ -270,7 +270,7 @@ std::vector<KeySpec> build_schema() {
           "that made it; no extra memory or traffic), so the gradient is taken near the "
           "version it is applied to; none serves the version itself (plain delayed AdamW). "
           "Evaluated and warm-up versions are always served exactly.")
-          .one_of({"none", "predict"}),
+          .one_of({"none", "predict", "trend"}),
       key(&D::pd, &PdConfig::prefetch_depth, "pd.prefetch_depth",
           "Parameter uses (a layer, or the embedding/head) a compute rank fetches ahead of the "
           "one it computes on, with non-blocking fetches, as far as pd.cache_mb leaves room "

@@ -4,6 +4,20 @@
 
 namespace pdtrain {
 
+Prediction prediction_coefficients(StaleCorrection correction, int staleness) {
+  if (staleness == 0) return {};
+  switch (correction) {
+    case StaleCorrection::none: return {};
+    case StaleCorrection::predict: return {static_cast<float>(staleness) + 0.5f, 0.0f};
+    case StaleCorrection::trend: {
+      // perf/staleness_stability.py's maxima, rounded to quarters.
+      static constexpr Prediction kTrend[] = {{0.25f, 1.0f}, {0.75f, 2.25f}, {1.25f, 4.0f}};
+      return kTrend[std::min(staleness, 3) - 1];
+    }
+  }
+  return {};
+}
+
 std::int64_t StalenessPlan::version_for_step(std::int64_t step, std::int64_t start) const {
   const std::int64_t delay = step <= warmup ? 0 : staleness;
   return std::max(start, step - 1 - delay);
@@ -15,9 +29,9 @@ bool StalenessPlan::evaluated_after(std::int64_t step) const {
 
 // Versions below `warmup` are computed on synchronously; a version that is evaluated must be
 // the holders' parameters. Every other version is only ever used by a step s updates behind.
-float StalenessPlan::prediction_updates(std::int64_t version) const {
-  if (!predict || staleness == 0 || version < warmup || evaluated_after(version)) return 0.0f;
-  return static_cast<float>(staleness) + kPredictionLead;
+Prediction StalenessPlan::prediction(std::int64_t version) const {
+  if (version < warmup || evaluated_after(version)) return {};
+  return prediction_coefficients(correction, staleness);
 }
 
 }  // namespace pdtrain
