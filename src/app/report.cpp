@@ -135,6 +135,8 @@ void print_staleness(const Deck& deck) {
   std::printf(" | staleness %d", plan.staleness);
   if (plan.warmup > 0)
     std::printf(" after %lld synchronous steps", static_cast<long long>(plan.warmup));
+  if (plan.ramp > 0 && plan.staleness > 1)
+    std::printf(", rising by one every %lld steps", static_cast<long long>(plan.ramp));
   const Prediction p = prediction_coefficients(plan.correction, plan.staleness);
   if (p.exact())
     std::printf(", plain delayed AdamW");

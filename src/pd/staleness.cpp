@@ -10,17 +10,28 @@ Prediction prediction_coefficients(StaleCorrection correction, int staleness) {
     case StaleCorrection::none: return {};
     case StaleCorrection::predict: return {static_cast<float>(staleness) + 0.5f, 0.0f};
     case StaleCorrection::trend: {
-      // perf/staleness_stability.py's maxima, rounded to quarters.
-      static constexpr Prediction kTrend[] = {{0.25f, 1.0f}, {0.75f, 2.25f}, {1.25f, 4.0f}};
+      // pd/staleness.hpp says where these come from.
+      static constexpr Prediction kTrend[] = {{1.0f, 0.5f}, {0.75f, 2.25f}, {1.25f, 4.0f}};
       return kTrend[std::min(staleness, 3) - 1];
     }
   }
   return {};
 }
 
+int StalenessPlan::delay_at(std::int64_t step) const {
+  if (step <= warmup) return 0;
+  if (ramp <= 0) return staleness;
+  return static_cast<int>(std::min<std::int64_t>(staleness, 1 + (step - warmup - 1) / ramp));
+}
+
+int StalenessPlan::delay_reading(std::int64_t version) const {
+  for (int d = staleness; d > 0; --d)
+    if (delay_at(version + 1 + d) == d) return d;
+  return 0;
+}
+
 std::int64_t StalenessPlan::version_for_step(std::int64_t step, std::int64_t start) const {
-  const std::int64_t delay = step <= warmup ? 0 : staleness;
-  return std::max(start, step - 1 - delay);
+  return std::max(start, step - 1 - delay_at(step));
 }
 
 bool StalenessPlan::evaluated_after(std::int64_t step) const {
@@ -31,7 +42,7 @@ bool StalenessPlan::evaluated_after(std::int64_t step) const {
 // the holders' parameters. Every other version is only ever used by a step s updates behind.
 Prediction StalenessPlan::prediction(std::int64_t version) const {
   if (version < warmup || evaluated_after(version)) return {};
-  return prediction_coefficients(correction, staleness);
+  return prediction_coefficients(correction, delay_reading(version));
 }
 
 }  // namespace pdtrain

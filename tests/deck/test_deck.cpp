@@ -120,21 +120,22 @@ const std::vector<std::string> kFullDeck = {
     "holder_threads = 2",                // 62
     "staleness_warmup = 50",             // 63
     "stale_correction = \"none\"",       // 64
-    "[checkpoint]",                      // 65
-    "every = 100",                       // 66
-    "codec = \"xor\"",                   // 67
-    "anchor_every = 5",                  // 68
-    "keep = 2",                          // 69
-    "async = true",                      // 70
-    "dir = \"/scratch/ckpt\"",           // 71
-    "bitdelta_bits = 3",                 // 72
-    "moment_bits = 5",                   // 73
-    "[output]",                          // 74
-    "trace = true",                      // 75
-    "trajectory_every = 25",             // 76
-    "[compute]",                         // 77
-    "device = \"cuda\"",                 // 78
-    "tf32 = true",                       // 79
+    "staleness_ramp = 25",               // 65
+    "[checkpoint]",                      // 66
+    "every = 100",                       // 67
+    "codec = \"xor\"",                   // 68
+    "anchor_every = 5",                  // 69
+    "keep = 2",                          // 70
+    "async = true",                      // 71
+    "dir = \"/scratch/ckpt\"",           // 72
+    "bitdelta_bits = 3",                 // 73
+    "moment_bits = 5",                   // 74
+    "[output]",                          // 75
+    "trace = true",                      // 76
+    "trajectory_every = 25",             // 77
+    "[compute]",                         // 78
+    "device = \"cuda\"",                 // 79
+    "tf32 = true",                       // 80
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -224,6 +225,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.cache_warm_steps, 7);
   EXPECT_EQ(d.pd.staleness_warmup, 50);
   EXPECT_EQ(d.pd.stale_correction, "none");
+  EXPECT_EQ(d.pd.staleness_ramp, 25);
   EXPECT_TRUE(d.pd.fetch_thread);
   EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.train.precision, "bf16");
@@ -630,9 +632,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 7 parallel + 11 train + 2 compute + 8 optimizer + 10 pd +
+  // 5 run + 9 model + 6 data + 7 parallel + 11 train + 2 compute + 8 optimizer + 11 pd +
   // 8 checkpoint + 2 output fields.
-  EXPECT_EQ(deck::schema().size(), 68u);
+  EXPECT_EQ(deck::schema().size(), 69u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -17,6 +17,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -49,25 +50,33 @@ using Blocks = std::vector<std::vector<float>>;
 
 // What the reference does about the delay (the deck's pd.staleness_warmup, pd.stale_correction
 // and evaluation steps, pd.fetch_codec = bf16), written again here.
+struct Coefficients {
+  float lead = 0.0f, trend = 0.0f;
+};
 struct Remedy {
   std::int64_t warmup = 0;
+  std::int64_t ramp = 0;            // pd.staleness_ramp
   const char* correction = "none";  // pd.stale_correction
-  float lead = 0.0f, trend = 0.0f;  // what it means at the test's staleness
+  std::array<Coefficients, 3> at_delay{};  // what it means at delay 1, 2 and 3
   std::int64_t eval_every = 0;
   bool bf16_wire = false;
+  bool corrected() const {
+    for (const Coefficients& c : at_delay)
+      if (c.lead != 0.0f || c.trend != 0.0f) return true;
+    return false;
+  }
 };
 
-// pd.stale_correction = "predict": lead s + 1/2.
-Remedy predicted(int staleness, Remedy r = {}) {
+// pd.stale_correction = "predict": lead d + 1/2 at delay d.
+Remedy predicted(Remedy r = {}) {
   r.correction = "predict";
-  r.lead = static_cast<float>(staleness) + 0.5f;
+  r.at_delay = {{{1.5f, 0.0f}, {2.5f, 0.0f}, {3.5f, 0.0f}}};
   return r;
 }
 // pd.stale_correction = "trend": perf/staleness_stability.py's coefficients.
-Remedy trended(int staleness, Remedy r = {}) {
+Remedy trended(Remedy r = {}) {
   r.correction = "trend";
-  r.lead = staleness == 1 ? 0.25f : 0.75f;
-  r.trend = staleness == 1 ? 1.0f : 2.25f;
+  r.at_delay = {{{1.0f, 0.5f}, {0.75f, 2.25f}, {1.25f, 4.0f}}};
   return r;
 }
 
@@ -102,9 +111,7 @@ class DelayedAdamW {
 
  private:
   void step(std::int64_t k) {
-    const std::int64_t read =
-        k <= remedy_.warmup ? k - 1 : std::max<std::int64_t>(0, k - 1 - s_);
-    const Blocks g = gradient(k, computed_on(read));
+    const Blocks g = gradient(k, computed_on(read(k)));
     double sumsq = 0.0;
     for (const auto& blk : g)
       for (float x : blk) sumsq += static_cast<double>(x) * static_cast<double>(x);
@@ -138,13 +145,28 @@ class DelayedAdamW {
     lr_.push_back(lr);
   }
 
-  // The parameters a step reading version v computes on.
+  // The delay of step k: none in the warm-up, then s, or with a ramp 1 for `ramp` steps, 2 for
+  // the next `ramp`, .. up to s.
+  std::int64_t delay(std::int64_t k) const {
+    if (k <= remedy_.warmup) return 0;
+    if (remedy_.ramp == 0) return s_;
+    const std::int64_t after = k - remedy_.warmup;  // 1, 2, ..
+    return std::min<std::int64_t>(s_, (after + remedy_.ramp - 1) / remedy_.ramp);
+  }
+  std::int64_t read(std::int64_t k) const { return std::max<std::int64_t>(0, k - 1 - delay(k)); }
+
+  // The parameters a step reading version v computes on: with a correction, extrapolated by
+  // the coefficients of the delay of the last step that reads v.
   Blocks computed_on(std::int64_t v) const {
     Blocks w = version(v);
     const bool evaluated =
         v == deck_.run.steps || (remedy_.eval_every > 0 && v % remedy_.eval_every == 0);
-    const bool corrected = remedy_.lead != 0.0f || remedy_.trend != 0.0f;
-    if (corrected && s_ > 0 && v > 0 && v >= remedy_.warmup && !evaluated) {
+    std::int64_t last_reader = 0;
+    for (std::int64_t k = v + 1; k <= v + 1 + s_; ++k)
+      if (read(k) == v) last_reader = k;
+    const std::int64_t d = last_reader > 0 ? delay(last_reader) : 0;
+    if (remedy_.corrected() && d > 0 && v > 0 && v >= remedy_.warmup && !evaluated) {
+      const Coefficients f = remedy_.at_delay[static_cast<std::size_t>(d - 1)];
       const Blocks& before = version(v - 1);
       const auto& o = deck_.optimizer;
       const float c1 = static_cast<float>(1.0 - std::pow(o.beta1, static_cast<double>(v)));
@@ -153,9 +175,9 @@ class DelayedAdamW {
       const Blocks &m = m_[v], &m_before = m_[v - 1], &sq = v_[v];
       for (std::size_t b = 0; b < w.size(); ++b)
         for (std::size_t i = 0; i < w[b].size(); ++i) {
-          const float d = -lr * (((m[b][i] - m_before[b][i]) / c1) /
-                                 (std::sqrt(sq[b][i] / c2) + eps));
-          w[b][i] = w[b][i] + remedy_.lead * (w[b][i] - before[b][i]) + remedy_.trend * d;
+          const float u_change = -lr * (((m[b][i] - m_before[b][i]) / c1) /
+                                        (std::sqrt(sq[b][i] / c2) + eps));
+          w[b][i] = w[b][i] + f.lead * (w[b][i] - before[b][i]) + f.trend * u_change;
         }
     }
     if (remedy_.bf16_wire)
@@ -248,6 +270,7 @@ void check_against_reference(int holders, int staleness, std::vector<std::string
                                    "checkpoint.every=1", "checkpoint.keep=0",
                                    "checkpoint.codec=raw",
                                    "pd.staleness_warmup=" + std::to_string(remedy.warmup),
+                                   "pd.staleness_ramp=" + std::to_string(remedy.ramp),
                                    std::string("pd.stale_correction=") + remedy.correction};
   sets.insert(sets.end(), extra.begin(), extra.end());
   first_group_run(deck_text, 1 + holders, sets, dir);
@@ -258,12 +281,10 @@ void check_against_reference(int holders, int staleness, std::vector<std::string
   // A deliberately wrong variant of the correction (the trend dropped, or the lead one update
   // short) must be told apart from the run, or the comparison shows nothing about it.
   std::optional<DelayedAdamW> wrong;
-  if (remedy.lead != 0.0f || remedy.trend != 0.0f) {
+  if (remedy.corrected()) {
     Remedy off = remedy;
-    if (off.trend != 0.0f)
-      off.trend = 0.0f;
-    else
-      off.lead -= 1.0f;
+    const bool trend = std::string(remedy.correction) == "trend";
+    for (Coefficients& c : off.at_delay) (trend ? c.trend : c.lead) = trend ? 0.0f : c.lead - 1.0f;
     wrong.emplace(deck, staleness, off);
     wrong->train(kSteps);
   }
@@ -319,28 +340,34 @@ TEST(Staleness, EvaluationsAndABoundedCacheKeepTheDelay) {
 // steps of delay with prediction, two holders, and evaluations after steps 4 and 6 (versions
 // 4 and 6 served exactly, 2, 3 and 5 predicted where a delayed step reads them); prediction on
 // the bf16 wire (rounded after extrapolating) and on lz4 (extrapolated, then compressed). The
-// same four for the trend correction (the momentum's change extrapolated too).
-TEST(Staleness, PredictedOneStepDelay) { check_against_reference(1, 1, {}, predicted(1)); }
+// same for the trend correction (the momentum's change extrapolated too), and the ramp: one
+// synchronous step, delay 1 for steps 2-3, 2 from step 4 (version 1 is read by steps 3 and 4
+// and served with delay 2's coefficients, version 2 by step 5 only).
+TEST(Staleness, PredictedOneStepDelay) { check_against_reference(1, 1, {}, predicted()); }
 TEST(Staleness, WarmUpThenPredictedTwoStepDelay) {
-  check_against_reference(2, 2, {"train.eval_every=4"},
-                          predicted(2, {.warmup = 2, .eval_every = 4}));
+  check_against_reference(2, 2, {"train.eval_every=4"}, predicted({.warmup = 2, .eval_every = 4}));
 }
 TEST(Staleness, PredictedDelayOnTheBf16Wire) {
-  check_against_reference(1, 1, {"pd.fetch_codec=bf16"}, predicted(1, {.bf16_wire = true}));
+  check_against_reference(1, 1, {"pd.fetch_codec=bf16"}, predicted({.bf16_wire = true}));
 }
 TEST(Staleness, PredictedDelayOnTheLz4Wire) {
-  check_against_reference(1, 2, {"pd.fetch_codec=lz4"}, predicted(2));
+  check_against_reference(1, 2, {"pd.fetch_codec=lz4"}, predicted());
 }
-TEST(Staleness, TrendOneStepDelay) { check_against_reference(1, 1, {}, trended(1)); }
+TEST(Staleness, TrendOneStepDelay) { check_against_reference(1, 1, {}, trended()); }
 TEST(Staleness, WarmUpThenTrendTwoStepDelay) {
-  check_against_reference(2, 2, {"train.eval_every=4"},
-                          trended(2, {.warmup = 2, .eval_every = 4}));
+  check_against_reference(2, 2, {"train.eval_every=4"}, trended({.warmup = 2, .eval_every = 4}));
 }
 TEST(Staleness, TrendOnTheBf16Wire) {
-  check_against_reference(1, 2, {"pd.fetch_codec=bf16"}, trended(2, {.bf16_wire = true}));
+  check_against_reference(1, 2, {"pd.fetch_codec=bf16"}, trended({.bf16_wire = true}));
 }
 TEST(Staleness, TrendOnTheLz4Wire) {
-  check_against_reference(1, 2, {"pd.fetch_codec=lz4"}, trended(2));
+  check_against_reference(1, 2, {"pd.fetch_codec=lz4"}, trended());
+}
+TEST(Staleness, RampFromOneToTwoStepsOfDelay) {
+  check_against_reference(1, 2, {}, trended({.warmup = 1, .ramp = 2}));
+}
+TEST(Staleness, RampWithPlainDelay) {
+  check_against_reference(2, 2, {}, Remedy{.warmup = 1, .ramp = 2});
 }
 
 }  // namespace
