@@ -39,7 +39,8 @@ bool StalenessPlan::evaluated_after(std::int64_t step) const {
 }
 
 // Versions below `warmup` are computed on synchronously; a version that is evaluated must be
-// the holders' parameters. Every other version is only ever used by a step s updates behind.
+// the holders' parameters. Every other version is only ever read by delayed steps, and served
+// for the last of them (on the ramp two steps with different delays can read it).
 Prediction StalenessPlan::prediction(std::int64_t version) const {
   if (version < warmup || evaluated_after(version)) return {};
   return prediction_coefficients(correction, delay_reading(version));
