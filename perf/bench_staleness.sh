@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Convergence under bounded staleness (issue 17): every point of perf/decks/staleness_sweep.toml
-# (staleness 0-3, plain delayed AdamW and the defaults: synchronous warm-up, then predicted
-# versions), each one holder + one compute rank, then `pdtrain summarize` (summary.md and
+# (staleness 0-3, plain delayed AdamW, the previous defaults and the defaults: synchronous
+# warm-up, the delay rising one step at a time, trend-corrected versions), each one holder +
+# one compute rank, then `pdtrain summarize` (summary.md and
 # loss_curves.svg) and each point's final validation loss as a ratio of staleness 0's.
 # Targets: staleness 1 within 1 % of staleness 0, staleness 2 within 3 %.
 #   perf/bench_staleness.sh [--short] [BUILD_DIR] [OUT_DIR]     (from the repository root)

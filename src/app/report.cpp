@@ -157,11 +157,16 @@ void print_staleness(const Deck& deck) {
   std::printf(" | staleness %d", plan.staleness);
   if (plan.warmup > 0)
     std::printf(" after %lld synchronous steps", static_cast<long long>(plan.warmup));
-  if (plan.predict)
-    std::printf(", versions predicted %.1f updates ahead",
-                static_cast<double>(plan.staleness) + kPredictionLead);
-  else
+  if (plan.ramp > 0 && plan.staleness > 1)
+    std::printf(", rising by one every %lld steps", static_cast<long long>(plan.ramp));
+  const Prediction p = prediction_coefficients(plan.correction, plan.staleness);
+  if (p.exact())
     std::printf(", plain delayed AdamW");
+  else if (p.trend == 0.0f)
+    std::printf(", versions predicted %.2f updates ahead", static_cast<double>(p.lead));
+  else
+    std::printf(", versions predicted %.2f updates ahead + %.2f x the momentum's change",
+                static_cast<double>(p.lead), static_cast<double>(p.trend));
 }
 
 }  // namespace

@@ -318,7 +318,10 @@ StalenessPlan staleness_plan(const Deck& deck) {
   StalenessPlan plan;
   plan.staleness = static_cast<int>(deck.pd.staleness);
   plan.warmup = deck.pd.staleness_warmup;
-  plan.predict = deck.pd.stale_correction == "predict";
+  plan.ramp = deck.pd.staleness_ramp;
+  plan.correction = deck.pd.stale_correction == "predict" ? StaleCorrection::predict
+                    : deck.pd.stale_correction == "trend" ? StaleCorrection::trend
+                                                          : StaleCorrection::none;
   plan.eval_every = deck.train.eval_every;
   plan.last_step = deck.run.steps;
   return plan;

@@ -272,13 +272,21 @@ std::vector<KeySpec> build_schema() {
           "Early training is where a delay hurts most; on a long run N steps cost nothing.")
           .at_least(0)
           .at_most(kMaxCount(40)),
+      key(&D::pd, &PdConfig::staleness_ramp, "pd.staleness_ramp",
+          "With pd.staleness > 1: after the warm-up the delay rises by one every N steps (1, "
+          "2, .. pd.staleness) instead of jumping to pd.staleness, a hand-over in steps; 0: "
+          "at once.")
+          .at_least(0)
+          .at_most(kMaxCount(40)),
       key(&D::pd, &PdConfig::stale_correction, "pd.stale_correction",
-          "With pd.staleness > 0: predict serves a delayed step's version extrapolated past the "
-          "s updates its gradient will be late (w + (s + 1/2) (w - w_before), from the update "
-          "that made it; no extra memory or traffic), so the gradient is taken near the "
-          "version it is applied to; none serves the version itself (plain delayed AdamW). "
+          "With pd.staleness > 0, how a delayed step's version is served, extrapolated from "
+          "the update that made it towards the version its gradient will be applied to (no "
+          "extra memory or traffic): trend serves w + lead (w - w_before) + trend x the "
+          "update's part from the momentum's last change (a second-order extrapolation; "
+          "lead, trend = 1, 1/2 at delay 1, 3/4, 9/4 at 2, 5/4, 4 at 3); predict serves w + "
+          "(s + 1/2) (w - w_before); none serves the version itself (plain delayed AdamW). "
           "Evaluated and warm-up versions are always served exactly.")
-          .one_of({"none", "predict"}),
+          .one_of({"none", "predict", "trend"}),
       key(&D::pd, &PdConfig::prefetch_depth, "pd.prefetch_depth",
           "Parameter uses (a layer, or the embedding/head) a compute rank fetches ahead of the "
           "one it computes on, with non-blocking fetches, as far as pd.cache_mb leaves room "

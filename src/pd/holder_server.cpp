@@ -452,8 +452,8 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
     b.grad = o.grads.at(step).sum.data();
     b.step = adamw_step(opt_, step, lr, scale, o.state.decay);
     b.encoded = serves_in_place() ? nullptr : &fresh[i].storage;
-    b.predict = plan_.prediction_updates(step);
-    if (b.predict != 0.0f && fetch_codec_ == WireCodec::lz4) b.predicted = &o.predicted;
+    b.predict = plan_.prediction(step);
+    if (!b.predict.exact() && fetch_codec_ == WireCodec::lz4) b.predicted = &o.predicted;
     blocks.push_back(b);
     ++i;
   }

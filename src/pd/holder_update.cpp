@@ -227,32 +227,36 @@ PDTRAIN_UPDATE_CLONES void adamw_slice_bf16(const AdamWStep& step, const float* 
   }
 }
 
-// With a prediction (bounded staleness): the version served is extrapolated by `f` updates,
-// p + f (p - p_before), from the update just made, while both are in registers.
+// With a prediction (bounded staleness): the version served, extrapolated from the update just
+// made while it is in registers: p + lead (p - p_before) + trend u_change, where u_change is
+// the part of the update that the momentum's change this step made (pd/staleness.hpp).
+inline float predicted_element(const AdamWStep& k, const Prediction& f, float g, float& p,
+                               float& m, float& v) {
+  const float p_before = p, m_before = m;
+  adamw_element(k, g, p, m, v);
+  const float v_hat = v / k.bias_correction2;
+  const float m_change_hat = (m - m_before) / k.bias_correction1;
+  const float u_change = -k.lr * (m_change_hat / (sqrtf(v_hat) + k.eps));
+  return p + f.lead * (p - p_before) + f.trend * u_change;
+}
+
 PDTRAIN_UPDATE_CLONES void adamw_slice_predicted(const AdamWStep& step, const float* __restrict g,
                                                  float* __restrict p, float* __restrict m,
                                                  float* __restrict v, float* __restrict out,
-                                                 float f, std::int64_t n) {
+                                                 Prediction f, std::int64_t n) {
   const AdamWStep k = step;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float before = p[i];
-    adamw_element(k, g[i], p[i], m[i], v[i]);
-    out[i] = p[i] + f * (p[i] - before);
-  }
+  for (std::int64_t i = 0; i < n; ++i) out[i] = predicted_element(k, f, g[i], p[i], m[i], v[i]);
 }
 
 PDTRAIN_UPDATE_CLONES void adamw_slice_predicted_bf16(const AdamWStep& step,
                                                       const float* __restrict g,
                                                       float* __restrict p, float* __restrict m,
                                                       float* __restrict v,
-                                                      std::uint16_t* __restrict out, float f,
+                                                      std::uint16_t* __restrict out, Prediction f,
                                                       std::int64_t n) {
   const AdamWStep k = step;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float before = p[i];
-    adamw_element(k, g[i], p[i], m[i], v[i]);
-    out[i] = to_bf16(p[i] + f * (p[i] - before)).bits;
-  }
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = to_bf16(predicted_element(k, f, g[i], p[i], m[i], v[i])).bits;
 }
 
 }  // namespace
@@ -278,9 +282,9 @@ FusedUpdate::FusedUpdate(WireCodec codec, std::vector<Block> blocks, std::int64_
     // Workers write disjoint slices of the wire bytes: size them before any starts.
     if (blk.encoded && wire_bytes > 0)
       blk.encoded->resize(static_cast<std::size_t>(n * wire_bytes));
-    PDT_CHECK(blk.predict == 0.0f || (blk.encoded && (wire_bytes > 0 || blk.predicted)),
+    PDT_CHECK(blk.predict.exact() || (blk.encoded && (wire_bytes > 0 || blk.predicted)),
               "a predicted version needs a copy to be served from");
-    if (blk.predict != 0.0f && wire_bytes == 0) blk.predicted->resize(static_cast<std::size_t>(n));
+    if (!blk.predict.exact() && wire_bytes == 0) blk.predicted->resize(static_cast<std::size_t>(n));
     const std::int64_t slices = std::max<std::int64_t>(1, (n + slice_ - 1) / slice_);
     state_[b].slices_left.store(slices, std::memory_order_relaxed);
     state_[b].slice_crc.assign(static_cast<std::size_t>(slices), 0u);
@@ -309,7 +313,7 @@ void FusedUpdate::run_slice(std::int64_t task) {
   float* v = s.v.data() + begin;
   const int wire_bytes = fused_wire_bytes(codec_);
   const void* wire = nullptr;
-  if (blk.predict != 0.0f) {
+  if (!blk.predict.exact()) {
     wire = run_predicted_slice(blk, begin, n);
   } else if (codec_ == WireCodec::bf16) {
     auto* out = reinterpret_cast<std::uint16_t*>(blk.encoded->data()) + begin;
@@ -365,7 +369,7 @@ void FusedUpdate::finish_block(std::size_t b) {
     blk.crc = crc;
   } else {
     blk.encoded->clear();
-    wire_encode(codec_, blk.predict != 0.0f ? blk.predicted->data() : s.param.data(), n,
+    wire_encode(codec_, !blk.predict.exact() ? blk.predicted->data() : s.param.data(), n,
                 *blk.encoded);
     blk.crc = crc32c(blk.encoded->data(), blk.encoded->size());
   }

@@ -121,22 +121,23 @@ const std::vector<std::string> kFullDeck = {
     "holder_threads = 2",                // 63
     "staleness_warmup = 50",             // 64
     "stale_correction = \"none\"",       // 65
-    "pushes_in_flight = 0",              // 66
-    "[checkpoint]",                      // 67
-    "every = 100",                       // 68
-    "codec = \"xor\"",                   // 69
-    "anchor_every = 5",                  // 70
-    "keep = 2",                          // 71
-    "async = true",                      // 72
-    "dir = \"/scratch/ckpt\"",           // 73
-    "bitdelta_bits = 3",                 // 74
-    "moment_bits = 5",                   // 75
-    "[output]",                          // 76
-    "trace = true",                      // 77
-    "trajectory_every = 25",             // 78
-    "[compute]",                         // 79
-    "device = \"cuda\"",                 // 80
-    "tf32 = true",                       // 81
+    "staleness_ramp = 25",               // 66
+    "pushes_in_flight = 0",              // 67
+    "[checkpoint]",                      // 68
+    "every = 100",                       // 69
+    "codec = \"xor\"",                   // 70
+    "anchor_every = 5",                  // 71
+    "keep = 2",                          // 72
+    "async = true",                      // 73
+    "dir = \"/scratch/ckpt\"",           // 74
+    "bitdelta_bits = 3",                 // 75
+    "moment_bits = 5",                   // 76
+    "[output]",                          // 77
+    "trace = true",                      // 78
+    "trajectory_every = 25",             // 79
+    "[compute]",                         // 80
+    "device = \"cuda\"",                 // 81
+    "tf32 = true",                       // 82
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -227,6 +228,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.cache_warm_steps, 7);
   EXPECT_EQ(d.pd.staleness_warmup, 50);
   EXPECT_EQ(d.pd.stale_correction, "none");
+  EXPECT_EQ(d.pd.staleness_ramp, 25);
   EXPECT_TRUE(d.pd.fetch_thread);
   EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.pd.pushes_in_flight, 0);
@@ -634,9 +636,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 8 parallel + 11 train + 2 compute + 8 optimizer + 11 pd +
+  // 5 run + 9 model + 6 data + 8 parallel + 11 train + 2 compute + 8 optimizer + 12 pd +
   // 8 checkpoint + 2 output fields.
-  EXPECT_EQ(deck::schema().size(), 70u);
+  EXPECT_EQ(deck::schema().size(), 71u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -283,9 +283,10 @@ TEST(Reproducibility, BoundedStalenessIsReproducible) {
   // Step k always computes on version max(0, k-1-s) whatever the message timing, so a stale
   // run is as reproducible as a synchronous one, and still learns.
   ASSERT_GE(world_size(), 4);
-  // Without a warm-up, so that the run's few steps are delayed (and predicted).
+  // Without a warm-up or a ramp, so that the run's few steps are delayed (and predicted).
   for (const char* s : {"pd.staleness=1", "pd.staleness=3"}) {
-    const std::vector<std::string> sets = {"parallel.holders=2", s, "pd.staleness_warmup=0"};
+    const std::vector<std::string> sets = {"parallel.holders=2", s, "pd.staleness_warmup=0",
+                                           "pd.staleness_ramp=0"};
     RunOutcome a = run_groups(4, sets, std::string("ssp-a") + s[12]);
     RunOutcome b = run_groups(4, sets, std::string("ssp-b") + s[12]);
     if (a.losses.empty()) continue;

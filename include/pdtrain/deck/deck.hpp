@@ -100,7 +100,8 @@ struct PdConfig {
   std::string push_codec = "raw";   // raw | bf16 | zstd (bf16 is lossy)
   std::int64_t staleness = 0;       // 0: synchronous; s: step k uses version >= k-1-s
   std::int64_t staleness_warmup = 200;  // steps 1..N synchronous before the delay starts
-  std::string stale_correction = "predict";  // none | predict (serve extrapolated versions)
+  std::int64_t staleness_ramp = 100;    // then steps per unit of delay until pd.staleness
+  std::string stale_correction = "trend";  // none | predict | trend (serve extrapolated versions)
   std::int64_t prefetch_depth = 64; // uses (layers) fetched ahead, as far as pd.cache_mb allows
   double cache_mb = 0.0;            // parameter bytes resident per compute rank; 0: no limit
   std::int64_t cache_warm_steps = 0;  // cold start: no limit for the first N steps' versions

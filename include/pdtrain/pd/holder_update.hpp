@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "pdtrain/optim/adamw.hpp"
+#include "pdtrain/pd/staleness.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
@@ -96,9 +97,10 @@ class FusedUpdate {
     // then the parameters themselves and only their CRC is computed.
     std::vector<char>* encoded = nullptr;
     std::uint32_t crc = 0;  // of the wire bytes, once done
-    // Served as p + predict * (p - p_before) (pd/staleness.hpp): 0 serves the parameters; the
-    // prediction needs `encoded` (a raw or bf16 copy, or lz4 compressed from `predicted`).
-    float predict = 0.0f;
+    // Served extrapolated as `Prediction` says (pd/staleness.hpp); exact() serves the
+    // parameters. The prediction needs `encoded` (a raw or bf16 copy, or lz4 compressed from
+    // `predicted`).
+    Prediction predict;
     std::vector<float>* predicted = nullptr;  // lz4 only: the extrapolated floats, sized here
   };
 
