@@ -1,5 +1,7 @@
 #include "pdtrain/core/quiet_wait.hpp"
 
+#include <thread>
+
 #include <time.h>
 
 #include <algorithm>
@@ -36,6 +38,24 @@ void wait_all_quietly(int n, MPI_Request* reqs) {
     MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
     if (done) return;
     backoff.pause();
+  }
+}
+
+void wait_yielding(MPI_Request* req, MPI_Status* status) {
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(req, &done, status));
+    if (done) return;
+    std::this_thread::yield();
+  }
+}
+
+void wait_all_yielding(int n, MPI_Request* reqs) {
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    std::this_thread::yield();
   }
 }
 

@@ -703,7 +703,11 @@ bool FetchClient::push_done(PushTicket ticket) {
 
 void FetchClient::wait_push(PushTicket ticket) {
   auto it = pushing(ticket);
-  wait_all_quietly(static_cast<int>(it->second.requests.size()), it->second.requests.data());
+  Pushing& p = it->second;
+  if (p.described.empty())  // contiguous: the holder moves it alone
+    wait_all_quietly(static_cast<int>(p.requests.size()), p.requests.data());
+  else
+    wait_all_yielding(static_cast<int>(p.requests.size()), p.requests.data());
   free_push(it);
 }
 

@@ -257,7 +257,9 @@ std::span<const char> HolderServer::receive_push_payload(int source, std::span<c
   MPI_CHECK(MPI_Irecv(payload_.data(), static_cast<int>(bytes), MPI_BYTE, source,
                       wire::kPushPayload, layout_.world(), &r));
   MPI_Status st;
-  wait_quietly(&r, &st);
+  // Yielding, not sleeping: a payload sent as a datatype over a compute rank's tiles
+  // (pd.pushes_in_flight = 0) advances only while both ranks poll.
+  wait_yielding(&r, &st);
   int got = 0;
   MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &got));
   PDT_CHECK(got == bytes, "rank " + std::to_string(source) + " pushed " + std::to_string(got) +
