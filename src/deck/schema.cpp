@@ -320,8 +320,9 @@ std::vector<KeySpec> build_schema() {
           "Units whose gradients a compute rank keeps on the wire while its backward goes on "
           "(each unit's gradient is reduced and pushed as soon as it is final). 1: a unit's "
           "push overlaps the next unit's backward, for one more unit of gradient memory; 0: "
-          "backward waits for each push (the least memory; the push's time is exposed: a copy "
-          "by the holder within a node, RDMA across nodes); more: slower links. Exact: any "
+          "backward waits for each push, which with one replica goes from the unit's own "
+          "gradient memory without a packed copy (the least memory: one layer's gradients "
+          "instead of two; the push's time is exposed); more: slower links. Exact: any "
           "value gives the same numbers. The dry run prints the gradient bound it gives.")
           .at_least(0)
           .at_most(8),
