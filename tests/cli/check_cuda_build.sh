@@ -17,7 +17,9 @@ cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPDTRAIN_CUDA=ON \
 # What has CUDA in it: the binary, the GPU tests (the rest of the tree is the CPU build's code).
 targets=(pdtrain test_backend_cuda test_gpu_training bench_collectives)
 # The NCCL tests exist when the toolkit has NCCL (cmake/PdtrainCuda.cmake).
-cmake --build "$build" --target help | grep -q "test_gpu_nccl" && targets+=(test_gpu_nccl)
+# (grep reads the whole list: with -q it would stop early and, under pipefail, the launcher's
+# broken pipe would read as "not found".)
+cmake --build "$build" --target help | grep "test_gpu_nccl" > /dev/null && targets+=(test_gpu_nccl)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" > "$build.build.log" 2>&1 ||
   { grep -E "error|Error" "$build.build.log" | head -40; echo "FAIL: building the CUDA backend"; exit 1; }
 grep -E "warning" "$build.build.log" | grep -v "Wrestrict" | head -20
