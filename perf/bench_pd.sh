@@ -16,14 +16,19 @@
 # streamer's peaks) against the baseline's 16 bytes per parameter (parameters, gradients, AdamW
 # m and v), and bytes fetched per training step / the stage's bytes for (d) and (e).
 # Step time is the mean over steps 2..N-1 (step 1 warms up, step N evaluates).
-#   perf/bench_pd.sh [--short] [--model d384|124m] [PDTRAIN]   (repository root, after the build)
+#   perf/bench_pd.sh [--short] [--model d384|124m] [--paired N] [PDTRAIN]   (repository root)
+# --paired N: only (a), (b0) and (b1), run one after another N times; each round's ratios
+# compare runs of the same minute, and their medians are the step-time figures to quote on a
+# machine shared with other work (its load moves more between minutes than the configurations
+# differ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-short=0 model=124m
+short=0 model=124m paired=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --short) short=1; shift ;;
     --model) model=$2; shift 2 ;;
+    --paired) paired=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -45,12 +50,35 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
+# mean of a metrics.csv column over steps 2..N-1
+mean() {  # run column-name
+  awk -F, -v col="$2" 'NR==1 { for (i = 1; i <= NF; ++i) if ($i == col) c = i; next }
+                       { v[NR] = $c } END { n = 0; s = 0; for (i = 3; i < NR; ++i) { s += v[i]; ++n }
+                       printf "%.3f", s / n }' "$out/$1/metrics.csv"
+}
 run() {  # name ranks extra-sets...
   local name=$1 np=$2; shift 2
   scripts/mpirun-local -np "$np" "$bin" "$deck" "${sets[@]}" --set run.out_dir="$out/$name" "$@" \
     > "$out/$name.log" 2>&1 || { cat "$out/$name.log"; echo "bench_pd: FAIL: run $name"; exit 1; }
 }
 pd=(--set parallel.holders=1 --set pd.prefetch_depth=2)
+if (( paired > 0 )); then
+  echo "bench_pd: cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc --all) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  r0=() r1=()
+  for i in $(seq 1 "$paired"); do
+    run a$i 1 --set parallel.holders=0
+    run b0$i 2 "${pd[@]}"
+    run b1$i 2 "${pd[@]}" --set pd.staleness=1
+    a=$(mean a$i step_ms) b0=$(mean b0$i step_ms) b1=$(mean b1$i step_ms)
+    r0+=("$(awk -v x="$b0" -v a="$a" 'BEGIN { printf "%.3f", x / a }')")
+    r1+=("$(awk -v x="$b1" -v a="$a" 'BEGIN { printf "%.3f", x / a }')")
+    echo "round $i: step_ms a=$a b0=$b0 b1=$b1 | b0/a=${r0[-1]} b1/a=${r1[-1]} | load $(cut -d' ' -f1 /proc/loadavg)"
+  done
+  med() { printf "%s\n" "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+  echo "paired median over $paired rounds: b0/a=$(med "${r0[@]}") (target <= 1.05) b1/a=$(med "${r1[@]}") (target <= 1.02)"
+  echo "bench_pd: ok"
+  exit 0
+fi
 run a 1 --set parallel.holders=0
 run b0 2 "${pd[@]}"
 run b1 2 "${pd[@]}" --set pd.staleness=1
@@ -59,12 +87,6 @@ run c0 2 "${pd[@]}" --set pd.cache_mb=$cache_mb --set pd.pushes_in_flight=0
 run d 2 "${pd[@]}" --set pd.cache_mb=$cache_mb --set parallel.micro_batches=4
 run e 2 "${pd[@]}" --set pd.cache_mb=$cache_mb --set parallel.micro_batches=4 --set parallel.order=layer
 
-# mean of a metrics.csv column over steps 2..N-1
-mean() {  # run column-name
-  awk -F, -v col="$2" 'NR==1 { for (i = 1; i <= NF; ++i) if ($i == col) c = i; next }
-                       { v[NR] = $c } END { n = 0; s = 0; for (i = 3; i < NR; ++i) { s += v[i]; ++n }
-                       printf "%.3f", s / n }' "$out/$1/metrics.csv"
-}
 # "12.3 MiB" in a summary line after `label` -> bytes
 bytes_after() {  # run line-prefix label
   grep -m1 "^$2" "$out/$1.log" | sed -E "s/.*$3 ([0-9.]+) (B|KiB|MiB|GiB).*/\1 \2/" |
