@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/schedule/pipeline_schedule.hpp"
 
 namespace pdtrain::plan {
@@ -122,16 +123,6 @@ Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
 
 double pass_seconds(const Pass& p) { return p.gemm_s + p.attention_s + p.elementwise_s; }
 
-// PD ranks' gradient memory: with one micro-batch and one stage GradStreamer holds the tied
-// embedding, wpe, the final LayerNorm, the layer being done and the one on the wire; otherwise
-// every unit of the stage from the first backward to the last (architecture.md, "The bound").
-double pd_grad_params(const PlanInput& in, const StageSpec& spec, double stage) {
-  if (in.micro_batches > 1 && !in.layer_major) return stage;
-  if (spec.layer_end - spec.layer_begin <= 2) return stage;
-  const double layer = layer_params(in.model, static_cast<int>(spec.tp_size));
-  return stage - static_cast<double>(spec.layer_end - spec.layer_begin - 2) * layer;
-}
-
 std::string gib(double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
@@ -156,13 +147,9 @@ std::string overflow_text(const ComputeMemory& mem, double capacity) {
 
 }  // namespace
 
-StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t) {
-  return StageSpec{p * m.n_layer / shape.pp, (p + 1) * m.n_layer / shape.pp, p == 0, p == shape.pp - 1, shape.tp, t};
-}
-
 ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* slots) {
   const LayoutShape& L = in.layout;
-  const StageSpec spec = stage_of(in.model, L, p, t);
+  const StageSpec spec = split_stage(in.model.n_layer, L.pp, p, L.tp, t);
   const bool pd = L.holders > 0;
   const int m = static_cast<int>(in.micro_batches);
   const int in_flight = in.layer_major ? m
@@ -178,9 +165,11 @@ ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* s
   const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
   mem.params = copies * bytes;
   if (pd && in.cache_bytes > 0) mem.params = std::min(in.cache_bytes, copies * bytes);
-  mem.grads = !pd                ? bytes
-              : in.pd_grad_bytes ? in.pd_grad_bytes(p)
-                                 : 4 * pd_grad_params(in, spec, n);
+  // PD: GradStreamer's bound (the pool arithmetic the rank itself runs), the one formula.
+  if (pd && !in.pd_grad_bytes)
+    throw Error(ExitCode::runtime, "plan::compute_memory: a PD layout's gradient bytes are GradStreamer's bound: "
+                                   "give PlanInput::pd_grad_bytes (pdtrain::pd_grad_bound)");
+  mem.grads = pd ? in.pd_grad_bytes(p) : bytes;
   // The baseline's replica: its packed parameters, two AdamW moments and reduced gradients.
   mem.optimizer = pd ? 0 : 4 * bytes;
   mem.staging = gpu ? bytes : 0;  // pinned mirror of every unit
@@ -241,7 +230,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
 
   double slowest = 0, sum_stages = 0, stage_params_max = 0, backward_max = 0;
   for (int p = 0; p < L.pp; ++p) {
-    const StageSpec spec = stage_of(s, L, p, 0);
+    const StageSpec spec = split_stage(s.n_layer, L.pp, p, L.tp, 0);
     StagePrediction st;
     st.pp = p;
     st.layers = spec.layer_end - spec.layer_begin;

@@ -2,6 +2,7 @@
 // the stage's own allocation plan, and the directions every term must move in.
 #include <gtest/gtest.h>
 
+#include "pdtrain/app/report.hpp"
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
@@ -15,8 +16,12 @@ Machine machine(const char* file) { return load_machine(std::string(PDTRAIN_SOUR
 
 Deck deck_with(const std::vector<std::string>& sets) { return parse_deck("", "t.toml", sets); }
 
+// The deck's input as `pdtrain plan` builds it: PD gradients from GradStreamer's bound.
 PlanInput input(const std::vector<std::string>& sets, LayoutShape shape, int nodes = 1) {
-  return plan_input(deck_with(sets), shape, nodes);
+  const Deck deck = deck_with(sets);
+  PlanInput in = plan_input(deck, shape, nodes);
+  if (shape.holders > 0) in.pd_grad_bytes = pd_grad_bound(deck, shape);
+  return in;
 }
 
 const std::vector<std::string> k124M = {"model.n_layer=12", "model.n_head=12", "model.d_model=768",
@@ -44,7 +49,7 @@ TEST(PlanModel, EachRanksParametersAreTheBlocksItFetches) {
       const ParamCatalog cat(in.model);
       for (int p = 0; p < pp; ++p)
         for (int t = 0; t < tp; ++t) {
-          const StageParams shapes(cat, stage_of(in.model, in.layout, p, t), StageParams::Storage::shapes_only,
+          const StageParams shapes(cat, split_stage(in.model.n_layer, pp, p, tp, t), StageParams::Storage::shapes_only,
                                    Precision::fp32);
           double bytes = 0;
           for (int b : shapes.needed_blocks()) bytes += static_cast<double>(cat.block(b).bytes());

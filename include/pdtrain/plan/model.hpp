@@ -38,8 +38,9 @@ struct PlanInput {
   // pinned host memory (device/host_staging); false models GPU-direct collectives (NCCL).
   bool host_staged = true;
   int nodes = 1;  // nodes the job spans
-  // A PD stage's gradient bytes where the caller knows them exactly (the app: GradStreamer's
-  // replay of a step, what the run holds); empty: the model's estimate (docs).
+  // A PD stage's gradient bytes: GradStreamer's replay of a step, what the run holds (the app's
+  // pd_grad_bound; plan/ cannot compute it). Required for a PD layout: compute_memory throws
+  // Error(runtime) without it.
   std::function<double(int pp)> pd_grad_bytes;
 };
 
@@ -105,9 +106,6 @@ struct Prediction {
 };
 
 Prediction predict(const PlanInput& in, const Machine& machine);
-
-// Stage p of the layout (tensor rank t): its layers, as training splits them.
-StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t);
 
 // What stage p's tensor rank t holds (predict() reports rank 0's, the dry run prints every
 // rank's); `slots`, if given, receives the activation sets it keeps (micro-batches in flight).
