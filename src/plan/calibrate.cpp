@@ -77,16 +77,32 @@ double time_of(int reps, bool best, F&& f) {
 
 // flop/s of the three products of a linear layer of width n over n tokens, as training does
 // them (forward x.W^T, input gradient dy.W, weight gradient dy^T.x: NT, NN and TN), on the
-// calling thread's BLAS threads; fp32 or bf16 inputs.
+// calling thread's BLAS threads; fp32 or bf16 inputs. Each call takes the next of several
+// operand sets that together span kColdBytes, beyond the last-level cache, so that every
+// product reads its operands from memory as in a training step, whose activations (tens to
+// hundreds of MiB) a layer touched last a layer earlier: the same products on operands hot in
+// the cache run up to 1.6x faster here (AMD EPYC, n = 64..1024) and predicted steps too short.
+constexpr std::size_t kColdBytes = std::size_t{64} << 20;
+
 template <class T>
 double gemm_rate(int n) {
-  std::vector<T> a(static_cast<std::size_t>(n) * n), b(a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = T(0.001f * static_cast<float>(i % 1000)), b[i] = a[i];
-  std::vector<float> c(a.size());
+  const std::size_t elems = static_cast<std::size_t>(n) * n;
+  const std::size_t sets = std::max<std::size_t>(1, kColdBytes / (elems * (2 * sizeof(T) + sizeof(float))));
+  std::vector<std::vector<T>> a(sets), b(sets);
+  std::vector<std::vector<float>> c(sets);
+  for (std::size_t s = 0; s < sets; ++s) {
+    a[s].resize(elems), b[s].resize(elems), c[s].assign(elems, 0.0f);
+    for (std::size_t i = 0; i < elems; ++i) a[s][i] = T(0.001f * static_cast<float>(i % 1000)), b[s][i] = a[s][i];
+  }
   double seconds = 0;
+  std::size_t next = 0;
   for (const auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}}) {
-    kernels::gemm(ta, tb, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
-    seconds += best_of([&] { kernels::gemm(ta, tb, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); });
+    auto product = [&, ta = ta, tb = tb] {
+      const std::size_t s = next++ % sets;
+      kernels::gemm(ta, tb, n, n, n, 1.0f, a[s].data(), n, b[s].data(), n, 0.0f, c[s].data(), n);
+    };
+    product();  // warm up (oneDNN creates the primitive at the first call of a shape)
+    seconds += best_of(product);
   }
   return 3 * 2.0 * n * n * n / seconds;
 }
@@ -204,7 +220,8 @@ void calibrate(const std::string& out, MPI_Comm comm) {
                 std::max(1u, std::thread::hardware_concurrency()));
   m.sources = {"pdtrain plan --calibrate: GEMM rates of kernels::gemm (" + kernels::gemm_backend_description() +
                    ") on one thread, the three products of a linear layer (NT, NN, TN) of n x n x n, n = 64..1024, "
-                   "each the best of 5 repetitions of 0.02 s; peak = cores x the best one-thread rate, bf16 peak "
+                   "operands cycled over 64 MiB (read from memory, as in a training step), each the best of 5 "
+                   "repetitions of 0.02 s; peak = cores x the best one-thread rate, bf16 peak "
                    "= cores x the bf16-input rate at n = 1024",
                "memory bandwidth: a triad over 3 x 64 MiB on " + std::to_string(cores) +
                    " threads, the best of 5 repetitions of 0.02 s",

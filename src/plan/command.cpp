@@ -149,6 +149,9 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               "pipeline messages %s)\n",
               seconds(t.compute).c_str(), seconds(t.tp_comm).c_str(), seconds(t.p2p).c_str());
   std::printf("  pipeline bubble    %s\n", seconds(t.bubble).c_str());
+  if (!m.device.gpu)
+    std::printf("  cores shared       %s (the node's ranks busy for longer than its cores)\n",
+                seconds(t.cores_shared).c_str());
   std::printf("  data-parallel      %s\n", seconds(t.dp_reduce).c_str());
   if (L.holders > 0) {
     std::printf("  fetch              %s, exposed %s\n", seconds(t.fetch).c_str(), seconds(t.fetch_exposed).c_str());

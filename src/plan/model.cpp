@@ -56,6 +56,14 @@ double reduce_scatter(const LinkSpec& l, double bytes, int n) {
   if (n <= 1 || bytes <= 0) return 0;
   return (n - 1) * l.latency_s + static_cast<double>(n - 1) / n * bytes / l.bandwidth;
 }
+// The additions of a ring all-reduce or reduce-scatter where a host CPU does them (a CPU node;
+// a GPU rank's host-staged collectives): each rank adds (n-1)/n of the buffer into its own,
+// reading two operands and writing one, at `bandwidth` (the rank's share of the memory). The
+// link time above is only the moving.
+double host_sum(double bytes, int n, double bandwidth) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 3.0 * (n - 1) / n * bytes / bandwidth;
+}
 
 // Parameters of one tp rank of a stage: its layers' shard, the embedding's vocabulary rows
 // (first and last stage: the tied head), wpe on the first, the final LayerNorm on the last.
@@ -212,11 +220,20 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   out.compute_ranks_per_node = (compute + in.nodes - 1) / in.nodes;
   out.holders_per_node = L.holders > 0 ? (L.holders + in.nodes - 1) / in.nodes : 0;
   Costs c{machine, in};
-  // A GPU rank has its device. A CPU node's ranks share its cores and memory bandwidth: each
-  // runs its GEMMs on cores / (ranks on the node) BLAS threads, holders counted (the app's
-  // choose_blas_threads), so a compute rank has that share of the node.
-  if (!machine.device.gpu)
-    c.share = 1.0 / std::max(1, out.compute_ranks_per_node + out.holders_per_node);
+  // A GPU rank has its device. On a CPU node every rank runs max(1, cores / ranks on the node)
+  // BLAS threads, holders counted (the app's choose_blas_threads; scripts/mpirun-local: 1),
+  // each on a core of its own while the node has enough: a compute rank has its threads' share
+  // of the node's GEMM rate and memory bandwidth. Ranks beyond the cores share them: see
+  // `cores_shared` below.
+  const int cores = machine.node.cpu_cores;
+  const int threads = std::max(1, cores / std::max(1, out.compute_ranks_per_node + out.holders_per_node));
+  if (!machine.device.gpu) c.share = std::min(1.0, static_cast<double>(threads) / cores);
+  // Where a host CPU sums the collectives' data, and at what rate: a CPU rank's share of the
+  // node, a host-staged GPU rank's share of its node's memory.
+  const bool host_sums = !machine.device.gpu || in.host_staged;
+  const double sum_bandwidth = machine.device.gpu
+                                   ? machine.node.cpu_memory_bandwidth / std::max(1, out.compute_ranks_per_node)
+                                   : machine.device.memory_bandwidth * c.share;
   const int per_node = machine.device.gpu ? machine.node.devices : out.compute_ranks_per_node;
   const LinkSpec& tp_link = link_for(machine, L.tp, per_node);
   const LinkSpec& pp_link = link_for(machine, L.tp * L.pp, per_node);
@@ -229,6 +246,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
 
   double slowest = 0, sum_stages = 0, stage_params_max = 0, backward_max = 0;
+  double busy_core_s = 0;  // a CPU node: core-seconds its compute ranks work in a step
   for (int p = 0; p < L.pp; ++p) {
     const StageSpec spec = split_stage(s.n_layer, L.pp, p, L.tp, 0);
     StagePrediction st;
@@ -248,7 +266,8 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     // (device/host_staging): each message is downloaded and uploaded once more.
     const bool staged = machine.device.gpu && in.host_staged;
     const double stage_copy = staged ? 2 * machine.host.time(f.tp_bytes) : 0;
-    const double tp_one = L.tp > 1 ? all_reduce(tp_link, f.tp_bytes, L.tp) + stage_copy : 0;
+    const double tp_sum = host_sums ? host_sum(f.tp_bytes, L.tp, sum_bandwidth) : 0;
+    const double tp_one = L.tp > 1 ? all_reduce(tp_link, f.tp_bytes, L.tp) + tp_sum + stage_copy : 0;
     st.tp_comm = (f.tp_calls + tp_calls) * tp_one;
     const double msg = in.message_bytes * B * T * C;
     st.p2p = L.pp > 1 ? pp_link.time(msg) + (staged ? 2 * machine.host.time(msg) : 0) : 0;
@@ -262,6 +281,8 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     sum_stages += per_micro;
     stage_params_max = std::max(stage_params_max, st.param_count);
     backward_max = std::max(backward_max, st.backward);
+    // Every tp rank and replica of the stage computes and sums (waits yield the core).
+    busy_core_s += L.dp * L.tp * m * (fwd + bwd + (f.tp_calls + tp_calls) * tp_sum) * threads;
     out.step.tp_comm = std::max(out.step.tp_comm, m * st.tp_comm);
     out.step.p2p = std::max(out.step.p2p, m * st.p2p);
     out.stages.push_back(st);
@@ -278,7 +299,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   const double units = static_cast<double>(s.n_layer / L.pp + 3);
   const double download = machine.device.gpu && in.host_staged ? machine.host.time(grad_bytes) : 0;
   out.step.dp_reduce = (pd ? reduce_scatter(dp_link, grad_bytes, L.dp) : all_reduce(dp_link, grad_bytes, L.dp)) +
-                       (L.dp > 1 ? download : 0);
+                       (host_sums ? host_sum(grad_bytes, L.dp, sum_bandwidth) : 0) + (L.dp > 1 ? download : 0);
 
   double wait = 0;
   if (pd) {
@@ -288,13 +309,13 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     h.param_count = total / L.holders;
     // A holder's cores: a GPU node's CPU cores split among its holders; on a CPU node the
     // cores the compute ranks leave, at least one.
-    const int cores = machine.device.gpu
-                          ? machine.node.cpu_cores / std::max(1, out.holders_per_node)
-                          : std::max(1, (machine.node.cpu_cores - out.compute_ranks_per_node) /
-                                            std::max(1, out.holders_per_node));
-    h.cores = cores;
-    const double per_param = 1.0 / (cores * machine.holder.adamw_params_per_core) +
-                             in.fetch_bytes_per_param / (cores * machine.holder.crc_bytes_per_core);
+    const int cores_of_holder = machine.device.gpu
+                                    ? machine.node.cpu_cores / std::max(1, out.holders_per_node)
+                                    : std::max(1, (machine.node.cpu_cores - out.compute_ranks_per_node) /
+                                                      std::max(1, out.holders_per_node));
+    h.cores = cores_of_holder;
+    const double per_param = 1.0 / (cores_of_holder * machine.holder.adamw_params_per_core) +
+                             in.fetch_bytes_per_param / (cores_of_holder * machine.holder.crc_bytes_per_core);
     const double bw_bound = kAdamwBytes * out.holders_per_node / machine.node.cpu_memory_bandwidth;
     h.update = h.param_count * std::max(per_param, bw_bound);
     // Served copies: the last staleness + 1 versions, encoded (raw at staleness 0 is served from
@@ -328,7 +349,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     const double nic = machine.device.gpu
                            ? machine.inter.bandwidth * machine.node.devices / std::max(1, out.holders_per_node)
                            : machine.intra.bandwidth;
-    h.serve = (served + pushed) / nic + (served + pushed) / (cores * machine.holder.crc_bytes_per_core);
+    h.serve = (served + pushed) / nic + (served + pushed) / (cores_of_holder * machine.holder.crc_bytes_per_core);
     out.step.fetch = std::max(fetch, h.serve);
     // Push: each replica pushes its reduced segment as units become final, one on the wire.
     const double push_bytes = stage_params_max * in.push_bytes_per_param / L.dp;
@@ -350,13 +371,28 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
                                   : std::max(0.0, h.update - pipe);
     // The wait for parameters is one wait: for the fetch or the update front, whichever is later.
     wait = std::max(out.step.fetch_exposed, out.step.update_exposed) + out.step.push_exposed;
+    busy_core_s += L.holders * h.update * cores_of_holder;
   } else {
-    // The baseline: AdamW over its replica on the device (memory bound), after the reduction.
-    out.step.update = c.memory(kAdamwBytes * stage_params_max);
+    // The baseline, after the reduction: AdamW over its whole replica (every replica updates all
+    // of it), memory bound on a GPU, on a CPU the slower of its arithmetic on the rank's threads
+    // (the holders' AdamW rate: the same element loop) and its 28 bytes per parameter through
+    // memory; and two copies of the stage's fp32 bytes through the device's memory (read and
+    // write): the gradients packed for the reduction, the updated parameters published to the
+    // stage (compute_loop's reduce_and_push and publish).
+    const double adamw_compute =
+        machine.device.gpu ? 0 : stage_params_max / (threads * machine.holder.adamw_params_per_core);
+    out.step.update = std::max(c.memory(kAdamwBytes * stage_params_max), adamw_compute) +
+                      c.memory(2 * 2 * 4 * stage_params_max);
     out.step.update_exposed = out.step.update;
     wait = out.step.update;
   }
-  out.step.total = pipe + out.step.dp_reduce + wait;
+  // A CPU node's cores run every rank's work: a step takes at least the core-seconds its ranks
+  // are busy over its cores (a work-conserving scheduler's bound). With no more busy threads
+  // than cores this is below the pipeline's time and costs nothing; 4 compute ranks on 2 cores
+  // wait for each other's time slices. What the pipeline does not already take is the cost.
+  if (!machine.device.gpu)
+    out.step.cores_shared = std::max(0.0, busy_core_s / (in.nodes * cores) - pipe);
+  out.step.total = pipe + out.step.cores_shared + out.step.dp_reduce + wait;
 
   out.tokens_per_step = static_cast<double>(in.batch_size) * T;
   out.tokens_per_s = out.tokens_per_step / out.step.total;
