@@ -230,7 +230,8 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   if (!machine.device.gpu) c.share = std::min(1.0, static_cast<double>(threads) / cores);
   // Where a host CPU sums the collectives' data, and at what rate: a CPU rank's share of the
   // node, a host-staged GPU rank's share of its node's memory.
-  const bool host_sums = !machine.device.gpu || in.host_staged;
+  const bool tp_host_sums = !machine.device.gpu || in.tp_host_staged;
+  const bool dp_host_sums = !machine.device.gpu || in.host_staged;
   const double sum_bandwidth = machine.device.gpu
                                    ? machine.node.cpu_memory_bandwidth / std::max(1, out.compute_ranks_per_node)
                                    : machine.device.memory_bandwidth * c.share;
@@ -265,8 +266,8 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     // pdtrain moves tensor-parallel and pipeline traffic through pinned host memory on a GPU
     // (device/host_staging): each message is downloaded and uploaded once more.
     const bool staged = machine.device.gpu && in.host_staged;
-    const double stage_copy = staged ? 2 * machine.host.time(f.tp_bytes) : 0;
-    const double tp_sum = host_sums ? host_sum(f.tp_bytes, L.tp, sum_bandwidth) : 0;
+    const double stage_copy = machine.device.gpu && in.tp_host_staged ? 2 * machine.host.time(f.tp_bytes) : 0;
+    const double tp_sum = tp_host_sums ? host_sum(f.tp_bytes, L.tp, sum_bandwidth) : 0;
     const double tp_one = L.tp > 1 ? all_reduce(tp_link, f.tp_bytes, L.tp) + tp_sum + stage_copy : 0;
     st.tp_comm = (f.tp_calls + tp_calls) * tp_one;
     const double msg = in.message_bytes * B * T * C;
@@ -299,7 +300,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   const double units = static_cast<double>(s.n_layer / L.pp + 3);
   const double download = machine.device.gpu && in.host_staged ? machine.host.time(grad_bytes) : 0;
   out.step.dp_reduce = (pd ? reduce_scatter(dp_link, grad_bytes, L.dp) : all_reduce(dp_link, grad_bytes, L.dp)) +
-                       (host_sums ? host_sum(grad_bytes, L.dp, sum_bandwidth) : 0) + (L.dp > 1 ? download : 0);
+                       (dp_host_sums ? host_sum(grad_bytes, L.dp, sum_bandwidth) : 0) + (L.dp > 1 ? download : 0);
 
   double wait = 0;
   if (pd) {

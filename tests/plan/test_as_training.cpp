@@ -116,16 +116,18 @@ TEST(PlanAsTraining, PdGradientsAreTheStreamersBoundWithItsPushesInFlight) {
 
 TEST(PlanAsTraining, CollectivesFollowParallelComm) {
   const Machine h100 = machine("h100-sxm.toml");
+  // {tensor-parallel all-reduces staged, pipeline and data-parallel traffic staged}
   auto staged = [&](const char* comm, bool nccl_flag) {
     PlanOptions o = training_options(0, 1);
     o.nccl = nccl_flag;
     const Deck deck = deck_with({"parallel.tp=4", std::string("parallel.comm=\"") + comm + "\""});
-    return checked_input(deck, o, h100).host_staged;
+    const PlanInput in = checked_input(deck, o, h100);
+    return std::pair{in.tp_host_staged, in.host_staged};
   };
-  EXPECT_FALSE(staged("nccl", false));
-  EXPECT_TRUE(staged("mpi", false));
-  EXPECT_FALSE(staged("auto", false));  // every compute rank has a GPU of its own: a run takes NCCL
-  EXPECT_FALSE(staged("mpi", true));    // --nccl overrides the deck
+  EXPECT_EQ(staged("nccl", false), std::pair(false, true));  // a run's NCCL carries tp only
+  EXPECT_EQ(staged("mpi", false), std::pair(true, true));
+  EXPECT_EQ(staged("auto", false), std::pair(false, true));  // every compute rank has its own GPU
+  EXPECT_EQ(staged("mpi", true), std::pair(false, false));   // --nccl: everything GPU to GPU
   // Host staging costs time: the same layout through host memory is slower.
   PlanOptions o = training_options(0, 1);
   const Prediction mpi = predict(checked_input(deck_with({"parallel.tp=4", "parallel.comm=\"mpi\""}), o, h100), h100);

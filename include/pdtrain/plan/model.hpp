@@ -34,9 +34,14 @@ struct PlanInput {
   double activation_bytes = 4;
   // Bytes of one element of the tensor-parallel all-reduces and pipeline messages (pdtrain: 4).
   double message_bytes = 4;
-  // pdtrain moves a GPU rank's tensor-parallel, pipeline and data-parallel traffic through
-  // pinned host memory (device/host_staging); false models GPU-direct collectives (NCCL).
+  // pdtrain moves a GPU rank's pipeline messages and data-parallel gradients through pinned
+  // host memory (device/host_staging); false models GPU-direct transfers (NCCL: Megatron,
+  // `pdtrain plan --nccl`).
   bool host_staged = true;
+  // The tensor-parallel all-reduces alike, as parallel.comm resolves: mpi stages them through
+  // host memory, nccl (and auto, where every compute rank has a GPU of its own) runs them GPU to
+  // GPU (pipeline messages and the data-parallel reduce stay on MPI either way: host_staged).
+  bool tp_host_staged = true;
   int nodes = 1;  // nodes the job spans
   // A PD stage's gradient bytes: GradStreamer's replay of a step, what the run holds (the app's
   // pd_grad_bound; plan/ cannot compute it). Required for a PD layout: compute_memory throws
