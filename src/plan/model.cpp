@@ -131,6 +131,18 @@ Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
 
 double pass_seconds(const Pass& p) { return p.gemm_s + p.attention_s + p.elementwise_s; }
 
+// The baseline's step after the reduction on a rank of n parameters (threads: a CPU rank's BLAS
+// threads): AdamW over its whole replica (every replica updates all of it), memory bound on a
+// GPU, on a CPU the slower of its arithmetic on the rank's threads (the holders' AdamW rate: the
+// same element loop) and its 28 bytes per parameter through memory; and two copies of the
+// stage's fp32 bytes through the device's memory (read and write): the gradients packed for the
+// reduction, the updated parameters published to the stage (ComputeLoop's reduce_and_push and
+// publish).
+double baseline_optimizer(const Costs& c, double n, int threads) {
+  const double adamw_compute = c.m.device.gpu ? 0 : n / (threads * c.m.holder.adamw_params_per_core);
+  return std::max(c.memory(kAdamwBytes * n), adamw_compute) + c.memory(2 * 2 * 4 * n);
+}
+
 std::string gib(double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
@@ -374,16 +386,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     wait = std::max(out.step.fetch_exposed, out.step.update_exposed) + out.step.push_exposed;
     busy_core_s += L.holders * h.update * cores_of_holder;
   } else {
-    // The baseline, after the reduction: AdamW over its whole replica (every replica updates all
-    // of it), memory bound on a GPU, on a CPU the slower of its arithmetic on the rank's threads
-    // (the holders' AdamW rate: the same element loop) and its 28 bytes per parameter through
-    // memory; and two copies of the stage's fp32 bytes through the device's memory (read and
-    // write): the gradients packed for the reduction, the updated parameters published to the
-    // stage (compute_loop's reduce_and_push and publish).
-    const double adamw_compute =
-        machine.device.gpu ? 0 : stage_params_max / (threads * machine.holder.adamw_params_per_core);
-    out.step.update = std::max(c.memory(kAdamwBytes * stage_params_max), adamw_compute) +
-                      c.memory(2 * 2 * 4 * stage_params_max);
+    out.step.update = baseline_optimizer(c, stage_params_max, threads);
     out.step.update_exposed = out.step.update;
     wait = out.step.update;
   }
