@@ -160,5 +160,38 @@ TEST(PlanModel, ALayoutThatDoesNotFitNamesTheRankAndWhatOverflows) {
   for (const Overflow& o : q.overflows) ADD_FAILURE() << o.who << ": " << o.what;
 }
 
+TEST(PlanModel, CpuRanksRunOnTheirThreadsAndShareCoresOnlyBeyondThem) {
+  // 2 cores (machines/cpu-local.toml): one BLAS thread per rank; a compute rank has a core of its
+  // own whether a holder is beside it or not (holders mostly wait), so a stage's micro-batch
+  // takes the same time with one or two compute ranks beside a holder.
+  const Machine cpu = machine("cpu-local.toml");
+  const std::vector<std::string> small = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
+                                          "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
+  auto with = [&](std::vector<std::string> extra, LayoutShape shape) {
+    extra.insert(extra.begin(), small.begin(), small.end());
+    return predict(input(extra, shape), cpu);
+  };
+  const Prediction one = with({"parallel.micro_batches=2"}, {1, 1, 1, 1});  // 8 sequences a pass
+  const Prediction two = with({}, {1, 2, 1, 1});                            // 8 sequences a rank
+  EXPECT_DOUBLE_EQ(one.stages[0].forward, two.stages[0].forward);
+  EXPECT_LT(two.step.cores_shared, 0.05 * two.step.total);  // only the holder's update
+  // Four compute ranks on two cores (tp 2 x pp 2) wait for each other's time slices: the step is
+  // at least their busy core-seconds over the cores.
+  const Prediction four = with({"parallel.micro_batches=2"}, {1, 1, 2, 2});
+  EXPECT_GT(four.step.cores_shared, 0);
+  double busy = 0;
+  for (const StagePrediction& st : four.stages)
+    busy += 2 * 2 * (st.forward + st.backward - st.tp_comm - st.p2p);  // tp 2, m 2, one thread
+  EXPECT_GE(four.step.compute + four.step.bubble + four.step.cores_shared, busy / 2 * 0.999);
+  // A GPU node never shares: its ranks have their devices.
+  EXPECT_EQ(predict(input(small, {1, 1, 2, 2}), machine("h100-sxm.toml")).step.cores_shared, 0);
+}
+
+TEST(PlanModel, TheCpuBaselinesOptimizerIsAtLeastItsAdamWArithmetic) {
+  const Machine cpu = machine("cpu-local.toml");
+  const Prediction p = predict(input({"model.n_layer=4", "model.d_model=256", "parallel.holders=0"}, {0, 2, 1, 1}), cpu);
+  EXPECT_GE(p.step.update, p.stages[0].param_count / cpu.holder.adamw_params_per_core);
+}
+
 }  // namespace
 }  // namespace pdtrain::plan
