@@ -169,6 +169,26 @@ void ping_pong(MPI_Comm comm, int rank, double* latency, double* bandwidth) {
   *latency = both[0], *bandwidth = both[1];
 }
 
+// One BLAS thread's fp32 GEMM rate at each size and the bf16 rate at the largest, measured on
+// every rank of `comm` at once and averaged over them (collective). A run keeps every core of
+// its node busy, computing or polling MPI (its waits yield only to runnable neighbours), and a
+// core's GEMM rate here drops by a quarter when the other core is busy too (one thread of
+// 512^3 products: 63-70 GFLOP/s alone, 45-50 beside another): measured alone, the rates
+// promised steps 30 % shorter than the runs took. Run as many ranks as the node has cores.
+std::vector<double> gemm_rates_all_busy(MPI_Comm comm, int size, double* bf16_rate) {
+  kernels::set_blas_threads(1);
+  std::vector<double> rates;
+  auto together = [&](auto measure) {
+    MPI_CHECK(MPI_Barrier(comm));  // start together: every core busy while any is measured
+    double r = measure(), sum = 0;
+    MPI_CHECK(MPI_Allreduce(&r, &sum, 1, MPI_DOUBLE, MPI_SUM, comm));
+    return sum / size;
+  };
+  for (int n : kGemmSizes) rates.push_back(together([n] { return gemm_rate<float>(n); }));
+  *bf16_rate = together([] { return gemm_rate<bf16>(kGemmSizes.back()); });
+  return rates;
+}
+
 }  // namespace
 
 void calibrate(const std::string& out, MPI_Comm comm) {
@@ -180,7 +200,10 @@ void calibrate(const std::string& out, MPI_Comm comm) {
                                 "mpirun -np 2 pdtrain plan --calibrate " + out);
   Machine m;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // Compute and memory first, on rank 0 alone while the others wait quietly in a barrier.
+  // GEMMs on every rank at once (every core busy, as in a run).
+  double bf16_rate = 0;
+  const std::vector<double> rates = gemm_rates_all_busy(comm, size, &bf16_rate);
+  // Then memory and the holders' rates, on rank 0 alone while the others wait quietly.
   MPI_Request barrier;
   if (rank != 0) {
     MPI_CHECK(MPI_Ibarrier(comm, &barrier));
@@ -189,12 +212,9 @@ void calibrate(const std::string& out, MPI_Comm comm) {
     // One BLAS thread: what each rank of a shared node runs (choose_blas_threads,
     // scripts/mpirun-local). The node's peak is its cores at the best one-core rate; the model
     // gives each compute rank its threads' share of it (docs/performance-model.md).
-    kernels::set_blas_threads(1);
-    std::vector<double> rates;
-    for (int n : kGemmSizes) rates.push_back(gemm_rate<float>(n));
     const double ceiling = *std::max_element(rates.begin(), rates.end());
     m.device.peak_fp32 = cores * ceiling;
-    m.device.peak_bf16 = cores * gemm_rate<bf16>(kGemmSizes.back());
+    m.device.peak_bf16 = cores * bf16_rate;
     for (std::size_t i = 0; i < rates.size(); ++i) {
       const double n = kGemmSizes[i];
       m.device.gemm.push_back({2.0 * n * n * n, std::min(1.0, rates[i] / ceiling)});
@@ -221,7 +241,8 @@ void calibrate(const std::string& out, MPI_Comm comm) {
   m.sources = {"pdtrain plan --calibrate: GEMM rates of kernels::gemm (" + kernels::gemm_backend_description() +
                    ") on one thread, the three products of a linear layer (NT, NN, TN) of n x n x n, n = 64..1024, "
                    "operands cycled over 64 MiB (read from memory, as in a training step), each the best of 5 "
-                   "repetitions of 0.02 s; peak = cores x the best one-thread rate, bf16 peak "
+                   "repetitions of 0.02 s, on all " + std::to_string(size) + " ranks of the calibration at once (of " +
+                   std::to_string(cores) + " cores) and averaged; peak = cores x the best one-thread rate, bf16 peak "
                    "= cores x the bf16-input rate at n = 1024",
                "memory bandwidth: a triad over 3 x 64 MiB on " + std::to_string(cores) +
                    " threads, the best of 5 repetitions of 0.02 s",
