@@ -33,8 +33,8 @@ const char* kUsage =
     "       pdtrain eval [DECK.toml] [--set section.key=value]... --batches N\n"
     "       pdtrain --list-sweep DECK.toml\n"
     "       pdtrain plan [DECK.toml] [--set k=v]... [--machine FILE|NAME] [--nodes N | --ranks N]\n"
-    "                    [--search] [--nccl]   (predict memory and step time, --nccl: as if\n"
-    "                    GPUs talked directly; docs/performance-model.md)\n"
+    "                    [--search] [--nccl]   (predict memory and step time, --nccl: GPU-direct\n"
+    "                    collectives whatever parallel.comm says; docs/performance-model.md)\n"
     "       mpirun -np 2 pdtrain plan --calibrate OUT.toml   (measure this machine)\n"
     "       pdtrain summarize runs/<name>\n"
     "       pdtrain inspect CHECKPOINT.h5\n"
@@ -312,7 +312,7 @@ int run(int argc, char** argv, int rank) {
       if (rank == 0) pdtrain::sample_checkpoint(cl.sample);
     } else if (!cl.help && !cl.version && !cl.print_default && !cl.print_reference) {
       if (cl.plan.calibrate.empty()) deck = load(cl, &listing);
-      cl.plan.pd_grad_bytes = pdtrain::pd_grad_bound;  // the streamer's exact bound
+      pdtrain::connect_plan_to_training(cl.plan);  // the streamer's bound, the set-up's checks
       if (cl.command == "plan") pdtrain::plan::run_plan(deck, cl.plan, MPI_COMM_WORLD);
       int size = 0;
       MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));

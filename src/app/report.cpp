@@ -103,6 +103,11 @@ std::function<double(int)> pd_grad_bound(const Deck& deck, const LayoutShape& sh
   };
 }
 
+void connect_plan_to_training(plan::PlanOptions& options) {
+  options.pd_grad_bytes = pd_grad_bound;
+  options.check_layout = check_layout;
+}
+
 namespace {
 
 std::string links_text(const char* kind, int size, const GroupLinks& l) {

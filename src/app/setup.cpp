@@ -219,26 +219,29 @@ BlockTable block_table(const ParamCatalog& cat, const Deck& d) {
   return t;
 }
 
-// Blocks go to holders near the compute ranks that fetch them (one per position: replica 0).
-std::vector<int> place_blocks_on_holders(const Setup& s, const std::vector<StagePosition>& stages) {
+// Blocks go to holders near the compute ranks that fetch them (one per position: replica 0);
+// node[r] is the node of layout rank r.
+std::vector<int> place_blocks_on_holders(const LayoutShape& shape, const ParamCatalog& cat,
+                                         const std::vector<int>& node,
+                                         const std::vector<StagePosition>& stages) {
   std::vector<std::int64_t> bytes;
-  for (const BlockInfo& b : s.catalog->blocks()) bytes.push_back(b.bytes());
+  for (const BlockInfo& b : cat.blocks()) bytes.push_back(b.bytes());
   std::vector<Fetcher> fetchers;
   for (const StagePosition& pos : stages)
-    fetchers.push_back({s.node[s.shape.fetcher_rank(pos.pp, pos.tp)], pos.shapes.needed_blocks()});
-  const std::vector<int> holder_node(s.node.begin(), s.node.begin() + s.shape.holders);
+    fetchers.push_back({node[shape.fetcher_rank(pos.pp, pos.tp)], pos.shapes.needed_blocks()});
+  const std::vector<int> holder_node(node.begin(), node.begin() + shape.holders);
   return place_near_fetchers(bytes, fetchers, holder_node);
 }
 
-void check_every_holder_owns_a_block(const Deck& deck, const Setup& s) {
-  std::vector<int> owned(static_cast<std::size_t>(s.shape.holders), 0);
-  for (int o : s.owner) ++owned[o];
-  for (int h = 0; h < s.shape.holders; ++h)
+void check_every_holder_owns_a_block(const Deck& deck, int holders, const std::vector<int>& owner) {
+  std::vector<int> owned(static_cast<std::size_t>(holders), 0);
+  for (int o : owner) ++owned[o];
+  for (int h = 0; h < holders; ++h)
     if (owned[h] == 0)
       throw Error(ExitCode::layout,
                   deck.where("parallel.holders") + ": holder " + std::to_string(h) +
                       " would own no parameter block (the model has " +
-                      std::to_string(s.owner.size()) + " blocks); use fewer holders");
+                      std::to_string(owner.size()) + " blocks); use fewer holders");
 }
 
 // pd.cache_mb must hold the largest single use of every compute rank's stage (a layer, or the
@@ -260,7 +263,37 @@ void check_cache_size(const Deck& deck, const std::vector<StagePosition>& stages
   }
 }
 
+// The holders' blocks (placed near their fetchers; node[r]: the node of layout rank r) and the
+// checks a PD layout must pass on them: every holder owns a block, pd.cache_mb holds every
+// stage's largest use.
+std::vector<int> checked_owners(const Deck& deck, const LayoutShape& shape, const ParamCatalog& cat,
+                                const std::vector<int>& node) {
+  const std::vector<StagePosition> stages = stage_positions(deck, shape, cat);
+  std::vector<int> owner = place_blocks_on_holders(shape, cat, node, stages);
+  check_every_holder_owns_a_block(deck, shape.holders, owner);
+  if (deck.pd.cache_mb > 0) check_cache_size(deck, stages);
+  return owner;
+}
+
+// The node of each layout rank (holders first, spread over the nodes: spread_holders), for a
+// job whose rank r runs on job_node[r]; `job_rank` receives the job rank of each layout rank.
+std::vector<int> layout_nodes(int holders, const std::vector<int>& job_node, std::vector<int>* job_rank) {
+  *job_rank = spread_holders(holders, job_node);
+  std::vector<int> node;
+  for (int r : *job_rank) node.push_back(job_node[static_cast<std::size_t>(r)]);
+  return node;
+}
+
 }  // namespace
+
+void check_layout(const Deck& deck, const LayoutShape& shape, const std::vector<int>& job_node) {
+  const ModelShape model = resolve_model_shape(deck.model);
+  check_rank_needs(deck, model, shape);
+  if (shape.holders == 0) return;
+  const ParamCatalog catalog(model);
+  std::vector<int> job_rank;
+  checked_owners(deck, shape, catalog, layout_nodes(shape.holders, job_node, &job_rank));
+}
 
 Setup make_setup(const Deck& deck, MPI_Comm job, bool eval_only) {
   int world_size = 0;
@@ -272,15 +305,8 @@ Setup make_setup(const Deck& deck, MPI_Comm job, bool eval_only) {
   check_rank_needs(deck, model, s.shape);
   s.catalog = std::make_unique<ParamCatalog>(model);
   s.table = block_table(*s.catalog, deck);
-  const std::vector<int> job_node = node_of_ranks(job);
-  s.job_rank = spread_holders(s.shape.holders, job_node);
-  for (int r : s.job_rank) s.node.push_back(job_node[r]);
-  if (s.shape.holders > 0) {
-    const std::vector<StagePosition> stages = stage_positions(deck, s.shape, *s.catalog);
-    s.owner = place_blocks_on_holders(s, stages);
-    check_every_holder_owns_a_block(deck, s);
-    if (deck.pd.cache_mb > 0) check_cache_size(deck, stages);
-  }
+  s.node = layout_nodes(s.shape.holders, node_of_ranks(job), &s.job_rank);
+  if (s.shape.holders > 0) s.owner = checked_owners(deck, s.shape, *s.catalog, s.node);
   // Every rank opens the data so that a bad file is one collective error, not a hang.
   data::SourceSpec spec = source_spec(deck);
   if (eval_only && spec.kind != data::SourceKind::synthetic) spec.val_path = spec.path;
@@ -289,8 +315,7 @@ Setup make_setup(const Deck& deck, MPI_Comm job, bool eval_only) {
 }
 
 StageSpec stage_spec(const Deck& deck, const LayoutShape& shape, int p, int t) {
-  const std::int64_t L = deck.model.n_layer, pp = shape.pp;
-  return StageSpec{p * L / pp, (p + 1) * L / pp, p == 0, p == pp - 1, shape.tp, t};
+  return split_stage(deck.model.n_layer, shape.pp, p, shape.tp, t);
 }
 
 StageSpec stage_spec(const Deck& deck, const Layout& layout) {

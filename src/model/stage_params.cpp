@@ -21,6 +21,10 @@ bool tensor_on_stage(TensorId id, const TensorInfo& t, const StageSpec& s) {
 }
 }  // namespace
 
+StageSpec split_stage(std::int64_t n_layer, int pp, int p, int tp, int t) {
+  return StageSpec{p * n_layer / pp, (p + 1) * n_layer / pp, p == 0, p == pp - 1, tp, t};
+}
+
 StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage storage,
                          Precision precision, Device& device)
     : cat_(cat), spec_(spec), device_(device), precision_(precision) {

@@ -3,6 +3,8 @@
 #include "pdtrain/plan/command.hpp"
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -66,11 +68,46 @@ int world_for(const Deck& deck, const PlanOptions& o, const Machine& m) {
               "pdtrain plan: parallel.dp = 0 takes every rank of the job; give --ranks N or --nodes N");
 }
 
+// Whether the compute ranks' collectives go GPU to GPU (NCCL) rather than through pinned host
+// memory: --nccl, else parallel.comm as a run resolves it (nccl, or auto where every compute
+// rank has a GPU of its own, which a GPU machine file's ranks have). A CPU machine has no GPU
+// for NCCL: training refuses nccl there, and so does the plan.
+bool collectives_on_gpus(const Deck& deck, const PlanOptions& o, const Machine& m) {
+  if (!m.device.gpu) {
+    if (o.nccl)
+      throw Error(ExitCode::deck, "pdtrain plan --nccl: " + m.name + " has no GPUs (device.kind = \"cpu\")");
+    if (deck.parallel.comm == "nccl")
+      throw Error(ExitCode::deck, deck.where("parallel.comm") + ": nccl, but " + m.name +
+                                      " has no GPUs (device.kind = \"cpu\"): NCCL moves GPU memory");
+    return false;
+  }
+  return o.nccl || deck.parallel.comm != "mpi";
+}
+
 PlanInput input_for(const Deck& deck, const PlanOptions& o, const Machine& m, const LayoutShape& shape) {
   PlanInput in = plan_input(deck, shape, nodes_for(o, m, shape));
-  in.host_staged = !o.nccl;
-  if (o.pd_grad_bytes && shape.holders > 0) in.pd_grad_bytes = o.pd_grad_bytes(deck, shape);
+  in.tp_host_staged = !collectives_on_gpus(deck, o, m);
+  in.host_staged = !o.nccl;  // pdtrain's pipeline and data-parallel traffic: MPI, staged on a GPU
+  if (shape.holders > 0) {
+    PDT_CHECK(static_cast<bool>(o.pd_grad_bytes), "pdtrain plan: PlanOptions::pd_grad_bytes is not connected");
+    in.pd_grad_bytes = o.pd_grad_bytes(deck, shape);
+  }
   return in;
+}
+
+// The node of each job rank as mpirun places `world` ranks on `nodes` nodes by slot: equal
+// slots per node, consecutive ranks together.
+std::vector<int> job_nodes(int world, int nodes) {
+  const int per_node = (world + nodes - 1) / nodes;
+  std::vector<int> node;
+  for (int r = 0; r < world; ++r) node.push_back(r / per_node);
+  return node;
+}
+
+// What training's set-up checks of the layout (app's check_layout, through the options).
+void check_as_training(const Deck& deck, const PlanOptions& o, const Machine& m, const LayoutShape& shape) {
+  PDT_CHECK(static_cast<bool>(o.check_layout), "pdtrain plan: PlanOptions::check_layout is not connected");
+  o.check_layout(deck, shape, job_nodes(shape.world(), nodes_for(o, m, shape)));
 }
 
 void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, const Prediction& p) {
@@ -79,9 +116,14 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               "(%d per node)\n",
               deck.source_name.c_str(), m.name.c_str(), in.nodes, L.holders, L.dp, L.pp, L.tp,
               p.compute_ranks_per_node);
-  if (!in.host_staged)
-    std::printf("what if: tensor-parallel, pipeline and data-parallel traffic GPU to GPU (NCCL), which "
-                "pdtrain does not do yet\n");
+  if (m.device.gpu && !in.host_staged)
+    std::printf("collectives: all GPU to GPU (--nccl: what if pipeline messages and the data-parallel "
+                "reduce went by NCCL too, which pdtrain does not do yet)\n");
+  else if (m.device.gpu)
+    std::printf("collectives: tensor-parallel all-reduces %s (parallel.comm = %s); pipeline messages and "
+                "the data-parallel reduce through pinned host memory (MPI)\n",
+                in.tp_host_staged ? "through pinned host memory (MPI)" : "GPU to GPU (NCCL)",
+                deck.parallel.comm.c_str());
   std::printf("step of %.0f tokens: %lld micro-batch(es) of %lld sequence(s) per replica, %s precision, "
               "recompute %s%s\n",
               p.tokens_per_step, static_cast<long long>(in.micro_batches),
@@ -112,6 +154,9 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               "pipeline messages %s)\n",
               seconds(t.compute).c_str(), seconds(t.tp_comm).c_str(), seconds(t.p2p).c_str());
   std::printf("  pipeline bubble    %s\n", seconds(t.bubble).c_str());
+  if (!m.device.gpu)
+    std::printf("  cores shared       %s (the node's ranks busy for longer than its cores)\n",
+                seconds(t.cores_shared).c_str());
   std::printf("  data-parallel      %s\n", seconds(t.dp_reduce).c_str());
   if (L.holders > 0) {
     std::printf("  fetch              %s, exposed %s\n", seconds(t.fetch).c_str(), seconds(t.fetch_exposed).c_str());
@@ -148,6 +193,8 @@ std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& o,
   std::sort(holder_counts.begin(), holder_counts.end());
   holder_counts.erase(std::unique(holder_counts.begin(), holder_counts.end()), holder_counts.end());
   std::vector<RankedLayout> found;
+  // The set-up's checks depend on the holders and the grid, not on micro-batches or recompute.
+  std::map<std::array<int, 4>, bool> accepted;
   for (int h : holder_counts)
     for (int tp : powers_of_two_up_to(deck.model.n_head))
       for (int pp : powers_of_two_up_to(deck.model.n_layer))
@@ -162,6 +209,13 @@ std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& o,
             LayoutShape shape;
             try {
               shape = resolve_layout(d, w);
+              const std::array<int, 4> grid = {shape.holders, shape.dp, shape.tp, shape.pp};
+              if (auto it = accepted.find(grid); it != accepted.end() && !it->second) continue;
+              if (!accepted.count(grid)) {
+                accepted[grid] = false;
+                check_as_training(d, o, m, shape);
+                accepted[grid] = true;
+              }
             } catch (const Error&) {
               continue;  // not a layout training would accept
             }
@@ -201,6 +255,12 @@ void print_search(const std::vector<RankedLayout>& found, const Machine& m) {
 
 }  // namespace
 
+PlanInput checked_input(const Deck& deck, const PlanOptions& o, const Machine& m) {
+  const LayoutShape shape = resolve_layout(deck, world_for(deck, o, m));
+  check_as_training(deck, o, m, shape);
+  return input_for(deck, o, m, shape);
+}
+
 void run_plan(const Deck& deck, const PlanOptions& o, MPI_Comm comm) {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
@@ -213,8 +273,7 @@ void run_plan(const Deck& deck, const PlanOptions& o, MPI_Comm comm) {
     if (rank == 0) print_search(found, m), std::fflush(stdout);
     return;
   }
-  const LayoutShape shape = resolve_layout(deck, world_for(deck, o, m));
-  const PlanInput in = input_for(deck, o, m, shape);
+  const PlanInput in = checked_input(deck, o, m);
   const Prediction p = predict(in, m);
   if (rank == 0) print_prediction(deck, m, in, p), std::fflush(stdout);
   if (!p.fits())

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/schedule/pipeline_schedule.hpp"
 
 namespace pdtrain::plan {
@@ -54,6 +55,14 @@ double all_reduce(const LinkSpec& l, double bytes, int n) {
 double reduce_scatter(const LinkSpec& l, double bytes, int n) {
   if (n <= 1 || bytes <= 0) return 0;
   return (n - 1) * l.latency_s + static_cast<double>(n - 1) / n * bytes / l.bandwidth;
+}
+// The additions of a ring all-reduce or reduce-scatter where a host CPU does them (a CPU node;
+// a GPU rank's host-staged collectives): each rank adds (n-1)/n of the buffer into its own,
+// reading two operands and writing one, at `bandwidth` (the rank's share of the memory). The
+// link time above is only the moving.
+double host_sum(double bytes, int n, double bandwidth) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 3.0 * (n - 1) / n * bytes / bandwidth;
 }
 
 // Parameters of one tp rank of a stage: its layers' shard, the embedding's vocabulary rows
@@ -122,14 +131,16 @@ Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
 
 double pass_seconds(const Pass& p) { return p.gemm_s + p.attention_s + p.elementwise_s; }
 
-// PD ranks' gradient memory: with one micro-batch and one stage GradStreamer holds the tied
-// embedding, wpe, the final LayerNorm, the layer being done and the one on the wire; otherwise
-// every unit of the stage from the first backward to the last (architecture.md, "The bound").
-double pd_grad_params(const PlanInput& in, const StageSpec& spec, double stage) {
-  if (in.micro_batches > 1 && !in.layer_major) return stage;
-  if (spec.layer_end - spec.layer_begin <= 2) return stage;
-  const double layer = layer_params(in.model, static_cast<int>(spec.tp_size));
-  return stage - static_cast<double>(spec.layer_end - spec.layer_begin - 2) * layer;
+// The baseline's step after the reduction on a rank of n parameters (threads: a CPU rank's BLAS
+// threads): AdamW over its whole replica (every replica updates all of it), memory bound on a
+// GPU, on a CPU the slower of its arithmetic on the rank's threads (the holders' AdamW rate: the
+// same element loop) and its 28 bytes per parameter through memory; and two copies of the
+// stage's fp32 bytes through the device's memory (read and write): the gradients packed for the
+// reduction, the updated parameters published to the stage (ComputeLoop's reduce_and_push and
+// publish).
+double baseline_optimizer(const Costs& c, double n, int threads) {
+  const double adamw_compute = c.m.device.gpu ? 0 : n / (threads * c.m.holder.adamw_params_per_core);
+  return std::max(c.memory(kAdamwBytes * n), adamw_compute) + c.memory(2 * 2 * 4 * n);
 }
 
 std::string gib(double b) {
@@ -156,13 +167,9 @@ std::string overflow_text(const ComputeMemory& mem, double capacity) {
 
 }  // namespace
 
-StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t) {
-  return StageSpec{p * m.n_layer / shape.pp, (p + 1) * m.n_layer / shape.pp, p == 0, p == shape.pp - 1, shape.tp, t};
-}
-
 ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* slots) {
   const LayoutShape& L = in.layout;
-  const StageSpec spec = stage_of(in.model, L, p, t);
+  const StageSpec spec = split_stage(in.model.n_layer, L.pp, p, L.tp, t);
   const bool pd = L.holders > 0;
   const int m = static_cast<int>(in.micro_batches);
   const int in_flight = in.layer_major ? m
@@ -178,9 +185,11 @@ ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* s
   const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
   mem.params = copies * bytes;
   if (pd && in.cache_bytes > 0) mem.params = std::min(in.cache_bytes, copies * bytes);
-  mem.grads = !pd                ? bytes
-              : in.pd_grad_bytes ? in.pd_grad_bytes(p)
-                                 : 4 * pd_grad_params(in, spec, n);
+  // PD: GradStreamer's bound (the pool arithmetic the rank itself runs), the one formula.
+  if (pd && !in.pd_grad_bytes)
+    throw Error(ExitCode::runtime, "plan::compute_memory: a PD layout's gradient bytes are GradStreamer's bound: "
+                                   "give PlanInput::pd_grad_bytes (pdtrain::pd_grad_bound)");
+  mem.grads = pd ? in.pd_grad_bytes(p) : bytes;
   // The baseline's replica: its packed parameters, two AdamW moments and reduced gradients.
   mem.optimizer = pd ? 0 : 4 * bytes;
   mem.staging = gpu ? bytes : 0;  // pinned mirror of every unit
@@ -223,11 +232,21 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   out.compute_ranks_per_node = (compute + in.nodes - 1) / in.nodes;
   out.holders_per_node = L.holders > 0 ? (L.holders + in.nodes - 1) / in.nodes : 0;
   Costs c{machine, in};
-  // A GPU rank has its device. A CPU node's ranks share its cores and memory bandwidth: each
-  // runs its GEMMs on cores / (ranks on the node) BLAS threads, holders counted (the app's
-  // choose_blas_threads), so a compute rank has that share of the node.
-  if (!machine.device.gpu)
-    c.share = 1.0 / std::max(1, out.compute_ranks_per_node + out.holders_per_node);
+  // A GPU rank has its device. On a CPU node every rank runs max(1, cores / ranks on the node)
+  // BLAS threads, holders counted (the app's choose_blas_threads; scripts/mpirun-local: 1),
+  // each on a core of its own while the node has enough: a compute rank has its threads' share
+  // of the node's GEMM rate and memory bandwidth. Ranks beyond the cores share them: see
+  // `cores_shared` below.
+  const int cores = machine.node.cpu_cores;
+  const int threads = std::max(1, cores / std::max(1, out.compute_ranks_per_node + out.holders_per_node));
+  if (!machine.device.gpu) c.share = std::min(1.0, static_cast<double>(threads) / cores);
+  // Where a host CPU sums the collectives' data, and at what rate: a CPU rank's share of the
+  // node, a host-staged GPU rank's share of its node's memory.
+  const bool tp_host_sums = !machine.device.gpu || in.tp_host_staged;
+  const bool dp_host_sums = !machine.device.gpu || in.host_staged;
+  const double sum_bandwidth = machine.device.gpu
+                                   ? machine.node.cpu_memory_bandwidth / std::max(1, out.compute_ranks_per_node)
+                                   : machine.device.memory_bandwidth * c.share;
   const int per_node = machine.device.gpu ? machine.node.devices : out.compute_ranks_per_node;
   const LinkSpec& tp_link = link_for(machine, L.tp, per_node);
   const LinkSpec& pp_link = link_for(machine, L.tp * L.pp, per_node);
@@ -240,8 +259,9 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
 
   double slowest = 0, sum_stages = 0, stage_params_max = 0, backward_max = 0;
+  double busy_core_s = 0;  // a CPU node: core-seconds its compute ranks work in a step
   for (int p = 0; p < L.pp; ++p) {
-    const StageSpec spec = stage_of(s, L, p, 0);
+    const StageSpec spec = split_stage(s.n_layer, L.pp, p, L.tp, 0);
     StagePrediction st;
     st.pp = p;
     st.layers = spec.layer_end - spec.layer_begin;
@@ -258,8 +278,9 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     // pdtrain moves tensor-parallel and pipeline traffic through pinned host memory on a GPU
     // (device/host_staging): each message is downloaded and uploaded once more.
     const bool staged = machine.device.gpu && in.host_staged;
-    const double stage_copy = staged ? 2 * machine.host.time(f.tp_bytes) : 0;
-    const double tp_one = L.tp > 1 ? all_reduce(tp_link, f.tp_bytes, L.tp) + stage_copy : 0;
+    const double stage_copy = machine.device.gpu && in.tp_host_staged ? 2 * machine.host.time(f.tp_bytes) : 0;
+    const double tp_sum = tp_host_sums ? host_sum(f.tp_bytes, L.tp, sum_bandwidth) : 0;
+    const double tp_one = L.tp > 1 ? all_reduce(tp_link, f.tp_bytes, L.tp) + tp_sum + stage_copy : 0;
     st.tp_comm = (f.tp_calls + tp_calls) * tp_one;
     const double msg = in.message_bytes * B * T * C;
     st.p2p = L.pp > 1 ? pp_link.time(msg) + (staged ? 2 * machine.host.time(msg) : 0) : 0;
@@ -273,6 +294,8 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     sum_stages += per_micro;
     stage_params_max = std::max(stage_params_max, st.param_count);
     backward_max = std::max(backward_max, st.backward);
+    // Every tp rank and replica of the stage computes and sums (waits yield the core).
+    busy_core_s += L.dp * L.tp * m * (fwd + bwd + (f.tp_calls + tp_calls) * tp_sum) * threads;
     out.step.tp_comm = std::max(out.step.tp_comm, m * st.tp_comm);
     out.step.p2p = std::max(out.step.p2p, m * st.p2p);
     out.stages.push_back(st);
@@ -289,7 +312,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   const double units = static_cast<double>(s.n_layer / L.pp + 3);
   const double download = machine.device.gpu && in.host_staged ? machine.host.time(grad_bytes) : 0;
   out.step.dp_reduce = (pd ? reduce_scatter(dp_link, grad_bytes, L.dp) : all_reduce(dp_link, grad_bytes, L.dp)) +
-                       (L.dp > 1 ? download : 0);
+                       (dp_host_sums ? host_sum(grad_bytes, L.dp, sum_bandwidth) : 0) + (L.dp > 1 ? download : 0);
 
   double wait = 0;
   if (pd) {
@@ -299,13 +322,13 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     h.param_count = total / L.holders;
     // A holder's cores: a GPU node's CPU cores split among its holders; on a CPU node the
     // cores the compute ranks leave, at least one.
-    const int cores = machine.device.gpu
-                          ? machine.node.cpu_cores / std::max(1, out.holders_per_node)
-                          : std::max(1, (machine.node.cpu_cores - out.compute_ranks_per_node) /
-                                            std::max(1, out.holders_per_node));
-    h.cores = cores;
-    const double per_param = 1.0 / (cores * machine.holder.adamw_params_per_core) +
-                             in.fetch_bytes_per_param / (cores * machine.holder.crc_bytes_per_core);
+    const int cores_of_holder = machine.device.gpu
+                                    ? machine.node.cpu_cores / std::max(1, out.holders_per_node)
+                                    : std::max(1, (machine.node.cpu_cores - out.compute_ranks_per_node) /
+                                                      std::max(1, out.holders_per_node));
+    h.cores = cores_of_holder;
+    const double per_param = 1.0 / (cores_of_holder * machine.holder.adamw_params_per_core) +
+                             in.fetch_bytes_per_param / (cores_of_holder * machine.holder.crc_bytes_per_core);
     const double bw_bound = kAdamwBytes * out.holders_per_node / machine.node.cpu_memory_bandwidth;
     h.update = h.param_count * std::max(per_param, bw_bound);
     // Served copies: the last staleness + 1 versions, encoded (raw at staleness 0 is served from
@@ -339,7 +362,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     const double nic = machine.device.gpu
                            ? machine.inter.bandwidth * machine.node.devices / std::max(1, out.holders_per_node)
                            : machine.intra.bandwidth;
-    h.serve = (served + pushed) / nic + (served + pushed) / (cores * machine.holder.crc_bytes_per_core);
+    h.serve = (served + pushed) / nic + (served + pushed) / (cores_of_holder * machine.holder.crc_bytes_per_core);
     out.step.fetch = std::max(fetch, h.serve);
     // Push: each replica pushes its reduced segment as units become final, one on the wire.
     const double push_bytes = stage_params_max * in.push_bytes_per_param / L.dp;
@@ -361,13 +384,19 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
                                   : std::max(0.0, h.update - pipe);
     // The wait for parameters is one wait: for the fetch or the update front, whichever is later.
     wait = std::max(out.step.fetch_exposed, out.step.update_exposed) + out.step.push_exposed;
+    busy_core_s += L.holders * h.update * cores_of_holder;
   } else {
-    // The baseline: AdamW over its replica on the device (memory bound), after the reduction.
-    out.step.update = c.memory(kAdamwBytes * stage_params_max);
+    out.step.update = baseline_optimizer(c, stage_params_max, threads);
     out.step.update_exposed = out.step.update;
     wait = out.step.update;
   }
-  out.step.total = pipe + out.step.dp_reduce + wait;
+  // A CPU node's cores run every rank's work: a step takes at least the core-seconds its ranks
+  // are busy over its cores (a work-conserving scheduler's bound). With no more busy threads
+  // than cores this is below the pipeline's time and costs nothing; 4 compute ranks on 2 cores
+  // wait for each other's time slices. What the pipeline does not already take is the cost.
+  if (!machine.device.gpu)
+    out.step.cores_shared = std::max(0.0, busy_core_s / (in.nodes * cores) - pipe);
+  out.step.total = pipe + out.step.cores_shared + out.step.dp_reduce + wait;
 
   out.tokens_per_step = static_cast<double>(in.batch_size) * T;
   out.tokens_per_s = out.tokens_per_step / out.step.total;

@@ -4,9 +4,12 @@
 # shared, and the runs must be compared with the rates of the same minutes), then for each
 # configuration below (holders, dp, tp, pp, micro-batches,
 # staleness, cache size, recomputation, the baseline), train a few steps and compare
-#   - the median step time of steps 4.. (metrics.csv's step_ms) with the predicted step time:
-#     printed; within 25 % only with PLAN_CPU_CHECK_TIME=1 (not yet met: the model predicts CPU
-#     steps 2-7x too slow, see perf/RESULTS.md; the suite checks what holds);
+#   - the median step time of steps 4..12 (metrics.csv's step_ms) with the predicted step time:
+#     printed; with PLAN_CPU_CHECK_TIME=1 asserted within 25 % when the machine is idle at the
+#     start (1-minute load average <= cores), else the test ends skipped (status 77, never
+#     passed) once memory has been checked. Opt-in because the model holds within 25 % on the
+#     idle machine but not with margin (optimistic by up to ~22 % where ranks synchronize; see
+#     perf/RESULTS.md for the idle runs, their load and errors);
 #   - the reporting rank's peak memory (the run's measured cache and gradient peaks plus its
 #     activation buffers, which the dry run states) with the predicted bytes of that stage:
 #     within 10 %.
@@ -22,16 +25,21 @@ shift
 mpi=("$@")
 # The time comparison needs the machine to itself: with more runnable processes than cores, the
 # neighbours' share of the CPU, not the model, decides the step time (and moves it from one
-# minute to the next). Then it is skipped (status 77, reported as skipped, never passed).
-# Memory does not depend on the load and is always checked.
+# minute to the next). Then the times are printed but not asserted, and the test ends skipped
+# (status 77, never passed) once memory, which does not depend on the load, has been checked.
+# The load is read before the runs: they load the machine themselves.
 check_time=${PLAN_CPU_CHECK_TIME:-}
+[ "$check_time" = 0 ] && check_time=""
 cores=$(nproc)
 load=$(cut -d' ' -f1 /proc/loadavg)
-# PLAN_CPU_IGNORE_LOAD=1 runs anyway (to record what a busy machine gives; perf/RESULTS.md).
+busy=""
+# PLAN_CPU_IGNORE_LOAD=1 asserts the times anyway (to record what a busy machine gives).
 if [ -n "$check_time" ] && [ -z "${PLAN_CPU_IGNORE_LOAD:-}" ] && awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l > c) }'; then
-  echo "SKIPPED: load average $load on $cores cores: the machine is busy; run again when idle"
-  exit 77
+  echo "load average $load on $cores cores: the machine is busy; step times are printed, not checked"
+  busy=1
+  check_time=""
 fi
+time_bound=25
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 machine=$out/cpu-calibrated.toml
@@ -101,10 +109,15 @@ for c in "${configs[@]}"; do
   t_err=$(awk -v m="$measured_ms" -v p="$predicted_ms" 'BEGIN { printf "%+.1f", 100 * (p / m - 1) }')
   m_err=$(awk -v m="$measured_mem" -v p="$predicted_mem" 'BEGIN { printf "%+.1f", 100 * (p / m - 1) }')
   printf "%-14s %5s %12s %12s %6s%% %14s %14s %6s%%\n" "$name" "$ranks" "$measured_ms" "$predicted_ms" "$t_err" "$measured_mem" "$predicted_mem" "$m_err"
+  # The run's own phase timers (medians over the same steps): where a step's time goes.
+  [ -z "$dry" ] && printf "  %-12s fetch %s, compute %s, reduce %s, push %s ms\n" "phases:" \
+    "$(awk -F, 'NR > 4 { print $8 }' "$dir/metrics.csv" | median)" "$(awk -F, 'NR > 4 { print $9 }' "$dir/metrics.csv" | median)" \
+    "$(awk -F, 'NR > 4 { print $10 }' "$dir/metrics.csv" | median)" "$(awk -F, 'NR > 4 { print $11 }' "$dir/metrics.csv" | median)"
   bound=10
   [ -n "$dry" ] && bound=1
-  [ -z "$dry" ] && [ -n "$check_time" ] && awk -v e="$t_err" 'BEGIN { exit !(e > 25 || e < -25) }' && { echo "FAIL: $name: step time off by $t_err %"; fail=1; }
+  [ -z "$dry" ] && [ -n "$check_time" ] && awk -v e="$t_err" -v b="$time_bound" 'BEGIN { exit !(e > b || e < -b) }' && { echo "FAIL: $name: step time off by $t_err % (bound $time_bound %)"; fail=1; }
   awk -v e="$m_err" -v b="$bound" 'BEGIN { exit !(e > b || e < -b) }' && { echo "FAIL: $name: peak memory off by $m_err % (bound $bound %)"; fail=1; }
 done
 uptime
+[ "$fail" = 0 ] && [ -n "$busy" ] && [ -z "$dry" ] && { echo "SKIPPED: memory within bounds; step times not checked (busy machine)"; exit 77; }
 exit $fail

@@ -45,6 +45,7 @@ PlanInput megatron_input(const Row& r) {
   in.activation_bytes = 2;
   in.message_bytes = 2;
   in.host_staged = false;
+  in.tp_host_staged = false;
   in.nodes = r.gpus / 8;
   return in;
 }

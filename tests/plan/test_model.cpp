@@ -2,6 +2,7 @@
 // the stage's own allocation plan, and the directions every term must move in.
 #include <gtest/gtest.h>
 
+#include "pdtrain/app/report.hpp"
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
@@ -15,8 +16,12 @@ Machine machine(const char* file) { return load_machine(std::string(PDTRAIN_SOUR
 
 Deck deck_with(const std::vector<std::string>& sets) { return parse_deck("", "t.toml", sets); }
 
+// The deck's input as `pdtrain plan` builds it: PD gradients from GradStreamer's bound.
 PlanInput input(const std::vector<std::string>& sets, LayoutShape shape, int nodes = 1) {
-  return plan_input(deck_with(sets), shape, nodes);
+  const Deck deck = deck_with(sets);
+  PlanInput in = plan_input(deck, shape, nodes);
+  if (shape.holders > 0) in.pd_grad_bytes = pd_grad_bound(deck, shape);
+  return in;
 }
 
 const std::vector<std::string> k124M = {"model.n_layer=12", "model.n_head=12", "model.d_model=768",
@@ -44,7 +49,7 @@ TEST(PlanModel, EachRanksParametersAreTheBlocksItFetches) {
       const ParamCatalog cat(in.model);
       for (int p = 0; p < pp; ++p)
         for (int t = 0; t < tp; ++t) {
-          const StageParams shapes(cat, stage_of(in.model, in.layout, p, t), StageParams::Storage::shapes_only,
+          const StageParams shapes(cat, split_stage(in.model.n_layer, pp, p, tp, t), StageParams::Storage::shapes_only,
                                    Precision::fp32);
           double bytes = 0;
           for (int b : shapes.needed_blocks()) bytes += static_cast<double>(cat.block(b).bytes());
@@ -153,6 +158,39 @@ TEST(PlanModel, ALayoutThatDoesNotFitNamesTheRankAndWhatOverflows) {
   big.push_back("train.recompute=\"full\"");
   const Prediction q = predict(input(big, {64, 1, 8, 8}, 8), machine("a100-80gb.toml"));
   for (const Overflow& o : q.overflows) ADD_FAILURE() << o.who << ": " << o.what;
+}
+
+TEST(PlanModel, CpuRanksRunOnTheirThreadsAndShareCoresOnlyBeyondThem) {
+  // 2 cores (machines/cpu-local.toml): one BLAS thread per rank; a compute rank has a core of its
+  // own whether a holder is beside it or not (holders mostly wait), so a stage's micro-batch
+  // takes the same time with one or two compute ranks beside a holder.
+  const Machine cpu = machine("cpu-local.toml");
+  const std::vector<std::string> small = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
+                                          "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
+  auto with = [&](std::vector<std::string> extra, LayoutShape shape) {
+    extra.insert(extra.begin(), small.begin(), small.end());
+    return predict(input(extra, shape), cpu);
+  };
+  const Prediction one = with({"parallel.micro_batches=2"}, {1, 1, 1, 1});  // 8 sequences a pass
+  const Prediction two = with({}, {1, 2, 1, 1});                            // 8 sequences a rank
+  EXPECT_DOUBLE_EQ(one.stages[0].forward, two.stages[0].forward);
+  EXPECT_LT(two.step.cores_shared, 0.05 * two.step.total);  // only the holder's update
+  // Four compute ranks on two cores (tp 2 x pp 2) wait for each other's time slices: the step is
+  // at least their busy core-seconds over the cores.
+  const Prediction four = with({"parallel.micro_batches=2"}, {1, 1, 2, 2});
+  EXPECT_GT(four.step.cores_shared, 0);
+  double busy = 0;
+  for (const StagePrediction& st : four.stages)
+    busy += 2 * 2 * (st.forward + st.backward - st.tp_comm - st.p2p);  // tp 2, m 2, one thread
+  EXPECT_GE(four.step.compute + four.step.bubble + four.step.cores_shared, busy / 2 * 0.999);
+  // A GPU node never shares: its ranks have their devices.
+  EXPECT_EQ(predict(input(small, {1, 1, 2, 2}), machine("h100-sxm.toml")).step.cores_shared, 0);
+}
+
+TEST(PlanModel, TheCpuBaselinesOptimizerIsAtLeastItsAdamWArithmetic) {
+  const Machine cpu = machine("cpu-local.toml");
+  const Prediction p = predict(input({"model.n_layer=4", "model.d_model=256", "parallel.holders=0"}, {0, 2, 1, 1}), cpu);
+  EXPECT_GE(p.step.update, p.stages[0].param_count / cpu.holder.adamw_params_per_core);
 }
 
 }  // namespace

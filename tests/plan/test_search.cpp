@@ -3,6 +3,7 @@
 // that layout.
 #include <gtest/gtest.h>
 
+#include "pdtrain/app/report.hpp"
 #include "pdtrain/plan/command.hpp"
 
 namespace pdtrain::plan {
@@ -22,6 +23,7 @@ void expect_ranked(const std::vector<RankedLayout>& found) {
 TEST(PlanSearch, ListsEveryAcceptedLayoutOfTheRanksRanked) {
   const Deck deck = parse_deck("", "t.toml", {"model.n_layer=4", "model.d_model=64", "train.batch_size=16"});
   PlanOptions o;
+  connect_plan_to_training(o);
   o.ranks = 6;
   const Machine cpu = machine("cpu-local.toml");
   const std::vector<RankedLayout> found = search_layouts(deck, o, cpu);
@@ -46,6 +48,7 @@ TEST(PlanSearch, LayoutsThatFitComeFirstOnGpuNodes) {
                                               "model.vocab_size=50257", "model.seq_len=2048",
                                               "train.batch_size=32", "train.precision=\"bf16\""});
   PlanOptions o;
+  connect_plan_to_training(o);
   o.nodes = 2;
   const std::vector<RankedLayout> found = search_layouts(deck, o, machine("h100-sxm.toml"));
   expect_ranked(found);

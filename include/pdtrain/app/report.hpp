@@ -14,6 +14,7 @@
 #include "pdtrain/io/metrics.hpp"
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
+#include "pdtrain/plan/command.hpp"
 
 namespace pdtrain {
 
@@ -23,6 +24,10 @@ std::string human_bytes(double bytes);
 // The PD gradient bytes of each stage's tensor rank 0 as GradStreamer holds them (its replay of
 // one step): what `pdtrain plan` counts (main hands it to the plan model) and the dry run prints.
 std::function<double(int pp)> pd_grad_bound(const Deck& deck, const LayoutShape& shape);
+
+// Hands `pdtrain plan` what it takes from training: pd_grad_bound and the set-up's layout
+// checks (check_layout), so that it counts what a run holds and refuses what a run refuses.
+void connect_plan_to_training(plan::PlanOptions& options);
 
 // --dry-run: the layout, then each rank's role, blocks and memory.
 void print_dry_run(const Deck& deck, const Setup& setup, const Layout& layout);

@@ -36,6 +36,12 @@ struct Setup {
 // llm.c computes a validation loss over a file).
 Setup make_setup(const Deck& deck, MPI_Comm job, bool eval_only);
 
+// The checks make_setup makes of a layout before it builds anything (what a rank would need;
+// with holders: every holder owns a block, pd.cache_mb holds every stage's largest use), for a
+// job whose rank r runs on node job_node[r]. Throws the Error make_setup throws (status and
+// message). `pdtrain plan` refuses a layout with these (plan::PlanOptions::check_layout).
+void check_layout(const Deck& deck, const LayoutShape& shape, const std::vector<int>& job_node);
+
 // The stage of the compute rank at pipeline stage p, tensor-parallel rank t: its contiguous,
 // balanced range of layers, the embedding on the first stage, the final LayerNorm and tied head
 // on the last, and its tensor-parallel shard.

@@ -33,6 +33,11 @@ struct StageSpec {
   std::int64_t tp_size = 1, tp_rank = 0;
 };
 
+// Pipeline stage p of pp over n_layer transformer layers, its tensor rank t of tp: layers
+// [p n_layer / pp, (p + 1) n_layer / pp), the embedding on the first stage, the head on the
+// last. The one split training (app's stage_spec) and `pdtrain plan` use.
+StageSpec split_stage(std::int64_t n_layer, int pp, int p, int tp, int t);
+
 // Told by the model before each use of a set of units (see GptStage::forward_uses()).
 class UnitUser {
  public:

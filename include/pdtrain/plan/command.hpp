@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "pdtrain/deck/deck.hpp"
 #include "pdtrain/layout/layout.hpp"
@@ -18,11 +19,17 @@ struct PlanOptions {
   int nodes = 0;        // 0: from --ranks (or the deck's layout)
   int ranks = 0;        // the job's ranks, holders included; 0: from --nodes (or the deck)
   bool search = false;
-  bool nccl = false;  // what if compute ranks' collectives went GPU to GPU (not yet in pdtrain)
+  // GPU-direct collectives whatever the deck's parallel.comm says (what if a run took NCCL);
+  // without it the deck's parallel.comm decides (docs/performance-model.md, "Inputs").
+  bool nccl = false;
   std::string calibrate;  // --calibrate OUT.toml: measure this machine, write OUT.toml
-  // A PD layout's exact gradient bytes per stage (the app's GradStreamer replay, handed in by
-  // main: plan/ cannot see app/); empty: the model's estimate.
+  // What training knows and plan/ cannot see (app/ depends on plan/), handed in by
+  // pdtrain::connect_plan_to_training (main, the tests):
+  // a PD layout's gradient bytes per stage (GradStreamer's bound), required for PD layouts;
   std::function<std::function<double(int)>(const Deck&, const LayoutShape&)> pd_grad_bytes;
+  // the set-up's layout checks for a job whose rank r runs on node job_node[r]: throws the
+  // Error training's set-up would (app's check_layout).
+  std::function<void(const Deck&, const LayoutShape&, const std::vector<int>& job_node)> check_layout;
 };
 
 // --search: one layout of the deck (holders, tp, pp, micro-batches, recomputation varied; dp
@@ -37,6 +44,11 @@ struct RankedLayout {
 // are extra CPU processes), predicted: those that fit first, then by predicted tokens/s.
 // Throws Error(layout) when there is none.
 std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& options, const Machine& m);
+
+// The deck's run as `pdtrain plan` models it: the layout resolved for the job's ranks and checked
+// as training's set-up checks it (options.check_layout), and the model's input. Throws the
+// Error training would for a layout it refuses.
+PlanInput checked_input(const Deck& deck, const PlanOptions& options, const Machine& m);
 
 // Every rank of `comm` computes alike (errors are the same on all, for run_collectively);
 // rank 0 prints. Throws Error(layout) after printing when the layout does not fit a device or

@@ -34,12 +34,18 @@ struct PlanInput {
   double activation_bytes = 4;
   // Bytes of one element of the tensor-parallel all-reduces and pipeline messages (pdtrain: 4).
   double message_bytes = 4;
-  // pdtrain moves a GPU rank's tensor-parallel, pipeline and data-parallel traffic through
-  // pinned host memory (device/host_staging); false models GPU-direct collectives (NCCL).
+  // pdtrain moves a GPU rank's pipeline messages and data-parallel gradients through pinned
+  // host memory (device/host_staging); false models GPU-direct transfers (NCCL: Megatron,
+  // `pdtrain plan --nccl`).
   bool host_staged = true;
+  // The tensor-parallel all-reduces alike, as parallel.comm resolves: mpi stages them through
+  // host memory, nccl (and auto, where every compute rank has a GPU of its own) runs them GPU to
+  // GPU (pipeline messages and the data-parallel reduce stay on MPI either way: host_staged).
+  bool tp_host_staged = true;
   int nodes = 1;  // nodes the job spans
-  // A PD stage's gradient bytes where the caller knows them exactly (the app: GradStreamer's
-  // replay of a step, what the run holds); empty: the model's estimate (docs).
+  // A PD stage's gradient bytes: GradStreamer's replay of a step, what the run holds (the app's
+  // pd_grad_bound; plan/ cannot compute it). Required for a PD layout: compute_memory throws
+  // Error(runtime) without it.
   std::function<double(int pp)> pd_grad_bytes;
 };
 
@@ -80,6 +86,7 @@ struct StepTime {
   double tp_comm = 0;        // tensor-parallel all-reduces inside that
   double p2p = 0;            // pipeline messages inside that
   double bubble = 0;         // pipeline fill and drain
+  double cores_shared = 0;   // a CPU node: busier than its cores, what its ranks wait for a core
   double dp_reduce = 0;      // data-parallel gradient reduction (blocking)
   double fetch = 0, fetch_exposed = 0;  // PD: parameter fetch, and what compute does not hide
   double push = 0, push_exposed = 0;    // PD: gradient push
@@ -105,9 +112,6 @@ struct Prediction {
 };
 
 Prediction predict(const PlanInput& in, const Machine& machine);
-
-// Stage p of the layout (tensor rank t): its layers, as training splits them.
-StageSpec stage_of(const ModelShape& m, const LayoutShape& shape, int p, int t);
 
 // What stage p's tensor rank t holds (predict() reports rank 0's, the dry run prints every
 // rank's); `slots`, if given, receives the activation sets it keeps (micro-batches in flight).
