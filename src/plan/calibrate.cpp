@@ -96,7 +96,7 @@ double gemm_rate(int n) {
   }
   double seconds = 0;
   std::size_t next = 0;
-  for (const auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}}) {
+  for (const auto& [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}}) {
     auto product = [&, ta = ta, tb = tb] {
       const std::size_t s = next++ % sets;
       kernels::gemm(ta, tb, n, n, n, 1.0f, a[s].data(), n, b[s].data(), n, 0.0f, c[s].data(), n);
