@@ -61,7 +61,7 @@ configs=(
   "pd-tp2|3|--set parallel.tp=2"
   "pd-pp2-m4|3|--set parallel.pp=2 --set parallel.micro_batches=4"
   "pd-dp2-m2|3|--set parallel.micro_batches=2"
-  "pd-stale1|3|--set pd.staleness=1"
+  "pd-stale1|3|--set pd.staleness=1 --set pd.staleness_warmup=0"
   "pd-cache-m2|2|--set pd.cache_mb=6 --set parallel.micro_batches=2"
   "pd-recompute|2|--set train.recompute=\"full\""
   "baseline-dp2|2|--set parallel.holders=0"
