@@ -37,6 +37,21 @@ struct Timing {
   double mean = 0.0, best = 0.0;
 };
 
+// `once` run `reps` times after one untimed warm-up run: mean and best.
+template <typename F>
+Timing time_reps(int reps, F&& once) {
+  once();
+  Timing t{0.0, 1e30};
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_seconds();
+    once();
+    const double dt = now_seconds() - t0;
+    t.mean += dt / reps;
+    t.best = std::min(t.best, dt);
+  }
+  return t;
+}
+
 struct Model {
   explicit Model(bool small) {
     ModelConfig m;
@@ -89,17 +104,9 @@ std::pair<Timing, double> time_fetches(const Model& m, const Layout& layout, Wir
   auto fetch = [&] {
     client.finish_fetch(client.start_fetch_in_place(0, m.layer0, sink, target));
   };
-  fetch();  // warm-up
-  const std::int64_t before = client.bytes_fetched();
-  Timing t{0.0, 1e30};
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now_seconds();
-    fetch();
-    const double dt = now_seconds() - t0;
-    t.mean += dt / reps;
-    t.best = std::min(t.best, dt);
-  }
-  const double wire = static_cast<double>(client.bytes_fetched() - before) / reps;
+  const Timing t = time_reps(reps, fetch);
+  // Wire bytes of the timed fetches (the warm-up's excluded): the same every fetch.
+  const double wire = static_cast<double>(client.bytes_fetched()) / (reps + 1);
   client.finish();
   return {t, wire};
 }
@@ -130,9 +137,7 @@ Timing time_ping_pong(int rank, std::int64_t bytes, int reps,
   }
   void* send_from = type == MPI_BYTE ? static_cast<void*>(buf.data()) : MPI_BOTTOM;
   std::int64_t req = 0;
-  Timing t{0.0, 1e30};
-  for (int i = -1; i < reps; ++i) {
-    const double t0 = now_seconds();
+  const Timing t = time_reps(reps, [&] {
     if (rank == 1) {
       MPI_CHECK(MPI_Send(&req, 1, MPI_INT64_T, 0, 1, MPI_COMM_WORLD));
       MPI_CHECK(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, 0, 2, MPI_COMM_WORLD,
@@ -141,11 +146,7 @@ Timing time_ping_pong(int rank, std::int64_t bytes, int reps,
       MPI_CHECK(MPI_Recv(&req, 1, MPI_INT64_T, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
       MPI_CHECK(MPI_Send(send_from, count, type, 1, 2, MPI_COMM_WORLD));
     }
-    const double dt = now_seconds() - t0;
-    if (i < 0) continue;  // warm-up
-    t.mean += dt / reps;
-    t.best = std::min(t.best, dt);
-  }
+  });
   if (type != MPI_BYTE) MPI_CHECK(MPI_Type_free(&type));
   return t;
 }
@@ -191,9 +192,7 @@ Timing time_per_block_ping_pong(int rank, const std::vector<std::int64_t>& piece
   std::vector<MPI_Request> reqs(pieces.size());
   std::int64_t req = 0;
   std::uint32_t sink = 0;
-  Timing t{0.0, 1e30};
-  for (int i = -1; i < reps; ++i) {
-    const double t0 = now_seconds();
+  const Timing t = time_reps(reps, [&] {
     if (rank == 1) {
       MPI_CHECK(MPI_Send(&req, 1, MPI_INT64_T, 0, 1, MPI_COMM_WORLD));
       std::int64_t at = 0;
@@ -218,11 +217,7 @@ Timing time_per_block_ping_pong(int rank, const std::vector<std::int64_t>& piece
       }
       MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
     }
-    const double dt = now_seconds() - t0;
-    if (i < 0) continue;
-    t.mean += dt / reps;
-    t.best = std::min(t.best, dt);
-  }
+  });
   if (sink == 0xFFFFFFFFu) std::printf(" ");  // keeps the checks from being optimized away
   return t;
 }
