@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "pdtrain/core/host_info.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/deck/deck.hpp"
 #include "pdtrain/model/catalog.hpp"
@@ -42,14 +43,6 @@ struct Options {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
 }
 
 // The instruction set of the fused loops' clone the loader picked (target_clones).
@@ -278,7 +271,7 @@ int main(int argc, char** argv) {
   for (int t = 1; t <= opt.max_threads; t *= 2) thread_counts.push_back(t);
   if (thread_counts.back() != opt.max_threads) thread_counts.push_back(opt.max_threads);
 
-  std::printf("cpu: %s, %d usable cores; fused update clone: %s\n", cpu_model().c_str(),
+  std::printf("cpu: %s, %d usable cores; fused update clone: %s\n", pdtrain::cpu_model_name().c_str(),
               usable_cores(), update_isa());
   const ParamCatalog cat(model_shape(opt.short_run));
   Holder h(cat);

@@ -41,6 +41,7 @@
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/kernels/gemm.hpp"
 #include "pdtrain/kernels/gpt_kernels.hpp"
+#include "pdtrain/kernels/kernel_profile.hpp"
 #include "pdtrain/model/catalog.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
@@ -90,55 +91,10 @@ double catalog_matmul_params(const ParamCatalog& cat) {
   return n + double(cat.shape().vocab_size) * cat.shape().d_model;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Per-kernel profile through Kokkos' tool callbacks: parallel_for labels and the GEMM regions
-// that kernels::gemm pushes. Serial backend: a kernel is done when its parallel_for returns.
-
-struct Profile {
-  std::map<std::string, std::pair<double, long>> total;  // name -> (seconds, calls)
-  std::vector<std::uint64_t> unused;
-  std::map<std::uint64_t, std::pair<std::string, double>> open_kernels;
-  std::vector<std::pair<std::string, double>> regions;
-  std::uint64_t next_id = 0;
-  bool recording = false;
-};
-Profile g_profile;
-
-void begin_kernel(const char* name, std::uint32_t, std::uint64_t* id) {
-  *id = g_profile.next_id++;
-  g_profile.open_kernels[*id] = {name, now()};
-}
-void end_kernel(std::uint64_t id) {
-  auto it = g_profile.open_kernels.find(id);
-  if (it == g_profile.open_kernels.end()) return;
-  if (g_profile.recording) {
-    auto& e = g_profile.total[it->second.first];
-    e.first += now() - it->second.second;
-    e.second += 1;
-  }
-  g_profile.open_kernels.erase(it);
-}
-void push_region(const char* name) { g_profile.regions.emplace_back(name, now()); }
-void pop_region() {
-  if (g_profile.regions.empty()) return;
-  const auto [name, t0] = g_profile.regions.back();
-  g_profile.regions.pop_back();
-  if (g_profile.recording) {
-    auto& e = g_profile.total[name];
-    e.first += now() - t0;
-    e.second += 1;
-  }
-}
-void install_profiler() {
-  namespace kt = Kokkos::Tools::Experimental;
-  kt::set_begin_parallel_for_callback(begin_kernel);
-  kt::set_end_parallel_for_callback(end_kernel);
-  kt::set_begin_parallel_reduce_callback(begin_kernel);
-  kt::set_end_parallel_reduce_callback(end_kernel);
-  kt::set_begin_parallel_scan_callback(begin_kernel);
-  kt::set_end_parallel_scan_callback(end_kernel);
-  kt::set_push_region_callback(push_region);
-  kt::set_pop_region_callback(pop_region);
+// Per-kernel profile (--profile): kernels::KernelProfile, Kokkos' tool callbacks.
+pdtrain::kernels::KernelProfile* g_profile = nullptr;  // owned by main, inside Kokkos' scope
+void record_profile(bool on) {
+  if (g_profile) g_profile->record(on);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,7 +175,7 @@ Result run_model(const ModelCase& mc, int warmup, int steps, bool profile) {
   std::vector<Phases> timed_steps;
   for (int s = 1; s <= warmup + steps; ++s) {
     const bool timed = s > warmup;
-    g_profile.recording = profile && timed;
+    record_profile(profile && timed);
     for (std::int64_t i = 0; i < N; ++i) {  // the batch of step s (not timed)
       tokens[i] = std::int32_t(pdtrain::rng_below(pdtrain::rng_key(5, s), i, mc.vocab));
       targets[i] = std::int32_t(pdtrain::rng_below(pdtrain::rng_key(6, s), i, mc.vocab));
@@ -255,7 +211,7 @@ Result run_model(const ModelCase& mc, int warmup, int steps, bool profile) {
     res.loss_last = loss;
     if (timed) timed_steps.push_back(p);
   }
-  g_profile.recording = false;
+  record_profile(false);
   if (profile) {
     // The push phase's two parts, timed alone over all parameters as one block: the global
     // norm's sum of squares and the AdamW update (both in optim/, outside the kernels).
@@ -297,8 +253,9 @@ Result run_model(const ModelCase& mc, int warmup, int steps, bool profile) {
 }
 
 void print_profile(int steps) {
-  std::vector<std::pair<std::string, std::pair<double, long>>> rows(g_profile.total.begin(),
-                                                                    g_profile.total.end());
+  const auto totals = g_profile->take();
+  std::vector<std::pair<std::string, std::pair<double, long>>> rows;
+  for (const auto& [name, e] : totals) rows.push_back({name, {e.seconds, e.calls}});
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   double sum = 0;
@@ -308,7 +265,6 @@ void print_profile(int steps) {
     std::printf("    %9.2f ms %6.1f %%  %6ld  %s\n", 1e3 * r.second.first / steps,
                 100.0 * r.second.first / sum, r.second.second / steps, r.first.c_str());
   std::printf("    %9.2f ms total in kernels and GEMMs\n", 1e3 * sum / steps);
-  g_profile.total.clear();
 }
 
 // The 1/5/15-minute load averages (Linux), to tell a quiet run from one that shared the CPUs.
@@ -356,7 +312,9 @@ int main(int argc, char** argv) {
   }
   int kokkos_argc = 1;  // our options are not Kokkos' (it would reject --threads)
   Kokkos::ScopeGuard kokkos(kokkos_argc, argv);
-  if (profile) install_profiler();
+  std::unique_ptr<pdtrain::kernels::KernelProfile> profiler;
+  if (profile) profiler = std::make_unique<pdtrain::kernels::KernelProfile>();
+  g_profile = profiler.get();
   pdtrain::kernels::set_blas_threads(threads);
 
   const ModelCase gpt2{"124M", 12, 768, 12, 50257, 4, 64};

@@ -196,7 +196,8 @@ void check_output_dirs(const Deck& d) {
 BlockTable block_table(const ParamCatalog& cat, const Deck& d) {
   BlockTable t;
   for (const BlockInfo& b : cat.blocks())
-    t.blocks.push_back(BlockDesc{b.numel(), cat.tensor(b.tensor).weight_decay, cat.block_name(b)});
+    t.blocks.push_back(BlockDesc{b.numel(), cat.tensor(b.tensor).weight_decay, cat.block_name(b),
+                                 cat.forward_need_rank(b)});
   const double init_std = d.model.init_std;
   const auto seed = static_cast<std::uint64_t>(d.run.seed);
   if (const InitFile init = init_file(d); init.kind != InitFile::Kind::none) {

@@ -129,6 +129,11 @@ void ParamCatalog::init_block(const BlockInfo& b, double init_std, std::uint64_t
     }
 }
 
+std::int64_t ParamCatalog::forward_need_rank(const BlockInfo& b) const {
+  if (b.layer >= 0) return b.layer + 1;
+  return b.tensor == TensorId::lnfw || b.tensor == TensorId::lnfb ? shape_.n_layer + 1 : 0;
+}
+
 std::string ParamCatalog::block_name(const BlockInfo& b) const {
   const TensorInfo& t = tensor(b.tensor);
   std::string s = b.layer >= 0 ? "h." + std::to_string(b.layer) + "." + t.name : t.name;

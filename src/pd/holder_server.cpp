@@ -39,6 +39,10 @@ HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::v
     encode(o);
     pushes_per_step_ += contributions_[b];
   }
+  for (auto& [id, o] : owned_) update_order_.emplace_back(id, &o);
+  std::stable_sort(update_order_.begin(), update_order_.end(), [&](const auto& a, const auto& b) {
+    return table.blocks[a.first].need_rank < table.blocks[b.first].need_rank;
+  });
 }
 
 // Raw blocks at staleness 0 are sent straight from the parameters: only one version is ever
@@ -437,13 +441,17 @@ void HolderServer::keep_blocks(std::int64_t step) {
 }
 
 // The fused update of every owned block on the pool. Meanwhile this thread publishes blocks in
-// block order (the order the next forward needs them) as they complete, serves the fetches
+// the order the next forward needs them (update_order_) as they complete, serves the fetches
 // waiting for them, and keeps taking messages: the next step starts while this one updates.
+// (In id order, tensor-major, a layer's last block came near the end of the update, and the
+// next forward's first layer waited for most of it.) Each block's update is its own: the order
+// changes no bit.
 void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
   std::vector<FusedUpdate::Block> blocks;
   std::vector<Encoded> fresh(owned_.size());
   std::size_t i = 0;
-  for (auto& [id, o] : owned_) {
+  for (auto& [id, op] : update_order_) {
+    Owned& o = *op;
     // The version leaving the window lends its buffer (no reply can still be sending it).
     auto oldest = o.versions.begin();
     if (oldest != o.versions.end() && oldest->first < step - staleness_)
@@ -462,12 +470,11 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
   FusedUpdate update(fetch_codec_, std::move(blocks));
   updating_ = true;
   update.start(*pool_);
-  auto next = owned_.begin();
   for (std::size_t b = 0; b < update.size();) {
     const std::int64_t seen = update.completed();
     const std::size_t first = b;
-    for (; b < update.size() && update.done(b); ++b, ++next)
-      publish(next->second, step, std::move(fresh[b]), update.block(b).crc);
+    for (; b < update.size() && update.done(b); ++b)
+      publish(*update_order_[b].second, step, std::move(fresh[b]), update.block(b).crc);
     if (b > first && !deferred_.empty()) serve_deferred();
     if (b == update.size()) break;
     retire_sent_replies();

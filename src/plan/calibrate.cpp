@@ -16,11 +16,18 @@
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/core/crc32c.hpp"
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/host_info.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/io/output_file.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/kernels/gemm.hpp"
+#include "pdtrain/kernels/kernel_profile.hpp"
+#include "pdtrain/model/catalog.hpp"
+#include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/model/stage_params.hpp"
+#include "pdtrain/plan/model.hpp"
+#include "pdtrain/core/rng.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/plan/command.hpp"
 #include "pdtrain/plan/machine.hpp"
@@ -169,13 +176,70 @@ void ping_pong(MPI_Comm comm, int rank, double* latency, double* bandwidth) {
   *latency = both[0], *bandwidth = both[1];
 }
 
-// One BLAS thread's fp32 GEMM rate at each size and the bf16 rate at the largest, measured on
-// every rank of `comm` at once and averaged over them (collective). A run keeps every core of
+// The rate of the model's elementwise kernels on the calling thread, in the bytes the model
+// counts for them (plan::forward_elementwise_bytes; backward twice the forward) per second.
+// The GEMM curve and a STREAM triad do not say it: on a CPU these kernels run on one thread
+// and several are bound by arithmetic, not memory (GELU's tanh, the softmax's exp: 4-5 GB/s
+// against a one-core triad of 15), and a layer also zeroes its gradient buffers; with the triad
+// in their place the model's steps were 15-40 % short of the runs (perf/RESULTS.md). So this
+// runs what training runs: a one-layer stage (GptStage on the CPU kernels) forward and
+// backward, and divides the counted bytes by its time less its GEMMs' (the regions
+// kernels::gemm opens, through KernelProfile). Best of kReps repetitions, as the GEMMs.
+double elementwise_rate() {
+  ModelConfig cfg;
+  cfg.n_layer = 1, cfg.n_head = 6, cfg.d_model = 384, cfg.vocab_size = 256, cfg.seq_len = 128;
+  const std::int64_t B = 4;
+  const ModelShape shape = resolve_model_shape(cfg);
+  const ParamCatalog cat(shape);
+  const StageSpec spec{0, shape.n_layer, true, true, 1, 0};
+  StageParams params(cat, spec);
+  std::vector<float> block;
+  for (int id : params.needed_blocks()) {
+    const BlockInfo& b = cat.block(id);
+    block.resize(static_cast<std::size_t>(b.numel()));
+    cat.init_block(b, 0.02, 1, block.data());
+    params.unpack_param(b, block.data());
+  }
+  params.upload_params();
+  NoTensorParallel tp;
+  GptStage stage(params, B, cfg.seq_len, tp);
+  const std::int64_t N = B * cfg.seq_len;
+  std::vector<std::int32_t> tokens(N), targets(N);
+  for (std::int64_t i = 0; i < N; ++i) {
+    tokens[i] = static_cast<std::int32_t>(rng_below(rng_key(5), static_cast<std::uint64_t>(i), 256));
+    targets[i] = static_cast<std::int32_t>(rng_below(rng_key(6), static_cast<std::uint64_t>(i), 256));
+  }
+  kernels::KernelProfile profile;
+  auto step = [&] {
+    stage.forward(0, tokens.data(), nullptr, targets.data());
+    (void)stage.take_loss_sum();
+    stage.backward(0, 1.0f / static_cast<float>(N), nullptr);
+  };
+  step();  // warm up (oneDNN creates its primitives at the first call of a shape)
+  double best = 0;
+  for (int r = 0; r < kReps; ++r) {
+    params.zero_grads();
+    profile.record(true);
+    const auto t0 = Clock::now();
+    step();
+    const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+    profile.record(false);
+    const double other = total - profile.gemm_seconds();
+    profile.take();
+    if (other > 0 && (best == 0 || other < best)) best = other;
+  }
+  PDT_CHECK(best > 0, "calibration: a layer's elementwise time came out as zero");
+  return 3 * forward_elementwise_bytes(shape, spec, static_cast<double>(B), 4).total() / best;
+}
+
+// One BLAS thread's fp32 GEMM rate at each size, the bf16 rate at the largest and the
+// elementwise kernels' rate, measured on every rank of `comm` at once and averaged over them (collective). A run keeps every core of
 // its node busy, computing or polling MPI (its waits yield only to runnable neighbours), and a
 // core's GEMM rate here drops by a quarter when the other core is busy too (one thread of
 // 512^3 products: 63-70 GFLOP/s alone, 45-50 beside another): measured alone, the rates
 // promised steps 30 % shorter than the runs took. Run as many ranks as the node has cores.
-std::vector<double> gemm_rates_all_busy(MPI_Comm comm, int size, double* bf16_rate) {
+std::vector<double> kernel_rates_all_busy(MPI_Comm comm, int size, double* bf16_rate,
+                                          double* elementwise) {
   kernels::set_blas_threads(1);
   std::vector<double> rates;
   auto together = [&](auto measure) {
@@ -186,6 +250,7 @@ std::vector<double> gemm_rates_all_busy(MPI_Comm comm, int size, double* bf16_ra
   };
   for (int n : kGemmSizes) rates.push_back(together([n] { return gemm_rate<float>(n); }));
   *bf16_rate = together([] { return gemm_rate<bf16>(kGemmSizes.back()); });
+  *elementwise = together([] { return elementwise_rate(); });
   return rates;
 }
 
@@ -201,8 +266,8 @@ void calibrate(const std::string& out, MPI_Comm comm) {
   Machine m;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // GEMMs on every rank at once (every core busy, as in a run).
-  double bf16_rate = 0;
-  const std::vector<double> rates = gemm_rates_all_busy(comm, size, &bf16_rate);
+  double bf16_rate = 0, elementwise = 0;
+  const std::vector<double> rates = kernel_rates_all_busy(comm, size, &bf16_rate, &elementwise);
   // Then memory and the holders' rates, on rank 0 alone while the others wait quietly.
   MPI_Request barrier;
   if (rank != 0) {
@@ -215,6 +280,7 @@ void calibrate(const std::string& out, MPI_Comm comm) {
     const double ceiling = *std::max_element(rates.begin(), rates.end());
     m.device.peak_fp32 = cores * ceiling;
     m.device.peak_bf16 = cores * bf16_rate;
+    m.device.elementwise_rate = cores * elementwise;
     for (std::size_t i = 0; i < rates.size(); ++i) {
       const double n = kGemmSizes[i];
       m.device.gemm.push_back({2.0 * n * n * n, std::min(1.0, rates[i] / ceiling)});
@@ -231,7 +297,7 @@ void calibrate(const std::string& out, MPI_Comm comm) {
   if (rank != 0) return;
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
-  m.name = std::string("CPU node (calibrated on ") + host + ")";
+  m.name = "CPU node: " + cpu_model_name() + " (calibrated on " + host + ")";
   // Neighbours' load moves every figure (a shared machine): say how loaded it was.
   double load[3] = {0, 0, 0};
   const int got = getloadavg(load, 3);
@@ -244,6 +310,9 @@ void calibrate(const std::string& out, MPI_Comm comm) {
                    "repetitions of 0.02 s, on all " + std::to_string(size) + " ranks of the calibration at once (of " +
                    std::to_string(cores) + " cores) and averaged; peak = cores x the best one-thread rate, bf16 peak "
                    "= cores x the bf16-input rate at n = 1024",
+               "elementwise_gbs: cores x one thread's rate of a one-layer stage's (GptStage, d_model 384, 6 heads, "
+               "4 x 128 tokens) forward and backward less its GEMMs, in the bytes the model counts for its "
+               "elementwise kernels (forward_elementwise_bytes, backward twice), the best of 5, on all ranks at once",
                "memory bandwidth: a triad over 3 x 64 MiB on " + std::to_string(cores) +
                    " threads, the best of 5 repetitions of 0.02 s",
                "links: MPI ping-pong between two ranks of this node (8 bytes: latency, the median of 200; "

@@ -44,6 +44,8 @@ const std::vector<NumberKey>& number_keys() {
        [](Machine& m) -> double& { return m.device.peak_fp32; }},
       {"device", "peak_tflops_bf16", "TFLOP/s", kTera, true,
        [](Machine& m) -> double& { return m.device.peak_bf16; }},
+      {"device", "elementwise_gbs", "GB/s", kGB, false,
+       [](Machine& m) -> double& { return m.device.elementwise_rate; }},
       {"device", "kernel_overhead_us", "us", kMicro, false,
        [](Machine& m) -> double& { return m.device.kernel_overhead_s; }},
       {"node", "cpu_memory_gib", "GiB", kGiB, true,

@@ -39,6 +39,7 @@ struct Costs {
     return flops / (peak() * share * m.device.gemm_efficiency(per_call));
   }
   double memory(double bytes) const { return bytes / (m.device.memory_bandwidth * share); }
+  double elementwise(double bytes) const { return bytes / (m.device.elementwise() * share); }
 };
 
 // The link between two ranks of one group: within a node while the group fits on one.
@@ -100,31 +101,27 @@ Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
   const double tp = static_cast<double>(spec.tp_size), N = B * T, Cl = C / tp;
   const double heads = static_cast<double>(s.n_head) / tp, hs = C / static_cast<double>(s.n_head);
   const double layers = static_cast<double>(spec.layer_end - spec.layer_begin);
+  const ElementwiseBytes bytes = forward_elementwise_bytes(s, spec, B, c.in.activation_bytes);
   Pass p;
   // The four weight GEMMs of a layer, each by its own size.
   const double weights[] = {2 * N * C * 3 * Cl, 2 * N * Cl * C, 2 * N * C * 4 * Cl, 2 * N * 4 * Cl * C};
   for (double f : weights) p.gemm_s += layers * c.gemm(f), p.flops += layers * f;
   // Attention: QK^T and att.V as full T x T products (the causal mask is applied after, as
   // in pdtrain's kernels and Megatron's), per sequence and head. On a GPU the heads of a
-  // sequence are one strided-batch GEMM; on a CPU each (sequence, head) is its own. The softmax
-  // reads the scores and writes the probabilities and the zeroed upper half: 3 passes.
+  // sequence are one strided-batch GEMM; on a CPU each (sequence, head) is its own.
   const double att = 2 * 2 * B * heads * T * T * hs;
   const double calls = c.m.device.gpu ? 2 * B : 2 * B * heads;
-  p.attention_s = layers * (c.gemm(att, calls) + c.memory(3 * c.in.activation_bytes * B * heads * T * T));
+  p.attention_s = layers * c.gemm(att, calls) + c.elementwise(bytes.softmax);
   p.flops += layers * att;
-  p.elementwise_s = layers * c.memory(c.in.activation_bytes * N * kElementwisePerChannel * Cl) +
+  p.elementwise_s = c.elementwise(bytes.layers + bytes.embedding + bytes.head) +
                     layers * kKernelsPerLayer * c.m.device.kernel_overhead_s;
   p.tp_calls = 2 * static_cast<int>(layers);  // after attention projection and MLP down
   p.tp_bytes = c.in.message_bytes * N * C;
-  if (spec.has_embedding) {
-    p.elementwise_s += c.memory(3 * c.in.activation_bytes * N * C);
-    ++p.tp_calls;  // the vocabulary-parallel lookups are summed
-  }
+  if (spec.has_embedding) ++p.tp_calls;  // the vocabulary-parallel lookups are summed
   if (spec.has_head) {
     const double V = static_cast<double>(s.padded_vocab) / tp;
     p.gemm_s += c.gemm(2 * N * C * V);
     p.flops += 2 * N * C * V;
-    p.elementwise_s += c.memory(4.0 * 3 * N * V);  // fp32 logits: write, softmax, loss
   }
   return p;
 }
@@ -166,6 +163,21 @@ std::string overflow_text(const ComputeMemory& mem, double capacity) {
 }
 
 }  // namespace
+
+ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
+                                           double activation_bytes) {
+  const double T = static_cast<double>(s.seq_len), C = static_cast<double>(s.d_model);
+  const double tp = static_cast<double>(spec.tp_size), N = B * T, Cl = C / tp;
+  const double heads = static_cast<double>(s.n_head) / tp;
+  const double layers = static_cast<double>(spec.layer_end - spec.layer_begin);
+  ElementwiseBytes e;
+  e.layers = layers * activation_bytes * N * kElementwisePerChannel * Cl;
+  // The softmax reads the scores and writes the probabilities and the zeroed upper half.
+  e.softmax = layers * 3 * activation_bytes * B * heads * T * T;
+  if (spec.has_embedding) e.embedding = 3 * activation_bytes * N * C;
+  if (spec.has_head) e.head = 4.0 * 3 * N * static_cast<double>(s.padded_vocab) / tp;  // fp32 logits: write, softmax, loss
+  return e;
+}
 
 ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* slots) {
   const LayoutShape& L = in.layout;

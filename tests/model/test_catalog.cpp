@@ -5,6 +5,7 @@
 #include <set>
 
 #include "pdtrain/model/catalog.hpp"
+#include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
 
 namespace pdtrain {
@@ -137,6 +138,36 @@ TEST(StageParams, PipelineStagesTakeTheirLayersAndTheTiedEmbeddingAtBothEnds) {
   EXPECT_TRUE(has(last, TensorId::qkvw, 2));
   EXPECT_TRUE(has(last, TensorId::lnfw, -1));
   EXPECT_FALSE(has(first, TensorId::lnfw, -1));
+}
+
+}  // namespace
+}  // namespace pdtrain
+
+namespace pdtrain {
+namespace {
+
+// Holders update their blocks by forward_need_rank (then id): that order must be the order in
+// which a forward first uses the blocks' units, or the next step's forward waits for most of the
+// update (catalogue ids are tensor-major: layer 0's last block comes near the end).
+TEST(Catalog, ForwardNeedRankIsTheOrderTheForwardUsesTheBlocks) {
+  const ModelShape s = three_layer_shape();
+  const ParamCatalog cat(s);
+  const StageParams whole(cat, StageSpec{0, s.n_layer, true, true, 1, 0});
+  std::vector<std::int64_t> first_use(static_cast<std::size_t>(cat.blocks().size()), -1);
+  std::int64_t use = 0;
+  for (const std::vector<int>& units : GptStage::forward_uses(whole)) {
+    for (int u : units)
+      for (int b : whole.unit_blocks(u))
+        if (first_use[b] < 0) first_use[b] = use;
+    ++use;
+  }
+  for (const BlockInfo& a : cat.blocks())
+    for (const BlockInfo& b : cat.blocks()) {
+      ASSERT_GE(first_use[a.id], 0) << cat.block_name(a) << " is never used";
+      if (cat.forward_need_rank(a) < cat.forward_need_rank(b))
+        EXPECT_LE(first_use[a.id], first_use[b.id]) << cat.block_name(a) << " before " << cat.block_name(b);
+    }
+  EXPECT_EQ(cat.forward_need_rank(cat.block(0)), 0);  // wte: the embedding, first
 }
 
 }  // namespace

@@ -86,6 +86,20 @@ TEST(Machine, ReadsUnitsIntoSiAndInterpolatesTheGemmCurveInLogFlops) {
   EXPECT_NEAR(m.device.gemm_efficiency(1e10), 0.5, 1e-12);  // halfway in log(flops)
 }
 
+TEST(Machine, ElementwiseRateDefaultsToMemoryBandwidth) {
+  const Machine gpu = parse_machine(kMinimal, "m.toml");
+  EXPECT_DOUBLE_EQ(gpu.device.elementwise(), 1000e9);  // left out: memory bound
+  const Machine cpu = parse_machine(with("memory_bandwidth_gbs = 1000\n",
+                                         "memory_bandwidth_gbs = 1000\nelementwise_gbs = 250\n"),
+                                    "m.toml");
+  EXPECT_DOUBLE_EQ(cpu.device.elementwise(), 250e9);
+  EXPECT_DOUBLE_EQ(parse_machine(machine_toml(cpu), "w.toml").device.elementwise_rate, 250e9);
+  EXPECT_NE(error_of(with("memory_bandwidth_gbs = 1000\n",
+                          "memory_bandwidth_gbs = 1000\nelementwise_gbs = 0\n"))
+                .find("device.elementwise_gbs"),
+            std::string::npos);
+}
+
 TEST(Machine, WrittenFileReadsBackTheSame) {
   const Machine m = parse_machine(kMinimal, "m.toml");
   const Machine back = parse_machine(machine_toml(m), "written.toml");

@@ -187,6 +187,26 @@ TEST(PlanModel, CpuRanksRunOnTheirThreadsAndShareCoresOnlyBeyondThem) {
   EXPECT_EQ(predict(input(small, {1, 1, 2, 2}), machine("h100-sxm.toml")).step.cores_shared, 0);
 }
 
+// The elementwise kernels run at device.elementwise_gbs over the bytes forward_elementwise_bytes
+// counts (backward twice): halving the rate adds exactly those bytes' time again, and nothing
+// else moves.
+TEST(PlanModel, ElementwiseKernelsRunAtTheCalibratedRate) {
+  Machine cpu = machine("cpu-local.toml");
+  ASSERT_GT(cpu.device.elementwise_rate, 0) << "cpu-local.toml is written by --calibrate";
+  const std::vector<std::string> sets = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
+                                         "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
+  const PlanInput in = input(sets, {1, 1, 1, 1});
+  const Prediction fast = predict(in, cpu);
+  cpu.device.elementwise_rate /= 2;
+  const Prediction slow = predict(in, cpu);
+  const StageSpec spec = split_stage(4, 1, 0, 1, 0);
+  const double bytes = forward_elementwise_bytes(in.model, spec, 16, 4).total();
+  const double share = 0.5;  // one BLAS thread of the node's two cores
+  const double extra = bytes / (2 * cpu.device.elementwise_rate * share);  // at the fast rate
+  EXPECT_NEAR(slow.stages[0].forward - fast.stages[0].forward, extra, 1e-9);
+  EXPECT_NEAR(slow.stages[0].backward - fast.stages[0].backward, 2 * extra, 1e-9);
+}
+
 TEST(PlanModel, TheCpuBaselinesOptimizerIsAtLeastItsAdamWArithmetic) {
   const Machine cpu = machine("cpu-local.toml");
   const Prediction p = predict(input({"model.n_layer=4", "model.d_model=256", "parallel.holders=0"}, {0, 2, 1, 1}), cpu);

@@ -79,6 +79,9 @@ class ParamCatalog {
   void init_block(const BlockInfo& b, double init_std, std::uint64_t seed, float* packed) const;
   // Human-readable block name for messages: "h.3.qkvw[k,head 2]".
   std::string block_name(const BlockInfo& b) const;
+  // Where a forward first reads the block: 0 the embedding (wte, wpe), l + 1 layer l,
+  // n_layer + 1 the final LayerNorm (the tied head reads wte again, already there).
+  std::int64_t forward_need_rank(const BlockInfo& b) const;
 
  private:
   void add_tensor(TensorId id, const char* name, std::int64_t layers, std::int64_t rows,

@@ -12,6 +12,11 @@ struct BlockDesc {
   std::int64_t numel = 0;
   bool decay = false;
   std::string name;
+  // Where a forward first needs the block: blocks of a lower rank are read earlier (the model
+  // gives the embedding 0, layer l l + 1, the final LayerNorm n_layer + 1). Holders update and
+  // publish their blocks in this order, so that the next step's forward follows the update's
+  // front instead of waiting for most of it. Equal ranks: by id.
+  std::int64_t need_rank = 0;
 };
 
 struct BlockTable {

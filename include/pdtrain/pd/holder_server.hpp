@@ -136,6 +136,9 @@ class HolderServer {
   AdamWConfig opt_;
   WireCodec fetch_codec_, push_codec_;
   std::map<int, Owned> owned_;  // by block id, ascending
+  // The owned blocks in the order an update runs and publishes them: by BlockDesc::need_rank
+  // (the next forward's order), then id.
+  std::vector<std::pair<int, Owned*>> update_order_;
   std::int64_t version_ = 0;
   std::int64_t start_version_ = 0;  // the version a restart began at
   StalenessPlan plan_;

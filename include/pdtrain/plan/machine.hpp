@@ -20,6 +20,12 @@ struct DeviceSpec {
   double memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s
   double peak_fp32 = 0, peak_bf16 = 0;  // flop/s (bf16: tensor cores / AMX; = fp32 on AVX2)
+  // The rate of the model's elementwise kernels (LayerNorm, GELU, residuals, biases, softmax,
+  // the zeroing of gradient buffers), in the bytes the model counts for them per second, for
+  // the whole device (a CPU node: cores x one thread's rate, as --calibrate measures it);
+  // 0 (the key left out): memory_bandwidth, what GPU kernels of this kind run at.
+  double elementwise_rate = 0;
+  double elementwise() const { return elementwise_rate > 0 ? elementwise_rate : memory_bandwidth; }
   double kernel_overhead_s = 0;  // fixed cost per kernel launch
   std::vector<GemmPoint> gemm;   // ascending in flops
   // Fraction of peak one GEMM of `flops` reaches: the curve interpolated linearly in log(flops),

@@ -49,6 +49,18 @@ struct PlanInput {
   std::function<double(int pp)> pd_grad_bytes;
 };
 
+// The bytes the model counts for a stage's elementwise kernels in the forward of one
+// micro-batch of B sequences (backward: twice these): the layers' LayerNorms, residual adds and
+// GELU, attention's softmax, the embedding lookup (first stage) and the fp32 logits' passes
+// (last stage). --calibrate divides them by what the kernels take to measure
+// `device.elementwise_gbs`, so the two must count the same.
+struct ElementwiseBytes {
+  double layers = 0, softmax = 0, embedding = 0, head = 0;
+  double total() const { return layers + softmax + embedding + head; }
+};
+ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
+                                           double activation_bytes);
+
 // The deck's run on `nodes` nodes with layout `shape` (resolved: dp known).
 PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes);
 
