@@ -161,9 +161,11 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
   if (L.holders > 0) {
     std::printf("  fetch              %s, exposed %s\n", seconds(t.fetch).c_str(), seconds(t.fetch_exposed).c_str());
     std::printf("  push               %s, exposed %s\n", seconds(t.push).c_str(), seconds(t.push_exposed).c_str());
-    std::printf("  holder update      %s, exposed %s (the wait for parameters is the later of fetch "
-                "and update)\n",
-                seconds(t.update).c_str(), seconds(t.update_exposed).c_str());
+    const bool receiver_copies = !m.device.gpu && !in.fetch_thread;  // as model.cpp decides
+    std::printf("  holder update      %s, exposed %s (the wait for parameters is %s)\n",
+                seconds(t.update).c_str(), seconds(t.update_exposed).c_str(),
+                receiver_copies ? "the update front, then the fetch: this rank's core receives it"
+                                : "the later of fetch and update");
   } else {
     std::printf("  optimizer          %s (AdamW on the device)\n", seconds(t.update).c_str());
   }

@@ -228,6 +228,7 @@ PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes) {
   in.precision = deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
   in.staleness = deck.pd.staleness;
   in.prefetch_depth = deck.pd.prefetch_depth;
+  in.fetch_thread = deck.pd.fetch_thread;
   in.cache_bytes = deck.pd.cache_mb * 1048576.0;
   const bool bf16_fetch = deck.pd.fetch_codec == "bf16" || in.precision == Precision::bf16;
   in.fetch_bytes_per_param = bf16_fetch ? 2 : 4;
@@ -387,15 +388,28 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     // are published in block order), so it waits for the update beyond the forward's time;
     // with staleness >= 1 the version it needs is older and only an update slower than the
     // whole step shows.
-    const double hide = in.prefetch_depth > 0 ? pipe : 0;
-    out.step.fetch_exposed = std::max(0.0, out.step.fetch - hide) + out.step.fetch / (units * passes);
+    //
+    // On a CPU node a fetch is received by the compute rank's own core: shared-memory MPI moves
+    // a message by one copy the receiving rank makes inside its MPI calls (Open MPI's CMA), and
+    // the rank then checks every byte's CRC. Without pd.fetch_thread that work cannot hide
+    // behind the rank's compute, and it starts only once the holders have published the blocks:
+    // it adds to the wait for the update instead of overlapping it (traced: the first layer's
+    // wait is the update front, then the copy of the stage).
+    const bool receiver_copies = !machine.device.gpu && !in.fetch_thread;
+    const double hide = in.prefetch_depth > 0 && !receiver_copies ? pipe : 0;
+    if (receiver_copies) out.step.fetch += fetched / machine.holder.crc_bytes_per_core;
+    out.step.fetch_exposed = receiver_copies
+                                 ? out.step.fetch
+                                 : std::max(0.0, out.step.fetch - hide) + out.step.fetch / (units * passes);
     out.step.push_exposed = std::max(0.0, out.step.push - m * backward_max) + out.step.push / units;
     const double forward_time = pipe - m * backward_max;
     out.step.update_exposed = in.staleness == 0
                                   ? std::max(0.0, h.update - forward_time) + h.update / units
                                   : std::max(0.0, h.update - pipe);
     // The wait for parameters is one wait: for the fetch or the update front, whichever is later.
-    wait = std::max(out.step.fetch_exposed, out.step.update_exposed) + out.step.push_exposed;
+    wait = (receiver_copies ? out.step.fetch_exposed + out.step.update_exposed
+                            : std::max(out.step.fetch_exposed, out.step.update_exposed)) +
+           out.step.push_exposed;
     busy_core_s += L.holders * h.update * cores_of_holder;
   } else {
     out.step.update = baseline_optimizer(c, stage_params_max, threads);

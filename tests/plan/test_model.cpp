@@ -207,6 +207,25 @@ TEST(PlanModel, ElementwiseKernelsRunAtTheCalibratedRate) {
   EXPECT_NEAR(slow.stages[0].backward - fast.stages[0].backward, 2 * extra, 1e-9);
 }
 
+// On a CPU node the compute rank's own core receives its fetches (shared-memory MPI: the
+// receiver copies) and checks them: without pd.fetch_thread none of it hides behind compute,
+// and it follows the update front instead of overlapping it. With the thread (or on a GPU
+// node) prefetch hides it but the first unit.
+TEST(PlanModel, ACpuRanksFetchIsItsOwnCoresWorkUnlessAThreadReceives) {
+  const Machine cpu = machine("cpu-local.toml");
+  const std::vector<std::string> sets = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
+                                         "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
+  std::vector<std::string> threaded = sets;
+  threaded.push_back("pd.fetch_thread=true");
+  const Prediction own = predict(input(sets, {1, 1, 1, 1}), cpu);
+  const Prediction thread = predict(input(threaded, {1, 1, 1, 1}), cpu);
+  EXPECT_DOUBLE_EQ(own.step.fetch_exposed, own.step.fetch);
+  EXPECT_LT(thread.step.fetch_exposed, 0.5 * thread.step.fetch);
+  EXPECT_NEAR(own.step.total - own.step.compute - own.step.cores_shared - own.step.dp_reduce,
+              own.step.fetch_exposed + own.step.update_exposed + own.step.push_exposed, 1e-12);
+  EXPECT_GT(own.step.total, thread.step.total);
+}
+
 TEST(PlanModel, TheCpuBaselinesOptimizerIsAtLeastItsAdamWArithmetic) {
   const Machine cpu = machine("cpu-local.toml");
   const Prediction p = predict(input({"model.n_layer=4", "model.d_model=256", "parallel.holders=0"}, {0, 2, 1, 1}), cpu);

@@ -27,6 +27,7 @@ struct PlanInput {
   Precision precision = Precision::fp32;
   std::int64_t staleness = 0;
   std::int64_t prefetch_depth = 64;
+  bool fetch_thread = false;  // pd.fetch_thread: a thread of its own receives the fetches
   double cache_bytes = 0;  // PD parameter cache per compute rank; 0: the whole stage
   double fetch_bytes_per_param = 4, push_bytes_per_param = 4;  // wire codecs (raw 4, bf16 2)
   // Bytes of one activation element the elementwise kernels move (pdtrain: 4, fp32 activations
