@@ -478,7 +478,11 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
     if (b > first && !deferred_.empty()) serve_deferred();
     if (b == update.size()) break;
     retire_sent_replies();
-    if (!poll_once()) update.wait_for_progress(seen, std::chrono::microseconds(200));
+    // Between messages this thread updates slices itself rather than wait for the workers: on
+    // a node with fewer free cores than threads, a woken worker took this thread's core and
+    // nothing was published until the whole update was done (traced: 4.4 of a 4.7 ms update
+    // before the first block, the next forward waiting all of it).
+    if (!poll_once() && !pool_->help()) update.wait_for_progress(seen, std::chrono::microseconds(200));
   }
   pool_->wait();
   updating_ = false;

@@ -86,6 +86,17 @@ void WorkerPool::run(std::int64_t n, std::function<void(std::int64_t)> task) {
   finished_.wait(lock, [this] { return done_ == count_; });
 }
 
+bool WorkerPool::help() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (next_ >= count_) return false;
+  const std::int64_t i = next_++;
+  lock.unlock();
+  task_(i);
+  lock.lock();
+  if (++done_ == count_) finished_.notify_all();
+  return true;
+}
+
 void WorkerPool::work() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {

@@ -273,6 +273,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
 
   double slowest = 0, sum_stages = 0, stage_params_max = 0, backward_max = 0;
   double busy_core_s = 0;  // a CPU node: core-seconds its compute ranks work in a step
+  double holder_busy_s = 0;  // and one holder's (PD)
   for (int p = 0; p < L.pp; ++p) {
     const StageSpec spec = split_stage(s.n_layer, L.pp, p, L.tp, 0);
     StagePrediction st;
@@ -410,7 +411,11 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     wait = (receiver_copies ? out.step.fetch_exposed + out.step.update_exposed
                             : std::max(out.step.fetch_exposed, out.step.update_exposed)) +
            out.step.push_exposed;
-    busy_core_s += L.holders * h.update * cores_of_holder;
+    // A holder's core-seconds: its update, and the pushes it takes (shared-memory MPI: the
+    // receiver copies them) and checks with the replies it serves.
+    holder_busy_s = h.update * cores_of_holder + pushed / machine.intra.bandwidth +
+                    (served + pushed) / machine.holder.crc_bytes_per_core;
+    busy_core_s += L.holders * holder_busy_s;
   } else {
     out.step.update = baseline_optimizer(c, stage_params_max, threads);
     out.step.update_exposed = out.step.update;
@@ -420,8 +425,17 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   // are busy over its cores (a work-conserving scheduler's bound). With no more busy threads
   // than cores this is below the pipeline's time and costs nothing; 4 compute ranks on 2 cores
   // wait for each other's time slices. What the pipeline does not already take is the cost.
-  if (!machine.device.gpu)
+  //
+  // Where the compute ranks alone fill the node's cores, a holder's work is not shared out
+  // either: the compute ranks meet every unit (the data-parallel reduce), every layer (tensor
+  // parallelism) or every micro-batch (the pipeline), so whichever rank the holder displaces,
+  // the others wait for it at the next meeting, and the step takes the holder's whole time.
+  if (!machine.device.gpu) {
     out.step.cores_shared = std::max(0.0, busy_core_s / (in.nodes * cores) - pipe);
+    const int holders_per_node = L.holders > 0 ? std::max(1, out.holders_per_node) : 0;
+    if (out.compute_ranks_per_node * threads >= cores && compute > 1)
+      out.step.cores_shared = std::max(out.step.cores_shared, holders_per_node * holder_busy_s);
+  }
   out.step.total = pipe + out.step.cores_shared + out.step.dp_reduce + wait;
 
   out.tokens_per_step = static_cast<double>(in.batch_size) * T;

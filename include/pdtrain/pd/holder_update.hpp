@@ -60,6 +60,9 @@ class WorkerPool {
   void wait();
   // Runs the batch with the calling thread taking tasks too; returns when all have finished.
   void run(std::int64_t n, std::function<void(std::int64_t)> task);
+  // Runs one task of the current batch on the calling thread, if one is left to start; returns
+  // whether it did.
+  bool help();
 
  private:
   void work();
