@@ -311,6 +311,12 @@ void FusedUpdate::run_here() {
   for (std::size_t t = 0; t < tasks_.size(); ++t) run_slice(static_cast<std::int64_t>(t));
 }
 
+bool FusedUpdate::run_next_here() {
+  if (next_here_ >= tasks_.size()) return false;
+  run_slice(static_cast<std::int64_t>(next_here_++));
+  return true;
+}
+
 // One slice: AdamW, the wire form (raw, bf16) and its CRC while the slice is in cache. The
 // worker finishing a block's last slice completes the block.
 void FusedUpdate::run_slice(std::int64_t task) {

@@ -116,6 +116,9 @@ class FusedUpdate {
   void start(WorkerPool& pool);
   // Serially on the calling thread, in block order (the single-threaded reference).
   void run_here();
+  // The next slice, on the calling thread, for an update that was not started on a pool (one
+  // thread that interleaves slices with other work); false once every slice has run.
+  bool run_next_here();
   bool done(std::size_t i) const { return state_[i].done.load(std::memory_order_acquire); }
   // Blocks completed so far (in any order).
   std::int64_t completed();
@@ -134,6 +137,7 @@ class FusedUpdate {
   const void* run_predicted_slice(Block& blk, std::int64_t begin, std::int64_t n);
   void finish_block(std::size_t b);
 
+  std::size_t next_here_ = 0;  // run_next_here's next slice
   WireCodec codec_;
   std::vector<Block> blocks_;
   std::int64_t slice_;
