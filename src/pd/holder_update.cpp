@@ -75,15 +75,9 @@ void WorkerPool::wait() {
 // and the caller never waits on a hand-off.
 void WorkerPool::run(std::int64_t n, std::function<void(std::int64_t)> task) {
   start(n, std::move(task));
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (next_ < count_) {
-    const std::int64_t i = next_++;
-    lock.unlock();
-    task_(i);
-    lock.lock();
-    if (++done_ == count_) finished_.notify_all();
+  while (help()) {
   }
-  finished_.wait(lock, [this] { return done_ == count_; });
+  wait();
 }
 
 bool WorkerPool::help() {

@@ -19,6 +19,7 @@
 #include "pdtrain/core/host_info.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/core/rng.hpp"
 #include "pdtrain/io/output_file.hpp"
 #include "pdtrain/kernels/blas_runtime.hpp"
 #include "pdtrain/kernels/gemm.hpp"
@@ -27,7 +28,6 @@
 #include "pdtrain/model/gpt_stage.hpp"
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/plan/model.hpp"
-#include "pdtrain/core/rng.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/plan/command.hpp"
 #include "pdtrain/plan/machine.hpp"
@@ -56,6 +56,11 @@ constexpr double kRepeat = 0.02;  // seconds: short enough to fit in a time slic
 
 enum class Pick { best, typical };
 
+double pick_of(std::vector<double> seconds, Pick pick) {
+  std::sort(seconds.begin(), seconds.end());
+  return pick == Pick::best ? seconds.front() : seconds[seconds.size() / 2];
+}
+
 template <class F>
 double per_call(Pick pick, F&& f) {
   std::vector<double> reps;
@@ -70,8 +75,7 @@ double per_call(Pick pick, F&& f) {
     } while (elapsed < kRepeat);
     reps.push_back(elapsed / static_cast<double>(calls));
   }
-  std::sort(reps.begin(), reps.end());
-  return pick == Pick::best ? reps.front() : reps[reps.size() / 2];
+  return pick_of(std::move(reps), pick);
 }
 
 // The median (`best` false) or the fastest of `reps` timings of `f` (a fixed count: both
@@ -233,8 +237,7 @@ double elementwise_rate() {
     reps.push_back(total - profile.gemm_seconds());
     profile.take();
   }
-  std::sort(reps.begin(), reps.end());
-  const double typical = reps[reps.size() / 2];  // Pick::typical, as the GEMMs
+  const double typical = pick_of(std::move(reps), Pick::typical);  // as the GEMMs
   PDT_CHECK(typical > 0, "calibration: a layer's elementwise time came out as zero");
   return 3 * forward_elementwise_bytes(shape, spec, static_cast<double>(B), 4).total() / typical;
 }
