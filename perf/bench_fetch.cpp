@@ -7,7 +7,9 @@
 // path without a target). Prints bytes on the wire, time per fetch and the ratio fetch
 // bandwidth / MPI bandwidth (target >= 0.8 for raw), from mean times and from the best of the
 // repetitions (steadier on a machine shared with other work), and the median over rounds that
-// alternate raw fetches with ping-pongs (the figure to quote on a shared machine).
+// alternate raw fetches with ping-pongs (the figure to quote on a shared machine). The fetches
+// go through the holder's shared segment (what pdtrain does on one node) and, in the rows
+// marked mpi_message, by MPI message (pd.fetch_path = mpi; what crosses nodes).
 //   mpirun -np 2 perf/bench_fetch [--short]
 #include <mpi.h>
 
@@ -27,6 +29,7 @@
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/pd/holder_server.hpp"
 #include "pdtrain/pd/fetch_client.hpp"
+#include "pdtrain/pd/shared_segments.hpp"
 
 namespace {
 
@@ -83,19 +86,32 @@ struct Model {
   std::int64_t layer_bytes = 0;
 };
 
+// How the payloads travel: through the holder's shared segment (pd.fetch_path = auto, the
+// default on one node) or as MPI messages (pd.fetch_path = mpi).
+enum class Path { shared, message };
+
 // One codec: the holder serves, the compute rank fetches `reps` times after a warm-up into
 // layer 0's unit (in place unless `buffered`); returns seconds per fetch and wire bytes per
 // fetch (compute rank).
 std::pair<Timing, double> time_fetches(const Model& m, const Layout& layout, WireCodec codec,
-                                       int reps, bool buffered = false) {
+                                       int reps, Path path, bool buffered = false) {
   const std::vector<int> owner(m.table.blocks.size(), 0);
+  std::unique_ptr<SharedSegments> segments;
+  if (path == Path::shared) {
+    const std::size_t mine =
+        layout.is_holder() ? HolderServer::shared_bytes(m.table, owner, 0, codec, 0) : 0;
+    std::string why_not;
+    segments = SharedSegments::create(layout.world(), mine, &why_not);
+    PDT_CHECK(segments != nullptr, "bench_fetch: no shared segments: " + why_not);
+  }
   if (layout.is_holder()) {
     HolderServer server(layout, m.table, owner, std::vector<int>(owner.size(), 1), AdamWConfig{},
                         codec, WireCodec::raw, StalenessPlan{}, nullptr);
+    if (segments) server.publish_through(segments.get());
     server.run();
     return {Timing{}, 0.0};
   }
-  FetchClient client(layout, m.table, owner, codec, WireCodec::raw);
+  FetchClient client(layout, m.table, owner, codec, WireCodec::raw, false, segments.get());
   const StageSpec layer0{0, 1, false, false, 1, 0};
   StageParams stage(*m.cat, layer0, StageParams::Storage::streamed,
                     codec == WireCodec::bf16 ? Precision::bf16 : Precision::fp32);
@@ -165,7 +181,7 @@ Timing time_ping_pong(int rank, std::int64_t bytes, int reps,
 // rounds is the figure to quote. Returns the rounds' ratios (compute rank; empty elsewhere).
 constexpr int kPairedReps = 5;
 
-std::vector<double> paired_ratios(const Model& m, int rank, int rounds) {
+std::vector<double> paired_ratios(const Model& m, int rank, int rounds, Path path) {
   std::vector<double> out;
   LayoutShape shape;
   shape.holders = 1;
@@ -173,7 +189,7 @@ std::vector<double> paired_ratios(const Model& m, int rank, int rounds) {
     double fetch_best = 0.0;
     {
       Layout layout(shape, MPI_COMM_WORLD);
-      fetch_best = time_fetches(m, layout, WireCodec::raw, kPairedReps).first.best;
+      fetch_best = time_fetches(m, layout, WireCodec::raw, kPairedReps, path).first.best;
     }
     const Timing pp = time_ping_pong(rank, m.layer_bytes, kPairedReps);
     if (rank == 1) out.push_back(pp.best / fetch_best);
@@ -253,20 +269,31 @@ int main(int argc, char** argv) {
     if (rank == 1)
       std::printf("bench_fetch: one layer = %zu blocks, %.2f MiB fp32, %d fetches per codec\n",
                   m.layer0.size(), mib, reps);
-    const std::pair<WireCodec, bool> rows[] = {{WireCodec::raw, false},
-                                               {WireCodec::raw, true},
-                                               {WireCodec::lz4, false},
-                                               {WireCodec::bf16, false}};
-    for (const auto& [c, buffered] : rows) {
-      const auto [t, wire] = time_fetches(m, layout, c, reps, buffered);
-      if (c == WireCodec::raw && !buffered) raw = t;
+    struct Row {
+      WireCodec codec;
+      Path path;
+      bool buffered;
+    };
+    const Row rows[] = {{WireCodec::raw, Path::shared, false},
+                        {WireCodec::raw, Path::message, false},
+                        {WireCodec::raw, Path::message, true},
+                        {WireCodec::lz4, Path::message, false},
+                        {WireCodec::bf16, Path::shared, false},
+                        {WireCodec::bf16, Path::message, false}};
+    for (const Row& row : rows) {
+      const auto [t, wire] = time_fetches(m, layout, row.codec, reps, row.path, row.buffered);
+      if (row.codec == WireCodec::raw && row.path == Path::shared) raw = t;
       if (rank == 1)
-        std::printf("codec=%s%s wire_mib=%.2f ms_per_fetch=%.2f best_ms=%.2f gib_per_s=%.2f\n",
-                    to_string(c), buffered ? "_buffered" : "", wire / 1048576.0, 1e3 * t.mean,
-                    1e3 * t.best, static_cast<double>(m.layer_bytes) / t.mean / (1 << 30));
+        std::printf("codec=%s%s path=%s wire_mib=%.2f ms_per_fetch=%.2f best_ms=%.2f "
+                    "gib_per_s=%.2f\n",
+                    to_string(row.codec), row.buffered ? "_buffered" : "",
+                    row.path == Path::shared ? "shared_memory" : "mpi_message", wire / 1048576.0,
+                    1e3 * t.mean, 1e3 * t.best,
+                    static_cast<double>(m.layer_bytes) / t.mean / (1 << 30));
     }
   }
-  const std::vector<double> paired = paired_ratios(m, rank, small ? 3 : 8);
+  const std::vector<double> paired = paired_ratios(m, rank, small ? 3 : 8, Path::shared);
+  const std::vector<double> paired_message = paired_ratios(m, rank, small ? 3 : 8, Path::message);
   const Timing mpi = time_ping_pong(rank, m.layer_bytes, reps);
   std::vector<std::int64_t> pieces;
   for (int b : m.layer0) pieces.push_back(m.table.blocks[b].numel * 4);
@@ -287,10 +314,14 @@ int main(int argc, char** argv) {
                 mpi.best / raw.best, pieces_t.best / raw.best);
     std::printf("ratio fetch_bandwidth/mpi_bandwidth=%.3f (target >= 0.8)\n",
                 mpi.mean / raw.mean);
-    std::printf("paired rounds (raw fetch, then ping-pong, %d each; best/best):", kPairedReps);
+    std::printf("paired rounds (raw fetch through shared memory, then ping-pong, %d each; "
+                "best/best):", kPairedReps);
     for (double r : paired) std::printf(" %.3f", r);
-    std::printf("\nratio paired median fetch_bandwidth/mpi_bandwidth=%.3f (target >= 0.8)\n",
-                median_of(paired));
+    std::printf("\npaired rounds (raw fetch by MPI message, then ping-pong):");
+    for (double r : paired_message) std::printf(" %.3f", r);
+    std::printf("\nratio paired median fetch_bandwidth/mpi_bandwidth=%.3f (target >= 0.8; by "
+                "MPI message %.3f)\n",
+                median_of(paired), median_of(paired_message));
     std::printf("bench_fetch: ok\n");
     std::fflush(stdout);
   }

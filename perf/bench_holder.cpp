@@ -223,7 +223,7 @@ bool self_check() {
   WorkerPool pool(2);
   FusedUpdate update(
       WireCodec::bf16,
-      {FusedUpdate::Block{&a, g.data(), adamw_step(cfg, 2, 1e-3, 0.5f, true), &wire, 0}});
+      {FusedUpdate::Block{&a, g.data(), adamw_step(cfg, 2, 1e-3, 0.5f, true), &wire, nullptr, 0}});
   update.start(pool);
   pool.wait();
   adamw_update(cfg, 2, 1e-3, 0.5f, g.data(), b);

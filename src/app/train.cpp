@@ -61,13 +61,15 @@ void write_resolved_deck(const Deck& deck);
 void verify_restart_point(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm world);
 TraceRecorder trace_recorder(const Deck& deck, const Layout& layout);
 void zeros_until_restored(BlockTable& table);
+std::unique_ptr<SharedSegments> share_holder_blocks(const Deck& deck, const Setup& setup,
+                                                    const Layout& layout, bool verbose);
 std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
-                             TraceRecorder* trace);
+                             const SharedSegments* segments, TraceRecorder* trace);
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
                              kernels::ComputeBackend& backend, const CommChoice& comm,
-                             TraceRecorder* trace);
+                             const SharedSegments* segments, TraceRecorder* trace);
 void write_traces(const Deck& deck, const TraceRecorder& trace, MPI_Comm world);
 // One training run, the divergence guard's rewind between runs.
 TrainResult train_once(const Deck& deck, MPI_Comm job, const RunOptions& opts,
@@ -148,10 +150,14 @@ TrainResult train_once(const Deck& deck, MPI_Comm job, const RunOptions& opts,
   TraceRecorder trace = trace_recorder(deck, layout);
   TrainResult result;
   if (!restart.path.empty()) zeros_until_restored(setup.table);
+  std::unique_ptr<SharedSegments> segments =
+      share_holder_blocks(deck, setup, layout, opts.verbose && opts.eval_batches == 0);
   if (layout.is_holder())
-    result.divergence = serve_parameters(deck, setup, layout, opts, restart, &trace);
+    result.divergence = serve_parameters(deck, setup, layout, opts, restart, segments.get(), &trace);
   else
-    result = run_compute_rank(deck, setup, layout, opts, restart, backend, comm, &trace);
+    result = run_compute_rank(deck, setup, layout, opts, restart, backend, comm, segments.get(),
+                              &trace);
+  segments.reset();  // collective over each node: every rank is here, none reads them any more
   if (deck.output.trace) write_traces(deck, trace, world);
   // A diverged run ended in order: every rank learns the step, and the job ends (or rewinds)
   // with the lowest rank's account (a holder's names the block, a compute rank's the loss).
@@ -299,11 +305,35 @@ void zeros_until_restored(BlockTable& table) {
   };
 }
 
+// Collective: with pd.fetch_path = auto and a fixed-width fetch codec, every holder publishes
+// its blocks into a shared segment of its node (pd/shared_segments.hpp). Null for the
+// replicated baseline, pd.fetch_path = mpi, lz4, or when a node's /dev/shm lacks room (said
+// once, by rank 0).
+std::unique_ptr<SharedSegments> share_holder_blocks(const Deck& deck, const Setup& setup,
+                                                    const Layout& layout, bool verbose) {
+  const WireCodec codec = fetch_codec(deck);
+  if (layout.replicated() || deck.pd.fetch_path != "auto" || fused_wire_bytes(codec) == 0)
+    return nullptr;
+  const std::size_t mine =
+      layout.is_holder() ? HolderServer::shared_bytes(setup.table, setup.owner,
+                                                      layout.holder_index(), codec,
+                                                      staleness_plan(deck).staleness)
+                         : 0;
+  std::string why_not;
+  std::unique_ptr<SharedSegments> s = SharedSegments::create(
+      layout.world(), mine, &why_not, setup.node[static_cast<std::size_t>(layout.world_rank())]);
+  if (!s && verbose && layout.world_rank() == 0) {
+    std::printf("note: fetches go by MPI message: %s (pd.fetch_path)\n", why_not.c_str());
+    std::fflush(stdout);
+  }
+  return s;
+}
+
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
 // compute rank is done. Returns why training diverged, if the holders saw it.
 std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
-                             TraceRecorder* trace) {
+                             const SharedSegments* segments, TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
   HolderServer server(layout, setup.table, setup.owner,
                       push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
@@ -313,6 +343,7 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
   server.set_update_threads(static_cast<int>(deck.pd.holder_threads),
                             static_cast<int>(std::count(setup.node.begin(), setup.node.end(),
                                                         setup.node[layout.world_rank()])));
+  if (segments && segments->my_bytes() > 0) server.publish_through(segments);
   setup.table.init = nullptr;  // frees an llm.c file read for initialization
   restore_collectively(restart, *setup.catalog, layout.holders_comm(), layout.world(), &server);
   std::unique_ptr<ckpt::CheckpointWriter> writer;
@@ -336,7 +367,7 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
                              kernels::ComputeBackend& backend, const CommChoice& comm,
-                             TraceRecorder* trace) {
+                             const SharedSegments* segments, TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
   std::unique_ptr<ParameterService> service;
   DeviceReplica* baseline = nullptr;
@@ -362,7 +393,7 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
                          static_cast<HolderServer*>(nullptr));
     service = std::make_unique<FetchClient>(layout, setup.table, setup.owner, fetch_codec(deck),
                                             *wire_codec_from_string(deck.pd.push_codec),
-                                            deck.pd.fetch_thread);
+                                            deck.pd.fetch_thread, segments);
   }
   ComputeLoop loop(deck, setup, layout, opts, backend, comm, std::move(service), baseline,
                    restart.step, trace);

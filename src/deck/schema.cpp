@@ -316,6 +316,15 @@ std::vector<KeySpec> build_schema() {
           "needs MPI_THREAD_MULTIPLE, else the compute thread does it between layers. Off by "
           "default: it pays only with a spare core per compute rank, and it drives the MPI "
           "library from two threads at once."),
+      key(&D::pd, &PdConfig::fetch_path, "pd.fetch_path",
+          "How fetched blocks reach a compute rank. auto: from a holder on the same node "
+          "through shared memory (the holder publishes each version into a segment the node's "
+          "ranks map; the compute rank copies a block into place and checks its CRC32C in the "
+          "same pass; one more copy of the holder's blocks per kept version in its memory and "
+          "in /dev/shm), from other holders by MPI message; by message everywhere when the "
+          "fetch codec is lz4 or /dev/shm lacks room. mpi: by MPI message everywhere. Exact: "
+          "the same numbers either way.")
+          .one_of({"auto", "mpi"}),
       key(&D::pd, &PdConfig::pushes_in_flight, "pd.pushes_in_flight",
           "Units whose gradients a compute rank keeps on the wire while its backward goes on "
           "(each unit's gradient is reduced and pushed as soon as it is final). 1: a unit's "

@@ -13,9 +13,10 @@
 namespace pdtrain {
 
 FetchClient::FetchClient(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-                         WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread)
+                         WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread,
+                         const SharedSegments* segments)
     : layout_(layout), table_(table), owner_(std::move(owner)), fetch_codec_(fetch_codec),
-      push_codec_(push_codec) {
+      push_codec_(push_codec), segments_(segments) {
   flip_at_version_ = test_hooks::flip_fetch_bit_at_version().value_or(-1);
   if (relays()) {
     MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
@@ -294,6 +295,12 @@ void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& hea
   char* next = r.data.get() + header.size();
   for (std::size_t i = 0; i < n; ++i)
     if (!a.in_place[i]) a.at[i].data = next, next += a.at[i].bytes();
+  wire::ReplyHeader rh;
+  std::memcpy(&rh, header.data(), sizeof(rh));
+  if (rh.shared) {
+    copy_shared_payloads(f, h, header);
+    return;
+  }
   const int source = layout_.holder_world_rank(h);
   for (std::size_t i = 0; i < n; ++i) {
     if (a.at[i].bytes() == 0) continue;  // the holder sends nothing for it either
@@ -310,6 +317,32 @@ void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& hea
     f.payloads.push_back(r);
     f.payload_of.emplace_back(h, static_cast<int>(i));
     ++f.awaited_payloads;
+  }
+}
+
+void FetchClient::copy_shared_payloads(InFlight& f, int h, const std::vector<char>& header) {
+  const char* segment = segments_ ? segments_->of(layout_.holder_world_rank(h)) : nullptr;
+  PDT_CHECK(segment != nullptr, "holder " + std::to_string(h) +
+                                    " answered through a shared segment this rank cannot see");
+  segments_->sync();  // the holder's writes, before this reply named them
+  Arrival& a = f.arrivals[h];
+  for (std::size_t i = 0; i < f.groups[h].size(); ++i) {
+    wire::BlockHeader bh;
+    std::memcpy(&bh, header.data() + sizeof(wire::ReplyHeader) + i * sizeof(bh), sizeof(bh));
+    PDT_CHECK(bh.at >= 0, "block " + table_.blocks[f.groups[h][i]].name + " of holder " +
+                              std::to_string(h) + " has no place in its shared segment");
+    const char* from = segment + bh.at;
+    const BlockPlace& p = a.at[i];
+    from_holders_ += p.bytes();
+    from_shared_ += p.bytes();
+    if (f.flip_pending) {  // the test hook damages the copy before it is checked
+      unpack_rows(from, p);
+      check_block(f, h, i);
+      continue;
+    }
+    a.crc[i] = a.in_place[i] ? check_in_place(f, f.groups[h][i], p, from)
+                             : crc32c_copy(0u, p.data, from, static_cast<std::size_t>(p.bytes()));
+    a.checked[i] = 1;
   }
 }
 
@@ -496,7 +529,8 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
 
 // Rows a cache-sized chunk at a time: CRC32C them, then let the target finish them while they
 // are in cache.
-std::uint32_t FetchClient::check_in_place(const InFlight& f, int block, const BlockPlace& p) const {
+std::uint32_t FetchClient::check_in_place(const InFlight& f, int block, const BlockPlace& p,
+                                          const char* from) const {
   constexpr std::int64_t kChunkBytes = 32 << 10;
   const std::int64_t step = std::max<std::int64_t>(1, kChunkBytes / std::max<std::int64_t>(1, p.row_bytes));
   const int w = wire_width();
@@ -504,11 +538,15 @@ std::uint32_t FetchClient::check_in_place(const InFlight& f, int block, const Bl
   for (std::int64_t r0 = 0; r0 < p.rows; r0 += step) {
     const std::int64_t r1 = std::min(p.rows, r0 + step);
     if (p.contiguous()) {
-      crc = crc32c_extend(crc, p.data + r0 * p.row_bytes,
-                          static_cast<std::size_t>((r1 - r0) * p.row_bytes));
+      char* at = p.data + r0 * p.row_bytes;
+      const auto bytes = static_cast<std::size_t>((r1 - r0) * p.row_bytes);
+      crc = from ? crc32c_copy(crc, at, from + r0 * p.row_bytes, bytes)
+                 : crc32c_extend(crc, at, bytes);
     } else {
+      const auto bytes = static_cast<std::size_t>(p.row_bytes);
       for (std::int64_t r = r0; r < r1; ++r)
-        crc = crc32c_extend(crc, p.data + r * p.stride_bytes, static_cast<std::size_t>(p.row_bytes));
+        crc = from ? crc32c_copy(crc, p.data + r * p.stride_bytes, from + r * p.row_bytes, bytes)
+                   : crc32c_extend(crc, p.data + r * p.stride_bytes, bytes);
     }
     if (f.target.landed) f.target.landed(block, w, r0, r1);
   }
@@ -615,7 +653,7 @@ ParameterService::PushTicket FetchClient::send_push(std::int64_t step,
       const ConstBlockPlace& t = *place_of[b];
       PDT_CHECK(t.bytes() == table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float)),
                 "the gradient of block " + table_.blocks[b].name + " has the wrong size");
-      wire::BlockHeader bh{b, 0, step, 0};
+      wire::BlockHeader bh{b, 0, step, 0, -1};
       if (push_codec_ == WireCodec::raw) {
         bh.bytes = t.bytes();
         bh.crc = place_crc(t);

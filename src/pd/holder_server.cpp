@@ -48,8 +48,48 @@ HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::v
 // Raw blocks at staleness 0 are sent straight from the parameters: only one version is ever
 // served, replies are drained before an update starts, and during it a block is unavailable
 // until it is published, so the parameters never change under a reply. Saves a copy per step.
+// (Published through shared memory the parameters change while compute ranks copy from
+// the slots, so there is always a copy.)
 bool HolderServer::serves_in_place() const {
-  return fetch_codec_ == WireCodec::raw && staleness_ == 0;
+  return fetch_codec_ == WireCodec::raw && staleness_ == 0 && segments_ == nullptr;
+}
+
+namespace {
+// A slot's bytes, rounded to cache lines so that no two slots share one.
+std::int64_t slot_bytes_of(const BlockDesc& d, WireCodec codec) {
+  return (d.numel * fused_wire_bytes(codec) + 63) / 64 * 64;
+}
+}  // namespace
+
+std::size_t HolderServer::shared_bytes(const BlockTable& table, const std::vector<int>& owner,
+                                       int holder, WireCodec fetch_codec, int staleness) {
+  if (fused_wire_bytes(fetch_codec) == 0) return 0;
+  std::int64_t bytes = 0;
+  for (std::size_t b = 0; b < owner.size(); ++b)
+    if (owner[b] == holder) bytes += slot_bytes_of(table.blocks[b], fetch_codec) * (staleness + 1);
+  return static_cast<std::size_t>(bytes);
+}
+
+void HolderServer::publish_through(const SharedSegments* segments) {
+  const std::size_t need = shared_bytes(table_, owner_, layout_.holder_index(), fetch_codec_,
+                                        staleness_);
+  PDT_CHECK(segments && need > 0 && segments->my_bytes() == need,
+            "holder " + std::to_string(layout_.holder_index()) + " was given a shared segment of " +
+                std::to_string(segments ? segments->my_bytes() : 0) + " bytes for " +
+                std::to_string(need));
+  segments_ = segments;
+  std::int64_t at = 0;
+  for (auto& [id, o] : owned_) {  // by id, as shared_bytes counts
+    o.slot_bytes = slot_bytes_of(table_.blocks[id], fetch_codec_);
+    o.slots_at = at;
+    at += o.slot_bytes * (staleness_ + 1);
+    o.versions.clear();
+    encode(o);
+  }
+}
+
+char* HolderServer::slot(const Owned& o, std::int64_t version) const {
+  return segments_->mine() + o.slots_at + (version % (staleness_ + 1)) * o.slot_bytes;
 }
 
 // A block is encoded once per version, however many ranks fetch it; the last staleness+1
@@ -58,16 +98,26 @@ void HolderServer::encode(Owned& o) {
   Encoded e;
   const auto n = static_cast<std::int64_t>(o.state.param.size());
   if (!serves_in_place()) wire_encode(fetch_codec_, o.state.param.data(), n, e.storage);
-  const std::uint32_t crc = serves_in_place()
-                                ? crc32c(o.state.param.data(), static_cast<std::size_t>(n) * 4)
-                                : crc32c(e.storage.data(), e.storage.size());
+  if (segments_) {  // into its slot (rare: the initial, restored and not applied versions)
+    std::memcpy(slot(o, version_), e.storage.data(), e.storage.size());
+    e.storage = {};
+  }
+  const std::uint32_t crc =
+      serves_in_place() ? crc32c(o.state.param.data(), static_cast<std::size_t>(n) * 4)
+      : segments_       ? crc32c(slot(o, version_), static_cast<std::size_t>(n) *
+                                                        fused_wire_bytes(fetch_codec_))
+                        : crc32c(e.storage.data(), e.storage.size());
   publish(o, version_, std::move(e), crc);
 }
 
 // Makes `fresh` the block's bytes of `step` and forgets versions older than the window.
 void HolderServer::publish(Owned& o, std::int64_t step, Encoded fresh, std::uint32_t crc) {
   Encoded& e = o.versions[step] = std::move(fresh);
-  if (serves_in_place()) {
+  if (segments_) {
+    e.data = slot(o, step);
+    e.size = static_cast<std::size_t>(o.state.param.size()) * fused_wire_bytes(fetch_codec_);
+    e.shared_at = e.data - segments_->mine();
+  } else if (serves_in_place()) {
     e.data = reinterpret_cast<const char*>(o.state.param.data());
     e.size = o.state.param.size() * sizeof(float);
   } else {
@@ -205,14 +255,24 @@ void HolderServer::serve_fetch(int source, std::span<const char> msg) {
   rh.stop = hooks_.stop_requested && hooks_.stop_requested() ? 1 : 0;
   for (const auto& [version, info] : recent_)
     rh.recent[rh.n_recent++] = wire::WireUpdateInfo{version, info.grad_norm, info.lr};
+  // A compute rank on this node copies the payloads from this holder's segment itself.
+  const bool shared = segments_ && segments_->on_node(source);
+  rh.shared = shared ? 1 : 0;
   std::memcpy(s.bytes.data(), &rh, sizeof(rh));
   std::vector<const Encoded*> payloads;
   for (std::int64_t i = 0; i < req.n; ++i) {
     const Encoded& e = owned_.at(ids[i]).versions.at(v);
-    const wire::BlockHeader bh{ids[i], e.crc, v, static_cast<std::int64_t>(e.size)};
+    const wire::BlockHeader bh{ids[i], e.crc, v, static_cast<std::int64_t>(e.size),
+                               shared ? e.shared_at : -1};
     std::memcpy(s.bytes.data() + sizeof(rh) + i * sizeof(bh), &bh, sizeof(bh));
-    if (e.size > 0) payloads.push_back(&e);  // the receiver posts nothing for an empty block
+    if (shared) {
+      sent_ += static_cast<std::int64_t>(e.size);
+      sent_shared_ += static_cast<std::int64_t>(e.size);
+    }
+    // The receiver posts nothing for an empty block, or for one it copies itself.
+    if (e.size > 0 && !shared) payloads.push_back(&e);
   }
+  if (shared) segments_->sync();  // the slots' bytes before the reply that names them
   // Not waited for here: a compute rank that prefetched may be busy in a GEMM and take the
   // reply later, and meanwhile this holder serves others. The encoded blocks stay untouched
   // until the reply has gone (finish_step drains replies before re-encoding).
@@ -461,7 +521,10 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
     b.state = &o.state;
     b.grad = o.grads.at(step).sum.data();
     b.step = adamw_step(opt_, step, lr, scale, o.state.decay);
-    b.encoded = serves_in_place() ? nullptr : &fresh[i].storage;
+    if (segments_)
+      b.wire_at = slot(o, step);  // the slot of the version leaving the window
+    else
+      b.encoded = serves_in_place() ? nullptr : &fresh[i].storage;
     b.predict = plan_.prediction(step);
     if (!b.predict.exact() && fetch_codec_ == WireCodec::lz4) b.predicted = &o.predicted;
     blocks.push_back(b);
@@ -523,9 +586,10 @@ void HolderServer::serve_deferred() {
 // across data-parallel widths.
 void HolderServer::print_traffic() const {
   const double steps = static_cast<double>(std::max<std::int64_t>(1, version_ - start_version_));
-  std::printf("holder %d: egress %.3f MiB/step, ingress %.3f MiB/step (%lld steps, update %.2f s, "
-              "serve %.2f s)\n",
+  std::printf("holder %d: egress %.3f MiB/step (%.3f through shared memory), ingress %.3f "
+              "MiB/step (%lld steps, update %.2f s, serve %.2f s)\n",
               layout_.holder_index(), static_cast<double>(sent_) / steps / 1048576.0,
+              static_cast<double>(sent_shared_) / steps / 1048576.0,
               static_cast<double>(received_) / steps / 1048576.0,
               static_cast<long long>(version_ - start_version_), timers_.get("update"),
               timers_.get("serve"));

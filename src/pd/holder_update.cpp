@@ -281,13 +281,14 @@ FusedUpdate::FusedUpdate(WireCodec codec, std::vector<Block> blocks, std::int64_
   const int wire_bytes = fused_wire_bytes(codec_);
   for (std::size_t b = 0; b < blocks_.size(); ++b) {
     Block& blk = blocks_[b];
-    PDT_CHECK(blk.encoded || codec_ == WireCodec::raw,
+    PDT_CHECK(blk.encoded || blk.wire_at || codec_ == WireCodec::raw,
               "only the raw codec can serve a block's parameters in place");
+    PDT_CHECK(!blk.wire_at || wire_bytes > 0, "only fixed-width codecs have a fixed place");
     const auto n = static_cast<std::int64_t>(blk.state->param.size());
     // Workers write disjoint slices of the wire bytes: size them before any starts.
-    if (blk.encoded && wire_bytes > 0)
+    if (blk.encoded && !blk.wire_at && wire_bytes > 0)
       blk.encoded->resize(static_cast<std::size_t>(n * wire_bytes));
-    PDT_CHECK(blk.predict.exact() || (blk.encoded && (wire_bytes > 0 || blk.predicted)),
+    PDT_CHECK(blk.predict.exact() || ((blk.encoded || blk.wire_at) && (wire_bytes > 0 || blk.predicted)),
               "a predicted version needs a copy to be served from");
     if (!blk.predict.exact() && wire_bytes == 0) blk.predicted->resize(static_cast<std::size_t>(n));
     const std::int64_t slices = std::max<std::int64_t>(1, (n + slice_ - 1) / slice_);
@@ -327,11 +328,11 @@ void FusedUpdate::run_slice(std::int64_t task) {
   if (!blk.predict.exact()) {
     wire = run_predicted_slice(blk, begin, n);
   } else if (codec_ == WireCodec::bf16) {
-    auto* out = reinterpret_cast<std::uint16_t*>(blk.encoded->data()) + begin;
+    auto* out = reinterpret_cast<std::uint16_t*>(wire_copy(blk)) + begin;
     adamw_slice_bf16(blk.step, g, p, m, v, out, n);
     wire = out;
-  } else if (codec_ == WireCodec::raw && blk.encoded) {
-    auto* out = reinterpret_cast<float*>(blk.encoded->data()) + begin;
+  } else if (codec_ == WireCodec::raw && (blk.encoded || blk.wire_at)) {
+    auto* out = reinterpret_cast<float*>(wire_copy(blk)) + begin;
     adamw_slice_raw(blk.step, g, p, m, v, out, n);
     wire = out;
   } else {
@@ -353,14 +354,19 @@ const void* FusedUpdate::run_predicted_slice(Block& blk, std::int64_t begin, std
   float* m = s.m.data() + begin;
   float* v = s.v.data() + begin;
   if (codec_ == WireCodec::bf16) {
-    auto* out = reinterpret_cast<std::uint16_t*>(blk.encoded->data()) + begin;
+    auto* out = reinterpret_cast<std::uint16_t*>(wire_copy(blk)) + begin;
     adamw_slice_predicted_bf16(blk.step, g, p, m, v, out, blk.predict, n);
     return out;
   }
-  float* out = codec_ == WireCodec::raw ? reinterpret_cast<float*>(blk.encoded->data()) + begin
+  float* out = codec_ == WireCodec::raw ? reinterpret_cast<float*>(wire_copy(blk)) + begin
                                         : blk.predicted->data() + begin;
   adamw_slice_predicted(blk.step, g, p, m, v, out, blk.predict, n);
   return codec_ == WireCodec::raw ? out : nullptr;
+}
+
+char* FusedUpdate::wire_copy(const Block& blk) {
+  if (blk.wire_at) return blk.wire_at;
+  return blk.encoded ? blk.encoded->data() : nullptr;
 }
 
 // The block's CRC from its slices' (raw, bf16), or its encoding in one piece (lz4 compresses a

@@ -232,6 +232,7 @@ PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes) {
   in.cache_bytes = deck.pd.cache_mb * 1048576.0;
   const bool bf16_fetch = deck.pd.fetch_codec == "bf16" || in.precision == Precision::bf16;
   in.fetch_bytes_per_param = bf16_fetch ? 2 : 4;
+  in.shared_memory_fetch = deck.pd.fetch_path == "auto" && (bf16_fetch || deck.pd.fetch_codec == "raw");
   in.push_bytes_per_param = deck.pd.push_codec == "bf16" ? 2 : 4;
   in.nodes = std::max(1, nodes);
   return in;
@@ -346,8 +347,8 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     const double bw_bound = kAdamwBytes * out.holders_per_node / machine.node.cpu_memory_bandwidth;
     h.update = h.param_count * std::max(per_param, bw_bound);
     // Served copies: the last staleness + 1 versions, encoded (raw at staleness 0 is served from
-    // the parameters themselves).
-    const double versions = in.staleness > 0 || in.fetch_bytes_per_param != 4
+    // the parameters themselves, unless published into a shared segment).
+    const double versions = in.staleness > 0 || in.fetch_bytes_per_param != 4 || in.shared_memory_fetch
                                 ? static_cast<double>(in.staleness + 1) : 0;
     h.memory = h.param_count * (16 + versions * in.fetch_bytes_per_param);
 
@@ -396,9 +397,13 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     // behind the rank's compute, and it starts only once the holders have published the blocks:
     // it adds to the wait for the update instead of overlapping it (traced: the first layer's
     // wait is the update front, then the copy of the stage).
+    //
+    // From a holder's shared segment (pd.fetch_path = auto) the rank's copy takes the CRC in the
+    // same pass: the check adds nothing to what came from holders on its node.
     const bool receiver_copies = !machine.device.gpu && !in.fetch_thread;
     const double hide = in.prefetch_depth > 0 && !receiver_copies ? pipe : 0;
-    if (receiver_copies) out.step.fetch += fetched / machine.holder.crc_bytes_per_core;
+    const double checked_apart = in.shared_memory_fetch ? 1 - local : 1;
+    if (receiver_copies) out.step.fetch += checked_apart * fetched / machine.holder.crc_bytes_per_core;
     out.step.fetch_exposed = receiver_copies
                                  ? out.step.fetch
                                  : std::max(0.0, out.step.fetch - hide) + out.step.fetch / (units * passes);

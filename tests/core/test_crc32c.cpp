@@ -2,6 +2,7 @@
 // check value of "123456789".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,6 +57,23 @@ TEST(Crc32c, CombineEqualsTheCrcOfTheConcatenation) {
                              big.size() - k),
               whole)
         << "split at " << k;
+}
+
+// The copy's CRC is the source's, across chunk boundaries and continuing a running CRC; the
+// copy is exact and writes nothing past its end.
+TEST(Crc32c, CopyCopiesAndTakesTheCrcOfWhatItCopied) {
+  std::vector<std::uint8_t> src(3 * 8192 + 77);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 37 + (i >> 11));
+  for (std::size_t n : {std::size_t{0}, std::size_t{9}, std::size_t{8192}, std::size_t{8193},
+                        src.size()}) {
+    std::vector<std::uint8_t> dst(src.size() + 1, 0xA5);
+    EXPECT_EQ(crc32c_copy(0u, dst.data(), src.data(), n), crc32c(src.data(), n)) << n << " bytes";
+    EXPECT_TRUE(std::equal(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(n), dst.begin()));
+    EXPECT_EQ(dst[n], 0xA5) << "wrote past " << n << " bytes";
+    const std::uint32_t head = crc32c(src.data(), 5);
+    EXPECT_EQ(crc32c_copy(head, dst.data(), src.data() + 5, n - std::min<std::size_t>(n, 5)),
+              crc32c(src.data(), std::max<std::size_t>(n, 5)));
+  }
 }
 
 }  // namespace

@@ -123,21 +123,22 @@ const std::vector<std::string> kFullDeck = {
     "stale_correction = \"none\"",       // 65
     "staleness_ramp = 25",               // 66
     "pushes_in_flight = 0",              // 67
-    "[checkpoint]",                      // 68
-    "every = 100",                       // 69
-    "codec = \"xor\"",                   // 70
-    "anchor_every = 5",                  // 71
-    "keep = 2",                          // 72
-    "async = true",                      // 73
-    "dir = \"/scratch/ckpt\"",           // 74
-    "bitdelta_bits = 3",                 // 75
-    "moment_bits = 5",                   // 76
-    "[output]",                          // 77
-    "trace = true",                      // 78
-    "trajectory_every = 25",             // 79
-    "[compute]",                         // 80
-    "device = \"cuda\"",                 // 81
-    "tf32 = true",                       // 82
+    "fetch_path = \"mpi\"",              // 68
+    "[checkpoint]",                      // 69
+    "every = 100",                       // 70
+    "codec = \"xor\"",                   // 71
+    "anchor_every = 5",                  // 72
+    "keep = 2",                          // 73
+    "async = true",                      // 74
+    "dir = \"/scratch/ckpt\"",           // 75
+    "bitdelta_bits = 3",                 // 76
+    "moment_bits = 5",                   // 77
+    "[output]",                          // 78
+    "trace = true",                      // 79
+    "trajectory_every = 25",             // 80
+    "[compute]",                         // 81
+    "device = \"cuda\"",                 // 82
+    "tf32 = true",                       // 83
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -232,6 +233,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_TRUE(d.pd.fetch_thread);
   EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.pd.pushes_in_flight, 0);
+  EXPECT_EQ(d.pd.fetch_path, "mpi");
   EXPECT_EQ(d.train.precision, "bf16");
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
@@ -636,9 +638,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 8 parallel + 11 train + 2 compute + 8 optimizer + 12 pd +
+  // 5 run + 9 model + 6 data + 8 parallel + 11 train + 2 compute + 8 optimizer + 13 pd +
   // 8 checkpoint + 2 output fields.
-  EXPECT_EQ(deck::schema().size(), 71u);
+  EXPECT_EQ(deck::schema().size(), 72u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

@@ -217,6 +217,33 @@ TEST(Equivalence, HoldersSpreadOverNodesChangeNothing) {
   EXPECT_EQ(four_nodes.crc, one_node.crc);
 }
 
+// Fetched blocks copied from a holder's shared segment (pd.fetch_path = auto, the default on a
+// node) or sent as MPI messages (mpi) are the same bits: with the versions staleness keeps
+// (slots reused in turn), the bf16 wire, tensor-parallel slabs, the data-parallel relay, and
+// holders on other (faked) nodes fetched by message beside a local one.
+TEST(Equivalence, FetchPathsAreBitIdentical) {
+  ASSERT_GE(world_size(), 4);
+  const std::vector<std::vector<std::string>> variants = {
+      {"parallel.holders=2", "parallel.pp=2", "parallel.micro_batches=2"},
+      {"parallel.holders=1", "pd.staleness=2", "pd.staleness_warmup=0", "pd.staleness_ramp=0"},
+      {"parallel.holders=2", "parallel.tp=2", "pd.fetch_codec=bf16", "pd.staleness=1",
+       "pd.staleness_warmup=0"}};
+  for (std::size_t i = 0; i < variants.size(); ++i)
+    for (const char* per_node : {"", "2"}) {
+      if (*per_node) setenv("PDTRAIN_TEST_RANKS_PER_NODE", per_node, 1);
+      const std::string tag = "path" + std::to_string(i) + per_node;
+      std::vector<std::string> shared = variants[i], message = variants[i];
+      message.push_back("pd.fetch_path=mpi");
+      RunOutcome a = run_groups(4, shared, tag + "a");
+      RunOutcome b = run_groups(4, message, tag + "m");
+      unsetenv("PDTRAIN_TEST_RANKS_PER_NODE");
+      if (a.losses.empty()) continue;
+      ASSERT_EQ(a.losses.size(), 20u) << tag;
+      EXPECT_EQ(a.losses, b.losses) << tag;
+      EXPECT_EQ(a.crc, b.crc) << tag;
+    }
+}
+
 // A holder's threads change how its update is spread over cores, never a bit. The model is
 // wider than the tiny deck's so that blocks span several update slices (a wte block is 4), for
 // each way a holder encodes (raw in place, raw copies kept for staleness and predicted, bf16,

@@ -3,9 +3,9 @@
 // path (a receive buffer, then unpack_param) writes from the holder's bits, for raw and bf16
 // wire codecs in fp32 and bf16 precision, for contiguous blocks and strided ones (row-parallel
 // weights are column slabs), with and without the fetch thread, and through the data-parallel
-// relay (dp 2, where replies keep the buffer path). A holder answering a later request first
-// still lands each reply in its own fetch's place. 3 ranks: a holder and two
-// compute ranks.
+// relay (dp 2, where replies keep the buffer path), by MPI message and copied from the holder's
+// shared segment. A holder answering a later request first still lands each reply in its own
+// fetch's place. 3 ranks: a holder and two compute ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -21,6 +21,7 @@
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/pd/fetch_client.hpp"
 #include "pdtrain/pd/holder_server.hpp"
+#include "pdtrain/pd/shared_segments.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 #include "run_helpers.hpp"
 
@@ -102,11 +103,24 @@ struct Case {
   WireCodec codec;
   Precision precision;
   bool thread;
+  bool shared = false;  // payloads copied from the holder's shared segment, not sent
   std::string name() const {
     return std::string(to_string(codec)) + (precision == Precision::bf16 ? "/bf16" : "/fp32") +
-           (thread ? "/thread" : "");
+           (thread ? "/thread" : "") + (shared ? "/shared" : "");
   }
 };
+
+// The holder's shared segment for case c (collective over the layout's world), or null.
+std::unique_ptr<SharedSegments> segments_for(const Model& m, const Case& c, const Layout& layout,
+                                             const std::vector<int>& owner) {
+  if (!c.shared) return nullptr;
+  const std::size_t mine =
+      layout.is_holder() ? HolderServer::shared_bytes(m.table, owner, 0, c.codec, 0) : 0;
+  std::string why_not;
+  auto s = SharedSegments::create(layout.world(), mine, &why_not);
+  EXPECT_NE(s, nullptr) << why_not;
+  return s;
+}
 
 // One case on `comm` (a holder and dp compute ranks): fetches every unit, all in flight at
 // once, and compares each unit's memory with the old path's from the holder's bits.
@@ -116,13 +130,15 @@ void run_case(const Model& m, const Case& c, MPI_Comm comm, int dp) {
   shape.dp = dp;
   Layout layout(shape, comm);
   const std::vector<int> owner(m.table.blocks.size(), 0);
+  const std::unique_ptr<SharedSegments> segments = segments_for(m, c, layout, owner);
   if (layout.is_holder()) {
     HolderServer server(layout, m.table, owner, std::vector<int>(owner.size(), 1), AdamWConfig{},
                         c.codec, WireCodec::raw, StalenessPlan{}, nullptr);
+    if (segments) server.publish_through(segments.get());
     server.run();
     return;
   }
-  FetchClient client(layout, m.table, owner, c.codec, WireCodec::raw, c.thread);
+  FetchClient client(layout, m.table, owner, c.codec, WireCodec::raw, c.thread, segments.get());
   Stage got(*m.cat, c.precision), want(*m.cat, c.precision);
   Counts n;
   std::vector<ParameterService::Ticket> tickets;
@@ -141,6 +157,9 @@ void run_case(const Model& m, const Case& c, MPI_Comm comm, int dp) {
   EXPECT_EQ(n.placed, in_place ? blocks : 0) << c.name();
   EXPECT_EQ(n.sunk, in_place ? 0 : blocks) << c.name();
   if (in_place) EXPECT_GT(n.strided, 0) << c.name();  // attprojw, fcprojw: column slabs
+  // Shared: replica 0 copied every payload from the segment (the others got them relayed).
+  const bool copies = c.shared && layout.dp_rank() == 0;
+  EXPECT_EQ(client.bytes_from_shared_memory(), copies ? client.bytes_fetched() : 0) << c.name();
   client.finish();
 }
 
@@ -148,7 +167,10 @@ const std::vector<Case> kCases = {
     {WireCodec::raw, Precision::fp32, false},  {WireCodec::raw, Precision::fp32, true},
     {WireCodec::bf16, Precision::bf16, false}, {WireCodec::bf16, Precision::bf16, true},
     {WireCodec::raw, Precision::bf16, false},  {WireCodec::bf16, Precision::fp32, false},
-    {WireCodec::lz4, Precision::fp32, false}};
+    {WireCodec::lz4, Precision::fp32, false},
+    {WireCodec::raw, Precision::fp32, false, true}, {WireCodec::raw, Precision::fp32, true, true},
+    {WireCodec::bf16, Precision::bf16, false, true}, {WireCodec::raw, Precision::bf16, false, true},
+    {WireCodec::bf16, Precision::fp32, true, true}};
 
 TEST(FetchInPlace, UnitsHoldTheHoldersBitsDp1) {
   ASSERT_GE(test::world_size(), 2);

@@ -128,10 +128,16 @@ TEST(PlanModel, BoundedCacheFetchesPerUseAndHoldsLess) {
   EXPECT_NEAR(b.step.fetch / w.step.fetch, 8.0, 0.5);  // 2 x 4 micro-batches against once
 }
 
+// Parameters, two moments and a gradient; plus the served versions' copies: at staleness 0 raw
+// blocks are sent from the parameters themselves by message, but published into the shared
+// segment (pd.fetch_path = auto) they are copied.
 TEST(PlanModel, HolderMemoryIsSixteenBytesPerParameterAtStalenessZero) {
-  const PlanInput in = input(k124M, {4, 1, 1, 1});
-  const Prediction p = predict(in, machine("h200.toml"));
+  auto by_message = k124M;
+  by_message.push_back("pd.fetch_path=mpi");
+  const Prediction p = predict(input(by_message, {4, 1, 1, 1}), machine("h200.toml"));
   EXPECT_DOUBLE_EQ(p.holder.memory, 16 * p.holder.param_count);
+  const Prediction shared = predict(input(k124M, {4, 1, 1, 1}), machine("h200.toml"));
+  EXPECT_DOUBLE_EQ(shared.holder.memory, (16 + 4) * shared.holder.param_count);
   auto stale = k124M;
   stale.push_back("pd.staleness=2");
   const Prediction s = predict(input(stale, {4, 1, 1, 1}), machine("h200.toml"));

@@ -28,4 +28,10 @@ inline char* pack_rows(const ConstBlockPlace& from, char* to) {
   return to;
 }
 
+// Copies a packed block (rows back to back, as the wire has it) into its rows at `to`.
+inline void unpack_rows(const char* from, const BasicBlockPlace<char>& to) {
+  for (std::int64_t r = 0; r < to.rows; ++r, from += to.row_bytes)
+    std::memcpy(to.data + r * to.stride_bytes, from, static_cast<std::size_t>(to.row_bytes));
+}
+
 }  // namespace pdtrain

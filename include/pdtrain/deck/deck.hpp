@@ -106,6 +106,7 @@ struct PdConfig {
   double cache_mb = 0.0;            // parameter bytes resident per compute rank; 0: no limit
   std::int64_t cache_warm_steps = 0;  // cold start: no limit for the first N steps' versions
   bool fetch_thread = false;        // a background thread moves fetches (MPI_THREAD_MULTIPLE)
+  std::string fetch_path = "auto";  // auto (shared memory on a holder's node) | mpi
   std::int64_t holder_threads = 0;  // threads of a holder's update; 0: the cores it may run on
   std::int64_t pushes_in_flight = 1;  // units' gradients on the wire while backward goes on
   friend bool operator==(const PdConfig&, const PdConfig&) = default;

@@ -25,6 +25,7 @@
 #include "pdtrain/layout/layout.hpp"
 #include "pdtrain/pd/blocks.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
+#include "pdtrain/pd/shared_segments.hpp"
 #include "pdtrain/pd/wire.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
@@ -32,8 +33,10 @@ namespace pdtrain {
 
 class FetchClient final : public ParameterService {
  public:
+  // `segments`: the holders' shared segments (null: every payload comes by message).
   FetchClient(const Layout& layout, const BlockTable& table, std::vector<int> owner,
-              WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread = true);
+              WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread = true,
+              const SharedSegments* segments = nullptr);
   ~FetchClient() override;
   FetchClient(const FetchClient&) = delete;
   FetchClient& operator=(const FetchClient&) = delete;
@@ -58,6 +61,8 @@ class FetchClient final : public ParameterService {
   std::int64_t bytes_fetched() const override { return fetched_; }
   // Bytes (encoded) this rank received from holders; the rest of bytes_fetched() came by relay.
   std::int64_t bytes_from_holders() const { return from_holders_; }
+  // Of bytes_from_holders(), those copied from a holder's shared segment.
+  std::int64_t bytes_from_shared_memory() const { return from_shared_; }
   std::int64_t bytes_pushed() const override { return pushed_; }
   // Replies that answered a later fetch before an earlier one from the same holder (an update
   // made the later request ready first); each still lands in its own fetch's place. For tests
@@ -155,8 +160,13 @@ class FetchClient final : public ParameterService {
   // Where a relayed reply's payloads lie: back to back after its headers.
   void place_buffered(InFlight& f, int h);
   // Checks the CRC32C of a block that landed in place, handing its rows to the target's
-  // `landed` a cache-sized chunk at a time (one pass over memory).
-  std::uint32_t check_in_place(const InFlight& f, int block, const BlockPlace& p) const;
+  // `landed` a cache-sized chunk at a time (one pass over memory). With `from` (a holder's
+  // shared segment, rows back to back) each chunk is first copied there from it.
+  std::uint32_t check_in_place(const InFlight& f, int block, const BlockPlace& p,
+                               const char* from = nullptr) const;
+  // A reply whose payloads lie in holder h's shared segment: every block copied into its
+  // place (or the reply buffer) with its CRC32C taken in the same pass.
+  void copy_shared_payloads(InFlight& f, int h, const std::vector<char>& header);
   void free_receive_types(InFlight& f);
   bool receive_replies(const std::vector<Job>& jobs);
   bool advance(InFlight& f);
@@ -183,7 +193,8 @@ class FetchClient final : public ParameterService {
   std::vector<int> completed_;                // MPI_Testsome's indices
   std::map<std::int64_t, UpdateInfo> known_;  // updates learnt from reply headers
   std::atomic<bool> stop_{false};
-  std::atomic<std::int64_t> fetched_{0}, from_holders_{0}, out_of_order_{0};
+  std::atomic<std::int64_t> fetched_{0}, from_holders_{0}, from_shared_{0}, out_of_order_{0};
+  const SharedSegments* segments_ = nullptr;
   std::int64_t pushed_ = 0;
   std::map<PushTicket, Pushing> pushes_;  // on their way (compute thread only)
   PushTicket next_push_ticket_ = 0;

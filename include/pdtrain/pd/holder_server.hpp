@@ -29,6 +29,7 @@
 #include "pdtrain/pd/blocks.hpp"
 #include "pdtrain/pd/holder_update.hpp"
 #include "pdtrain/pd/parameter_service.hpp"
+#include "pdtrain/pd/shared_segments.hpp"
 #include "pdtrain/pd/staleness.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
@@ -80,6 +81,15 @@ class HolderServer {
   }
   const PhaseTimers& timers() const { return timers_; }
 
+  // Bytes of the shared segment holder `holder` needs to publish its blocks there: every owned
+  // block's last staleness+1 versions in a fixed-width fetch codec (raw, bf16); 0 for lz4.
+  static std::size_t shared_bytes(const BlockTable& table, const std::vector<int>& owner,
+                                  int holder, WireCodec fetch_codec, int staleness);
+  // Publishes into `segments->mine()` (shared_bytes() long) from now on, and serves compute
+  // ranks on this node from there: their replies name where each block lies instead of
+  // carrying it. Before run().
+  void publish_through(const SharedSegments* segments);
+
  private:
   struct Pending {
     int source;
@@ -90,6 +100,7 @@ class HolderServer {
     const char* data = nullptr;  // ...and what is sent: `storage`, or the parameters themselves
     std::size_t size = 0;        // (raw at staleness 0: no copy is needed, see serves_in_place)
     std::uint32_t crc = 0;       // of the bytes sent
+    std::int64_t shared_at = -1; // `data`'s offset in this holder's shared segment, if there
   };
   // One block's gradient of one step.
   struct StepGradient {
@@ -103,6 +114,10 @@ class HolderServer {
     std::map<std::int64_t, Encoded> versions;      // the last staleness+1 versions
     std::map<std::int64_t, StepGradient> grads;    // by step
     std::vector<float> predicted;                  // lz4: a predicted version before encoding
+    // Publishing through the shared segment: version v lies at slots_at + (v mod (s+1)) x
+    // slot_bytes there.
+    std::int64_t slots_at = -1;
+    std::int64_t slot_bytes = 0;
   };
 
   bool poll_once();  // receives and handles one message, if one is waiting
@@ -121,6 +136,7 @@ class HolderServer {
   void update_blocks(std::int64_t step, double lr, float scale);
   void publish(Owned& o, std::int64_t step, Encoded fresh, std::uint32_t crc);
   bool serves_in_place() const;
+  char* slot(const Owned& o, std::int64_t version) const;
   void encode(Owned& o);
   std::vector<float> take_buffer(std::size_t n);
   void give_buffer(std::vector<float> buffer);
@@ -169,6 +185,8 @@ class HolderServer {
   HolderHooks hooks_;
   PhaseTimers timers_;
   TraceRecorder* trace_;
+  const SharedSegments* segments_ = nullptr;  // publishing through shared memory, if set
+  std::int64_t sent_shared_ = 0;  // of sent_, the bytes compute ranks copied from the segment
 };
 
 }  // namespace pdtrain

@@ -96,9 +96,12 @@ class FusedUpdate {
     BlockState* state = nullptr;
     const float* grad = nullptr;  // summed over sources, not yet clipped
     AdamWStep step;
-    // Where the wire bytes go (resized here). Null only for the raw codec: the wire bytes are
-    // then the parameters themselves and only their CRC is computed.
+    // Where the wire bytes go (resized here), or `wire_at` when they have a fixed place (a
+    // slot of the holder's shared segment, n x wire bytes; raw and bf16). Both null only for
+    // the raw codec: the wire bytes are then the parameters themselves and only their CRC is
+    // computed.
     std::vector<char>* encoded = nullptr;
+    char* wire_at = nullptr;
     std::uint32_t crc = 0;  // of the wire bytes, once done
     // Served extrapolated as `Prediction` says (pd/staleness.hpp); exact() serves the
     // parameters. The prediction needs `encoded` (a raw or bf16 copy, or lz4 compressed from
@@ -136,6 +139,8 @@ class FusedUpdate {
   void run_slice(std::int64_t task);
   const void* run_predicted_slice(Block& blk, std::int64_t begin, std::int64_t n);
   void finish_block(std::size_t b);
+  // The block's wire copy (encoded or wire_at), or null when it is served in place.
+  static char* wire_copy(const Block& blk);
 
   std::size_t next_here_ = 0;  // run_next_here's next slice
   WireCodec codec_;

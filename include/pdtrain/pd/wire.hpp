@@ -8,7 +8,8 @@ namespace pdtrain::wire {
 enum Tag : int {
   kFetchRequest = 101,  // compute -> holder: FetchRequest + int32 ids[n]
   kFetchReply = 102,    // holder -> compute: ReplyHeader + BlockHeader[n], then per block with
-                        // bytes > 0 one kFetchPayload message, in header order
+                        // bytes > 0 one kFetchPayload message, in header order (none when
+                        // the payloads lie in the holder's shared segment: ReplyHeader::shared)
   kPush = 103,          // compute -> holder: PushHeader + BlockHeader[n], then a kPushPayload
   kPushPayload = 107,   // compute -> holder: the n encoded payloads back to back, contiguous,
                         // so the holder copies it in without the pushing rank's help
@@ -41,6 +42,7 @@ struct ReplyHeader {
   std::int64_t n;        // blocks
   std::int64_t ticket;   // the request's
   std::int64_t stop;     // 1: a holder was asked to stop (signal); compute ranks end the run
+  std::int64_t shared;   // 1: payloads lie in the holder's shared segment at BlockHeader::at
   std::int64_t n_recent;
   WireUpdateInfo recent[kMaxRecentUpdates];
 };
@@ -55,6 +57,7 @@ struct BlockHeader {
   std::uint32_t crc;     // CRC32C of the encoded payload as sent
   std::int64_t version;  // fetch: version of the data; push: the step it belongs to
   std::int64_t bytes;    // encoded payload size (see wire_codec.hpp)
+  std::int64_t at;       // fetch reply with `shared`: offset in the holder's segment; else -1
 };
 
 }  // namespace pdtrain::wire

@@ -28,6 +28,9 @@ struct PlanInput {
   std::int64_t staleness = 0;
   std::int64_t prefetch_depth = 64;
   bool fetch_thread = false;  // pd.fetch_thread: a thread of its own receives the fetches
+  // pd.fetch_path = auto with a fixed-width codec: holders publish into shared segments and a
+  // compute rank on their node copies and checks a block in one pass.
+  bool shared_memory_fetch = true;
   double cache_bytes = 0;  // PD parameter cache per compute rank; 0: the whole stage
   double fetch_bytes_per_param = 4, push_bytes_per_param = 4;  // wire codecs (raw 4, bf16 2)
   // Bytes of one activation element the elementwise kernels move (pdtrain: 4, fp32 activations
