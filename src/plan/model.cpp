@@ -16,11 +16,14 @@ namespace {
 // Bytes the fused AdamW moves per parameter: read value, gradient, two moments; write value
 // and two moments (7 x 4 bytes; perf/bench_holder's "bytes_per_element=28").
 constexpr double kAdamwBytes = 28;
-// Elementwise traffic of one layer's forward, in activation elements per token and local
-// channel: LayerNorm 1 and 2 (read x, write y: 2 + 2), two residual adds (read 2, write 1:
-// 3 + 3), GELU over 4C (read, write: 8). The softmax's passes over the T x T scores are counted
-// with attention (forward_pass). Backward moves twice the forward's.
-constexpr double kElementwisePerChannel = 18;
+// Elementwise traffic of one layer's forward, in activation elements per token and channel.
+// Every tensor-parallel rank runs LayerNorm 1 and 2 (read x, write y: 2 + 2) and the two
+// residual adds (read 2, write 1: 3 + 3) over all C channels (the residual stream is
+// replicated, as in Megatron); GELU over 4C (read, write: 8) runs on the rank's C/tp columns.
+// The softmax's passes over the T x T scores are counted with attention (forward_pass).
+// Backward moves twice the forward's.
+constexpr double kElementwisePerChannel = 10;       // of C, on every tp rank
+constexpr double kElementwisePerLocalChannel = 8;   // of C/tp
 // Kernels of one layer: forward 12 (2 LayerNorms, 4 GEMMs, 2 attention products, softmax, GELU,
 // 2 residuals), backward twice as many.
 constexpr double kKernelsPerLayer = 12;
@@ -171,7 +174,7 @@ ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec&
   const double heads = static_cast<double>(s.n_head) / tp;
   const double layers = static_cast<double>(spec.layer_end - spec.layer_begin);
   ElementwiseBytes e;
-  e.layers = layers * activation_bytes * N * kElementwisePerChannel * Cl;
+  e.layers = layers * activation_bytes * N * (kElementwisePerChannel * C + kElementwisePerLocalChannel * Cl);
   // The softmax reads the scores and writes the probabilities and the zeroed upper half.
   e.softmax = layers * 3 * activation_bytes * B * heads * T * T;
   if (spec.has_embedding) e.embedding = 3 * activation_bytes * N * C;
@@ -377,7 +380,11 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     const double nic = machine.device.gpu
                            ? machine.inter.bandwidth * machine.node.devices / std::max(1, out.holders_per_node)
                            : machine.intra.bandwidth;
-    h.serve = (served + pushed) / nic + (served + pushed) / (cores_of_holder * machine.holder.crc_bytes_per_core);
+    // Served from a shared segment (pd.fetch_path = auto), the on-node share costs the holder
+    // nothing: the fetching rank copies and checks it.
+    const double served_by_holder = in.shared_memory_fetch ? (1 - local) * served : served;
+    h.serve = (served_by_holder + pushed) / nic +
+              (served_by_holder + pushed) / (cores_of_holder * machine.holder.crc_bytes_per_core);
     out.step.fetch = std::max(fetch, h.serve);
     // Push: each replica pushes its reduced segment as units become final, one on the wire.
     const double push_bytes = stage_params_max * in.push_bytes_per_param / L.dp;
@@ -419,7 +426,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     // A holder's core-seconds: its update, and the pushes it takes (shared-memory MPI: the
     // receiver copies them) and checks with the replies it serves.
     holder_busy_s = h.update * cores_of_holder + pushed / machine.intra.bandwidth +
-                    (served + pushed) / machine.holder.crc_bytes_per_core;
+                    (served_by_holder + pushed) / machine.holder.crc_bytes_per_core;
     busy_core_s += L.holders * holder_busy_s;
   } else {
     out.step.update = baseline_optimizer(c, stage_params_max, threads);

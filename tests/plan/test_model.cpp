@@ -217,6 +217,19 @@ TEST(PlanModel, ElementwiseKernelsRunAtTheCalibratedRate) {
   EXPECT_NEAR(slow.stages[0].backward - fast.stages[0].backward, 2 * extra, 1e-9);
 }
 
+// Tensor parallelism splits GELU's columns but not the LayerNorms and residual adds: every tp
+// rank runs those over the whole replicated residual stream (GptStage allocates them N x C).
+TEST(PlanModel, TensorParallelRanksEachRunTheLayerNormsAndResidualsWhole) {
+  const std::vector<std::string> sets = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
+                                         "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
+  const PlanInput in = input(sets, {1, 1, 1, 1});
+  const double N = 16 * 64, C = 256, layers = 4;
+  const double whole = forward_elementwise_bytes(in.model, split_stage(4, 1, 0, 1, 0), 16, 4).layers;
+  const double half = forward_elementwise_bytes(in.model, split_stage(4, 1, 0, 2, 0), 16, 4).layers;
+  EXPECT_DOUBLE_EQ(whole, layers * 4 * N * 18 * C);
+  EXPECT_DOUBLE_EQ(half, layers * 4 * N * (10 * C + 8 * C / 2));
+}
+
 // On a CPU node the compute rank's own core receives its fetches (shared-memory MPI: the
 // receiver copies) and checks them: without pd.fetch_thread none of it hides behind compute,
 // and it follows the update front instead of overlapping it. With the thread (or on a GPU
