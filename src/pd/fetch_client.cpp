@@ -321,18 +321,22 @@ void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& hea
 }
 
 void FetchClient::copy_shared_payloads(InFlight& f, int h, const std::vector<char>& header) {
-  const char* segment = segments_ ? segments_->of(layout_.holder_world_rank(h)) : nullptr;
+  const int holder = layout_.holder_world_rank(h);
+  const char* segment = segments_ ? segments_->of(holder) : nullptr;
   PDT_CHECK(segment != nullptr, "holder " + std::to_string(h) +
                                     " answered through a shared segment this rank cannot see");
+  const auto size = static_cast<std::int64_t>(segments_->size_of(holder));
   segments_->sync();  // the holder's writes, before this reply named them
   Arrival& a = f.arrivals[h];
   for (std::size_t i = 0; i < f.groups[h].size(); ++i) {
     wire::BlockHeader bh;
     std::memcpy(&bh, header.data() + sizeof(wire::ReplyHeader) + i * sizeof(bh), sizeof(bh));
-    PDT_CHECK(bh.at >= 0, "block " + table_.blocks[f.groups[h][i]].name + " of holder " +
-                              std::to_string(h) + " has no place in its shared segment");
-    const char* from = segment + bh.at;
     const BlockPlace& p = a.at[i];
+    PDT_CHECK(bh.at >= 0 && bh.at + p.bytes() <= size,
+              "block " + table_.blocks[f.groups[h][i]].name + " of holder " + std::to_string(h) +
+                  " lies outside its shared segment (" + std::to_string(bh.at) + " + " +
+                  std::to_string(p.bytes()) + " bytes of " + std::to_string(size) + ")");
+    const char* from = segment + bh.at;
     from_holders_ += p.bytes();
     from_shared_ += p.bytes();
     if (f.flip_pending) {  // the test hook damages the copy before it is checked

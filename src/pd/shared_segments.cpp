@@ -67,6 +67,7 @@ std::unique_ptr<SharedSegments> SharedSegments::create(MPI_Comm world, std::size
   s->my_bytes_ = my_bytes;
   const std::vector<int> node_members = world_ranks_of(node, world);
   s->segments_.assign(static_cast<std::size_t>(comm_size(world)), nullptr);
+  s->sizes_.assign(s->segments_.size(), 0);
   s->on_node_.assign(s->segments_.size(), 0);
   for (int r : node_members) s->on_node_[static_cast<std::size_t>(r)] = 1;
   if (node_bytes == 0) return s;  // no holder here: nothing to map (the whole node agrees)
@@ -86,7 +87,10 @@ std::unique_ptr<SharedSegments> SharedSegments::create(MPI_Comm world, std::size
     int unit = 0;
     void* at = nullptr;
     MPI_CHECK(MPI_Win_shared_query(s->win_, static_cast<int>(i), &size, &unit, &at));
-    if (size > 0) s->segments_[static_cast<std::size_t>(node_members[i])] = static_cast<const char*>(at);
+    if (size <= 0) continue;
+    const auto r = static_cast<std::size_t>(node_members[i]);
+    s->segments_[r] = static_cast<const char*>(at);
+    s->sizes_[r] = static_cast<std::size_t>(size);
   }
   return s;
 }

@@ -40,6 +40,8 @@ class SharedSegments {
   std::size_t my_bytes() const { return my_bytes_; }
   // The segment of world rank `r` when it lies on this node, else null (also when it is empty).
   const char* of(int r) const { return segments_[static_cast<std::size_t>(r)]; }
+  // The bytes of world rank `r`'s segment as mapped here (0 when of(r) is null).
+  std::size_t size_of(int r) const { return sizes_[static_cast<std::size_t>(r)]; }
   bool on_node(int r) const { return on_node_[static_cast<std::size_t>(r)] != 0; }
   // Orders this rank's writes to shared memory before its later messages, and its reads after
   // its earlier ones (MPI_Win_sync; the window stays in one passive-target epoch).
@@ -52,6 +54,7 @@ class SharedSegments {
   char* mine_ = nullptr;
   std::size_t my_bytes_ = 0;
   std::vector<const char*> segments_;  // by world rank
+  std::vector<std::size_t> sizes_;     // by world rank
   std::vector<char> on_node_;          // by world rank
 };
 
