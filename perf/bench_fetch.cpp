@@ -98,10 +98,8 @@ std::pair<Timing, double> time_fetches(const Model& m, const Layout& layout, Wir
   const std::vector<int> owner(m.table.blocks.size(), 0);
   std::unique_ptr<SharedSegments> segments;
   if (path == Path::shared) {
-    const std::size_t mine =
-        layout.is_holder() ? HolderServer::shared_bytes(m.table, owner, 0, codec, 0) : 0;
     std::string why_not;
-    segments = SharedSegments::create(layout.world(), mine, &why_not);
+    segments = share_holder_segments(layout, m.table, owner, codec, 0, 0, &why_not);
     PDT_CHECK(segments != nullptr, "bench_fetch: no shared segments: " + why_not);
   }
   if (layout.is_holder()) {

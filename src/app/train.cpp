@@ -314,14 +314,10 @@ std::unique_ptr<SharedSegments> share_holder_blocks(const Deck& deck, const Setu
   const WireCodec codec = fetch_codec(deck);
   if (layout.replicated() || deck.pd.fetch_path != "auto" || fused_wire_bytes(codec) == 0)
     return nullptr;
-  const std::size_t mine =
-      layout.is_holder() ? HolderServer::shared_bytes(setup.table, setup.owner,
-                                                      layout.holder_index(), codec,
-                                                      staleness_plan(deck).staleness)
-                         : 0;
   std::string why_not;
-  std::unique_ptr<SharedSegments> s = SharedSegments::create(
-      layout.world(), mine, &why_not, setup.node[static_cast<std::size_t>(layout.world_rank())]);
+  std::unique_ptr<SharedSegments> s = share_holder_segments(
+      layout, setup.table, setup.owner, codec, staleness_plan(deck).staleness,
+      setup.node[static_cast<std::size_t>(layout.world_rank())], &why_not);
   if (!s && verbose && layout.world_rank() == 0) {
     std::printf("note: fetches go by MPI message: %s (pd.fetch_path)\n", why_not.c_str());
     std::fflush(stdout);

@@ -88,6 +88,23 @@ void HolderServer::publish_through(const SharedSegments* segments) {
   }
 }
 
+std::unique_ptr<SharedSegments> share_holder_segments(const Layout& layout,
+                                                      const BlockTable& table,
+                                                      const std::vector<int>& owner,
+                                                      WireCodec fetch_codec, int staleness,
+                                                      int node, std::string* why_not) {
+  if (fused_wire_bytes(fetch_codec) == 0) {
+    if (why_not) *why_not = std::string("the fetch codec ") + to_string(fetch_codec) +
+                            " has no fixed width";
+    return nullptr;
+  }
+  const std::size_t mine =
+      layout.is_holder()
+          ? HolderServer::shared_bytes(table, owner, layout.holder_index(), fetch_codec, staleness)
+          : 0;
+  return SharedSegments::create(layout.world(), mine, why_not, node);
+}
+
 char* HolderServer::slot(const Owned& o, std::int64_t version) const {
   return segments_->mine() + o.slots_at + (version % (staleness_ + 1)) * o.slot_bytes;
 }
@@ -97,16 +114,16 @@ char* HolderServer::slot(const Owned& o, std::int64_t version) const {
 void HolderServer::encode(Owned& o) {
   Encoded e;
   const auto n = static_cast<std::int64_t>(o.state.param.size());
-  if (!serves_in_place()) wire_encode(fetch_codec_, o.state.param.data(), n, e.storage);
+  if (serves_in_place()) {
+    publish(o, version_, std::move(e), crc32c(o.state.param.data(), static_cast<std::size_t>(n) * 4));
+    return;
+  }
+  wire_encode(fetch_codec_, o.state.param.data(), n, e.storage);
+  const std::uint32_t crc = crc32c(e.storage.data(), e.storage.size());
   if (segments_) {  // into its slot (rare: the initial, restored and not applied versions)
     std::memcpy(slot(o, version_), e.storage.data(), e.storage.size());
     e.storage = {};
   }
-  const std::uint32_t crc =
-      serves_in_place() ? crc32c(o.state.param.data(), static_cast<std::size_t>(n) * 4)
-      : segments_       ? crc32c(slot(o, version_), static_cast<std::size_t>(n) *
-                                                        fused_wire_bytes(fetch_codec_))
-                        : crc32c(e.storage.data(), e.storage.size());
   publish(o, version_, std::move(e), crc);
 }
 

@@ -114,10 +114,8 @@ struct Case {
 std::unique_ptr<SharedSegments> segments_for(const Model& m, const Case& c, const Layout& layout,
                                              const std::vector<int>& owner) {
   if (!c.shared) return nullptr;
-  const std::size_t mine =
-      layout.is_holder() ? HolderServer::shared_bytes(m.table, owner, 0, c.codec, 0) : 0;
   std::string why_not;
-  auto s = SharedSegments::create(layout.world(), mine, &why_not);
+  auto s = share_holder_segments(layout, m.table, owner, c.codec, 0, 0, &why_not);
   EXPECT_NE(s, nullptr) << why_not;
   return s;
 }

@@ -189,4 +189,15 @@ class HolderServer {
   std::int64_t sent_shared_ = 0;  // of sent_, the bytes compute ranks copied from the segment
 };
 
+// Collective over layout.world(): the node shared segments the holders publish into, each
+// holder's shared_bytes() long (compute ranks' empty), for HolderServer::publish_through and
+// FetchClient. Null on every rank, with why_not, for a codec without a fixed width (lz4; no
+// collective call then) or when a node lacks the room (SharedSegments::create). `node`: the
+// job's node of this rank.
+std::unique_ptr<SharedSegments> share_holder_segments(const Layout& layout,
+                                                      const BlockTable& table,
+                                                      const std::vector<int>& owner,
+                                                      WireCodec fetch_codec, int staleness,
+                                                      int node, std::string* why_not);
+
 }  // namespace pdtrain
