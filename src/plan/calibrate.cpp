@@ -1,6 +1,7 @@
 // `pdtrain plan --calibrate OUT.toml`: measures what the model needs of this machine with the
 // code training runs (the GEMM backend's kernels::gemm, optim's AdamW element loop, core's
 // CRC32C, MPI point-to-point between two ranks of the job) and writes a machine file.
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -186,6 +187,40 @@ void ping_pong(MPI_Comm comm, int rank, double* latency, double* bandwidth) {
   *latency = both[0], *bandwidth = both[1];
 }
 
+// The share of a core a rank takes while it waits quietly for a message (core/quiet_wait: it
+// polls MPI, then sleeps up to 200 us; each timer wake-up costs CPU time, 25-30 us in a KVM
+// guest). Rank 1 waits for a message that rank 0 sends after 0.2 s asleep, so that rank 1's core
+// is otherwise idle, as a holder's is between steps; its process's CPU time over the wait, the
+// middle of 3. Ranks beyond 1 wait quietly too, unmeasured.
+double wait_core_share(MPI_Comm comm, int rank) {
+  auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  std::vector<double> shares;
+  for (int r = 0; r < 3; ++r) {
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibarrier(comm, &req));
+    wait_quietly(&req);
+    char byte = 0;
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      MPI_CHECK(MPI_Send(&byte, 1, MPI_BYTE, 1, 9, comm));
+    } else if (rank == 1) {
+      MPI_CHECK(MPI_Irecv(&byte, 1, MPI_BYTE, 0, 9, comm, &req));
+      const auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
+      wait_quietly(&req);
+      const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+      shares.push_back((cpu_seconds() - c0) / wall);
+    }
+  }
+  double share = rank == 1 ? pick_of(std::move(shares), Pick::typical) : 0;
+  MPI_CHECK(MPI_Bcast(&share, 1, MPI_DOUBLE, 1, comm));
+  return share;
+}
+
 // The rate of the model's elementwise kernels on the calling thread, in the bytes the model
 // counts for them (plan::forward_elementwise_bytes; backward twice the forward) per second.
 // The GEMM curve and a STREAM triad do not say it: on a CPU these kernels run on one thread
@@ -304,6 +339,7 @@ void calibrate(const std::string& out, MPI_Comm comm) {
   }
   double latency = 0, bandwidth = 0;
   ping_pong(comm, rank, &latency, &bandwidth);
+  m.node.wait_core_share = wait_core_share(comm, rank);
   if (rank != 0) return;
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
@@ -327,7 +363,10 @@ void calibrate(const std::string& out, MPI_Comm comm) {
                    " threads, the best of 5 repetitions of 0.02 s",
                "links: MPI ping-pong between two ranks of this node (8 bytes: latency, the median of 200; "
                "16 MiB: bandwidth, the best of 5); one node, so link.inter repeats link.intra",
-               "holder rates: optim's AdamW element loop and core's CRC32C on one core, each the best of 5 repetitions", busy};
+               "holder rates: optim's AdamW element loop and core's CRC32C on one core, each the best of 5 repetitions",
+               "wait_core_share: the CPU time of a rank waiting quietly (core/quiet_wait) 0.2 s for a message, over "
+               "the wait, the middle of 3",
+               busy};
   m.device.name = "CPU (" + std::to_string(cores) + " cores)";
   m.device.gpu = false;
   m.node.devices = 1;

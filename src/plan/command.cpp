@@ -155,8 +155,8 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               seconds(t.compute).c_str(), seconds(t.tp_comm).c_str(), seconds(t.p2p).c_str());
   std::printf("  pipeline bubble    %s\n", seconds(t.bubble).c_str());
   if (!m.device.gpu)
-    std::printf("  cores shared       %s (the node's ranks busy for longer than its cores, or holders "
-                "displacing compute ranks that wait for each other)\n",
+    std::printf("  cores shared       %s (the node's ranks working, and waking from their waits, for longer "
+                "than its cores have, or holders displacing compute ranks that wait for each other)\n",
                 seconds(t.cores_shared).c_str());
   std::printf("  data-parallel      %s\n", seconds(t.dp_reduce).c_str());
   if (L.holders > 0) {

@@ -52,6 +52,8 @@ const std::vector<NumberKey>& number_keys() {
        [](Machine& m) -> double& { return m.node.cpu_memory_bytes; }},
       {"node", "cpu_memory_bandwidth_gbs", "GB/s", kGB, true,
        [](Machine& m) -> double& { return m.node.cpu_memory_bandwidth; }},
+      {"node", "wait_core_share", "share of a core", 1, false,
+       [](Machine& m) -> double& { return m.node.wait_core_share; }},
       {"link.intra", "latency_us", "us", kMicro, true,
        [](Machine& m) -> double& { return m.intra.latency_s; }},
       {"link.intra", "bandwidth_gbs", "GB/s", kGB, true,
@@ -209,6 +211,10 @@ Machine parse_machine(const std::string& text, const std::string& file) {
     if (!v && needed) fail(file + ": missing key '" + k.section + "." + k.name + "' (" + k.unit + ")");
     if (v) k.field(m) = k.scale * positive_number(*v, file, std::string(k.section) + "." + k.name);
   }
+  if (m.node.wait_core_share >= 1)
+    fail(at(file, *lookup(root, "node", "wait_core_share")) +
+         ": node.wait_core_share: a waiting rank takes less than a whole core, got " +
+         describe(*lookup(root, "node", "wait_core_share")));
   return m;
 }
 

@@ -241,6 +241,47 @@ PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes) {
   return in;
 }
 
+namespace {
+
+// What a CPU node's cores must run in a step beyond the ranks' own critical path. Its cores run
+// every rank's work (`work_core_s`: compute ranks' forward, backward and host sums times their
+// threads, holders' updates, pushes and CRCs), and every rank's waits are not free: a waiting
+// rank polls MPI and sleeps (core/quiet_wait), and each timer wake-up costs CPU time, a share
+// `wait_share` of a core over the wait (node.wait_core_share, --calibrate; 0.1-0.2 in a KVM
+// guest, where one wake-up costs 25-30 us). Measured on 2 cores: a holder beside one compute
+// rank takes 21 % of a core for an update of 4 %; 4 compute ranks and a holder use 1.8 cores
+// for work the model counts as 1.5 (perf/RESULTS.md, "Revision 5").
+struct NodeLoad {
+  double work_core_s = 0;       // core-seconds of work in a step, all ranks, all nodes
+  double ranks = 0;             // ranks (compute and holders), all nodes
+  double cores = 1;             // cores, all nodes
+  double wait_share = 0;        // node.wait_core_share
+  double holders_per_node = 0;  // holders the compute ranks wait for (0: none)
+  double holder_busy_s = 0;     // one holder's core-seconds of work in a step
+};
+
+// Two bounds, the larger counts. The node: a step of S takes at least the core-seconds of work
+// and of waiting (every rank waits for the part of S it does not work) over the cores (a
+// work-conserving scheduler's bound). The holders, where compute ranks meet in lockstep and
+// fill the cores: a holder's work and waits displace one of them and the others wait for it.
+// S is on both sides; each bound grows by less than S does (slope wait_share x ranks / cores,
+// wait_share x holders: the share is held below 1 over that), so iterating converges.
+double cores_shared(const NodeLoad& n, double pipe, double uncontended) {
+  const double slope = std::max(n.ranks / n.cores, n.holders_per_node);
+  const double share = slope > 0 ? std::min(n.wait_share, 0.9 / slope) : n.wait_share;
+  auto shared = [&](double step) {
+    const double waits = share * std::max(0.0, n.ranks * step - n.work_core_s);
+    const double node = (n.work_core_s + waits) / n.cores - pipe;
+    const double holders = n.holders_per_node * (n.holder_busy_s + share * std::max(0.0, step - n.holder_busy_s));
+    return std::max({0.0, node, holders});
+  };
+  double step = uncontended;
+  for (int i = 0; i < 200; ++i) step = uncontended + shared(step);
+  return step - uncontended;
+}
+
+}  // namespace
+
 Prediction predict(const PlanInput& in, const Machine& machine) {
   const LayoutShape& L = in.layout;
   const ModelShape& s = in.model;
@@ -433,22 +474,26 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     out.step.update_exposed = out.step.update;
     wait = out.step.update;
   }
-  // A CPU node's cores run every rank's work: a step takes at least the core-seconds its ranks
-  // are busy over its cores (a work-conserving scheduler's bound). With no more busy threads
-  // than cores this is below the pipeline's time and costs nothing; 4 compute ranks on 2 cores
-  // wait for each other's time slices. What the pipeline does not already take is the cost.
-  //
-  // Where the compute ranks alone fill the node's cores, a holder's work is not shared out
-  // either: the compute ranks meet every unit (the data-parallel reduce), every layer (tensor
-  // parallelism) or every micro-batch (the pipeline), so whichever rank the holder displaces,
-  // the others wait for it at the next meeting, and the step takes the holder's whole time.
+  // A CPU node's cores run every rank's work, and the wake-ups of every rank's waits: see
+  // NodeLoad. What the pipeline does not already take is the cost.
+  const double uncontended = pipe + out.step.dp_reduce + wait;
   if (!machine.device.gpu) {
-    out.step.cores_shared = std::max(0.0, busy_core_s / (in.nodes * cores) - pipe);
-    const int holders_per_node = L.holders > 0 ? std::max(1, out.holders_per_node) : 0;
-    if (out.compute_ranks_per_node * threads >= cores && compute > 1)
-      out.step.cores_shared = std::max(out.step.cores_shared, holders_per_node * holder_busy_s);
+    NodeLoad load;
+    load.work_core_s = busy_core_s;
+    load.ranks = compute + L.holders;
+    load.cores = static_cast<double>(in.nodes) * cores;
+    load.wait_share = machine.node.wait_core_share;
+    // Where the compute ranks alone fill the node's cores, a holder's work is not shared out
+    // either: the compute ranks meet every unit (the data-parallel reduce), every layer (tensor
+    // parallelism) or every micro-batch (the pipeline), so whichever rank the holder displaces,
+    // the others wait for it at the next meeting, and the step takes the holder's whole time.
+    if (L.holders > 0 && out.compute_ranks_per_node * threads >= cores && compute > 1) {
+      load.holders_per_node = std::max(1, out.holders_per_node);
+      load.holder_busy_s = holder_busy_s;
+    }
+    out.step.cores_shared = cores_shared(load, pipe, uncontended);
   }
-  out.step.total = pipe + out.step.cores_shared + out.step.dp_reduce + wait;
+  out.step.total = uncontended + out.step.cores_shared;
 
   out.tokens_per_step = static_cast<double>(in.batch_size) * T;
   out.tokens_per_s = out.tokens_per_step / out.step.total;

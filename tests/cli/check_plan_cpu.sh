@@ -2,14 +2,15 @@
 # pdtrain plan against measured runs on this CPU machine: it first calibrates the machine
 # (`pdtrain plan --calibrate`, as machines/cpu-local.toml was written, but now: the machine is
 # shared, and the runs must be compared with the rates of the same minutes), then for each
-# configuration below (holders, dp, tp, pp, micro-batches,
-# staleness, cache size, recomputation, the baseline), train a few steps and compare
+# configuration below (holders, dp, tp, pp, micro-batches, staleness, cache size,
+# recomputation, the baseline), trains a few steps and compares
 #   - the median step time of steps 4..12 (metrics.csv's step_ms) with the predicted step time:
-#     printed; with PLAN_CPU_CHECK_TIME=1 asserted within 25 % when the machine is idle at the
-#     start (1-minute load average <= cores), else the test ends skipped (status 77, never
-#     passed) once memory has been checked. Opt-in because the model holds within 25 % on the
-#     idle machine but not with margin (optimistic by up to ~22 % where ranks synchronize; see
-#     perf/RESULTS.md for the idle runs, their load and errors);
+#     within 25 %. A row outside is trained once more (a neighbour's burst can take a run's
+#     seconds on a shared VM) and fails if the second run is outside too. The times need the
+#     machine to itself: if it stays busy (other processes using more than half a core) for a
+#     minute before the runs, the times are printed but not asserted, and the test ends skipped
+#     (status 77, never passed) once memory has been checked. PLAN_CPU_CHECK_TIME=0: never
+#     assert the times; PLAN_CPU_IGNORE_LOAD=1: assert them on a busy machine too;
 #   - the reporting rank's peak memory (the run's measured cache and gradient peaks plus its
 #     activation buffers, which the dry run states) with the predicted bytes of that stage:
 #     within 10 %.
@@ -23,21 +24,29 @@ dry=""
 pdtrain=$1
 shift
 mpi=("$@")
-# The time comparison needs the machine to itself: with more runnable processes than cores, the
-# neighbours' share of the CPU, not the model, decides the step time (and moves it from one
-# minute to the next). Then the times are printed but not asserted, and the test ends skipped
-# (status 77, never passed) once memory, which does not depend on the load, has been checked.
-# The load is read before the runs: they load the machine themselves.
-check_time=${PLAN_CPU_CHECK_TIME:-}
-[ "$check_time" = 0 ] && check_time=""
 cores=$(nproc)
-load=$(cut -d' ' -f1 /proc/loadavg)
+# Cores busy with other processes over the next second (/proc/stat: all but idle and iowait).
+others_busy() {
+  local a b
+  a=($(head -1 /proc/stat)); sleep 1; b=($(head -1 /proc/stat))
+  awk -v c="$cores" -v u=$((b[1] - a[1] + b[2] - a[2] + b[3] - a[3] + b[6] - a[6] + b[7] - a[7] + b[8] - a[8])) \
+      -v i=$((b[4] - a[4] + b[5] - a[5])) 'BEGIN { printf "%.2f", (u + i > 0 ? c * u / (u + i) : 0) }'
+}
+check_time=1
+[ "${PLAN_CPU_CHECK_TIME:-1}" = 0 ] && check_time=""
 busy=""
-# PLAN_CPU_IGNORE_LOAD=1 asserts the times anyway (to record what a busy machine gives).
-if [ -n "$check_time" ] && [ -z "${PLAN_CPU_IGNORE_LOAD:-}" ] && awk -v l="$load" -v c="$cores" 'BEGIN { exit !(l > c) }'; then
-  echo "load average $load on $cores cores: the machine is busy; step times are printed, not checked"
+if [ -n "$check_time" ] && [ -z "$dry" ] && [ -z "${PLAN_CPU_IGNORE_LOAD:-}" ]; then
+  # The runs load the machine themselves, so this is read before them; the tests before this
+  # one have ended, so what is busy now is someone else's.
   busy=1
-  check_time=""
+  for _ in $(seq 60); do
+    used=$(others_busy)
+    awk -v u="$used" 'BEGIN { exit !(u <= 0.5) }' && { busy=""; break; }
+  done
+  if [ -n "$busy" ]; then
+    echo "other processes kept $used of $cores cores busy for a minute: step times are printed, not checked"
+    check_time=""
+  fi
 fi
 time_bound=25
 out=$(mktemp -d)
@@ -73,21 +82,29 @@ to_bytes() { awk -v v="$1" -v u="$2" 'BEGIN { m = u == "KiB" ? 1024 : u == "MiB"
 # median of stdin
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
 
+# The median step time (ms) of steps 4..12 of the run in directory $1.
+step_ms() { awk -F, 'NR > 4 { print $7 }' "$1/metrics.csv" | median; }
+# The prediction's error (%) against the measurement: error_of MEASURED PREDICTED.
+error_of() { awk -v m="$1" -v p="$2" 'BEGIN { printf "%+.1f", 100 * (p / m - 1) }'; }
+# Whether an error (%) is outside +-bound: outside ERROR BOUND.
+outside() { awk -v e="$1" -v b="$2" 'BEGIN { exit !(e > b || e < -b) }'; }
+# Trains the row's configuration ($name's ranks and settings) into directory $1 (log: $1.log).
+train() { "${mpi[@]}" -np "$ranks" "$pdtrain" "${base[@]}" "${extra[@]}" --set run.out_dir="$1" >"$1.log" 2>&1 </dev/null; }
+
 fail=0
-echo "load average at the start: $load on $cores cores"
+echo "load average at the start: $(cut -d' ' -f1 /proc/loadavg) on $cores cores"
 printf "%-14s %5s %12s %12s %7s %14s %14s %7s\n" config ranks measured_ms predicted_ms error measured_mem predicted_mem error
 for c in "${configs[@]}"; do
   IFS='|' read -r name ranks settings <<<"$c"
   # shellcheck disable=SC2206
   extra=($settings)
   dir=$out/$name
-  [ -z "$dry" ] && { "${mpi[@]}" -np "$ranks" "$pdtrain" "${base[@]}" "${extra[@]}" --set run.out_dir="$dir" >"$dir.log" 2>&1 </dev/null || {
-    echo "FAIL: $name: training failed"; cat "$dir.log"; fail=1; continue; }; }
+  [ -z "$dry" ] && { train "$dir" || { echo "FAIL: $name: training failed"; cat "$dir.log"; fail=1; continue; }; }
   "${mpi[@]}" -np "$ranks" "$pdtrain" "${base[@]}" "${extra[@]}" --set run.out_dir="$dir-dry" --dry-run >"$dir.dry" 2>&1 </dev/null
   "$pdtrain" plan --machine "$machine" --ranks "$ranks" "${base[@]}" "${extra[@]}" >"$dir.plan" 2>&1 </dev/null || {
     echo "FAIL: $name: plan failed"; cat "$dir.plan"; fail=1; continue; }
   measured_ms=nan
-  [ -z "$dry" ] && measured_ms=$(awk -F, 'NR > 4 { print $7 }' "$dir/metrics.csv" | median)
+  [ -z "$dry" ] && measured_ms=$(step_ms "$dir")
   predicted_ms=$(sed -n 's/^predicted: step_s=\([^ ]*\).*/\1/p' "$dir.plan" | awk '{ printf "%.3f", $1 * 1000 }')
   # The reporter: the last stage's tp rank 0 of replica 0 (what prints the cache and grads lines).
   stages=$(grep -o 'stage[0-9]*_bytes=[0-9]*' "$dir.plan" | wc -l)
@@ -106,8 +123,15 @@ for c in "${configs[@]}"; do
     [ "$holders" = "0" ] && read -r rv ru <<<"$(sed -n 's/.*replica (params, AdamW, grads) \([0-9.]*\) \([KMG]*i*B\).*/\1 \2/p' <<<"$acts_line")"
     measured_mem=$(( $(to_bytes "$pv" "$pu") + $(to_bytes "$gv" "$gu") + $(to_bytes "$av" "$au") + $(to_bytes "$rv" "$ru") ))
   fi
-  t_err=$(awk -v m="$measured_ms" -v p="$predicted_ms" 'BEGIN { printf "%+.1f", 100 * (p / m - 1) }')
-  m_err=$(awk -v m="$measured_mem" -v p="$predicted_mem" 'BEGIN { printf "%+.1f", 100 * (p / m - 1) }')
+  t_err=$(error_of "$measured_ms" "$predicted_ms")
+  if [ -z "$dry" ] && [ -n "$check_time" ] && outside "$t_err" "$time_bound"; then
+    echo "  $name: step time off by $t_err % (measured $measured_ms ms); training it once more"
+    if train "$dir-again"; then
+      measured_ms=$(step_ms "$dir-again")
+      t_err=$(error_of "$measured_ms" "$predicted_ms")
+    fi
+  fi
+  m_err=$(error_of "$measured_mem" "$predicted_mem")
   printf "%-14s %5s %12s %12s %6s%% %14s %14s %6s%%\n" "$name" "$ranks" "$measured_ms" "$predicted_ms" "$t_err" "$measured_mem" "$predicted_mem" "$m_err"
   # The run's own phase timers (medians over the same steps): where a step's time goes.
   [ -z "$dry" ] && printf "  %-12s fetch %s, compute %s, reduce %s, push %s ms\n" "phases:" \
@@ -115,8 +139,8 @@ for c in "${configs[@]}"; do
     "$(awk -F, 'NR > 4 { print $10 }' "$dir/metrics.csv" | median)" "$(awk -F, 'NR > 4 { print $11 }' "$dir/metrics.csv" | median)"
   bound=10
   [ -n "$dry" ] && bound=1
-  [ -z "$dry" ] && [ -n "$check_time" ] && awk -v e="$t_err" -v b="$time_bound" 'BEGIN { exit !(e > b || e < -b) }' && { echo "FAIL: $name: step time off by $t_err % (bound $time_bound %)"; fail=1; }
-  awk -v e="$m_err" -v b="$bound" 'BEGIN { exit !(e > b || e < -b) }' && { echo "FAIL: $name: peak memory off by $m_err % (bound $bound %)"; fail=1; }
+  [ -z "$dry" ] && [ -n "$check_time" ] && outside "$t_err" "$time_bound" && { echo "FAIL: $name: step time off by $t_err % (bound $time_bound %)"; fail=1; }
+  outside "$m_err" "$bound" && { echo "FAIL: $name: peak memory off by $m_err % (bound $bound %)"; fail=1; }
 done
 uptime
 [ "$fail" = 0 ] && [ -n "$busy" ] && [ -z "$dry" ] && { echo "SKIPPED: memory within bounds; step times not checked (busy machine)"; exit 77; }

@@ -100,6 +100,20 @@ TEST(Machine, ElementwiseRateDefaultsToMemoryBandwidth) {
             std::string::npos);
 }
 
+// A waiting rank's share of a core: left out, waits cost nothing; a share of a whole core or
+// more is a mistake (a rank that waits does not compute).
+TEST(Machine, WaitCoreShareIsOptionalAndBelowOne) {
+  EXPECT_EQ(parse_machine(kMinimal, "m.toml").node.wait_core_share, 0);
+  const std::string shared = with("cpu_cores = 32\n", "cpu_cores = 32\nwait_core_share = 0.125\n");
+  const Machine m = parse_machine(shared, "m.toml");
+  EXPECT_DOUBLE_EQ(m.node.wait_core_share, 0.125);
+  EXPECT_DOUBLE_EQ(parse_machine(machine_toml(m), "w.toml").node.wait_core_share, 0.125);
+  EXPECT_EQ(error_of(with("cpu_cores = 32\n", "cpu_cores = 32\nwait_core_share = 1\n")),
+            "m.toml:16: node.wait_core_share: a waiting rank takes less than a whole core, got 1");
+  EXPECT_EQ(error_of(with("cpu_cores = 32\n", "cpu_cores = 32\nwait_core_share = -0.1\n")),
+            "m.toml:16: node.wait_core_share: expected a number > 0, got -0.1");
+}
+
 TEST(Machine, WrittenFileReadsBackTheSame) {
   const Machine m = parse_machine(kMinimal, "m.toml");
   const Machine back = parse_machine(machine_toml(m), "written.toml");

@@ -170,7 +170,9 @@ TEST(PlanModel, CpuRanksRunOnTheirThreadsAndShareCoresOnlyBeyondThem) {
   // 2 cores (machines/cpu-local.toml): one BLAS thread per rank; a compute rank has a core of its
   // own whether a holder is beside it or not (holders mostly wait), so a stage's micro-batch
   // takes the same time with one or two compute ranks beside a holder.
-  const Machine cpu = machine("cpu-local.toml");
+  // Waits cost nothing here (PlanModel.WaitsTakeTheirShareOfTheCores has them).
+  Machine cpu = machine("cpu-local.toml");
+  cpu.node.wait_core_share = 0;
   const std::vector<std::string> small = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
                                           "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
   auto with = [&](std::vector<std::string> extra, LayoutShape shape) {
@@ -195,6 +197,43 @@ TEST(PlanModel, CpuRanksRunOnTheirThreadsAndShareCoresOnlyBeyondThem) {
   EXPECT_GE(four.step.compute + four.step.bubble + four.step.cores_shared, busy / 2 * 0.999);
   // A GPU node never shares: its ranks have their devices.
   EXPECT_EQ(predict(input(small, {1, 1, 2, 2}), machine("h100-sxm.toml")).step.cores_shared, 0);
+}
+
+// A rank that waits still takes node.wait_core_share of a core (its quiet wait's timer
+// wake-ups). Beside one compute rank the holder has a core and its waits cost the step nothing;
+// where compute ranks fill the cores, the holder displaces one of them for its work and its
+// waits' share of the step; four compute ranks and a holder on 2 cores take their work and
+// their waits' share of the step over the cores. A GPU node's ranks have their devices.
+TEST(PlanModel, WaitsTakeTheirShareOfTheCores) {
+  Machine cpu = machine("cpu-local.toml");
+  const std::vector<std::string> small = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
+                                          "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16",
+                                          "parallel.micro_batches=2"};
+  auto at = [&](double share, LayoutShape shape) {
+    cpu.node.wait_core_share = share;
+    return predict(input(small, shape), cpu);
+  };
+  constexpr double kShare = 0.1;
+  EXPECT_EQ(at(kShare, {1, 1, 1, 1}).step.cores_shared, 0);
+
+  const double holder_work = at(0, {1, 2, 1, 1}).step.cores_shared;  // the holder's work alone
+  const Prediction two = at(kShare, {1, 2, 1, 1});
+  EXPECT_GT(holder_work, 0);
+  EXPECT_NEAR(two.step.cores_shared, holder_work + kShare * (two.step.total - holder_work),
+              1e-9 * two.step.total);
+
+  const Prediction four = at(kShare, {1, 1, 2, 2});
+  EXPECT_GT(four.step.total, at(0, {1, 1, 2, 2}).step.total);
+  double work = 0;  // the compute ranks' (the holder's comes on top)
+  for (const StagePrediction& st : four.stages)
+    work += 2 * 2 * (st.forward + st.backward - st.tp_comm - st.p2p);  // tp 2, m 2, one thread
+  const double ranks = 5, cores = 2;
+  EXPECT_GE(four.step.compute + four.step.bubble + four.step.cores_shared,
+            (work + kShare * (ranks * four.step.total - work)) / cores * 0.999);
+
+  Machine gpu = machine("h100-sxm.toml");
+  gpu.node.wait_core_share = kShare;
+  EXPECT_EQ(predict(input(small, {1, 1, 2, 2}), gpu).step.cores_shared, 0);
 }
 
 // The elementwise kernels run at device.elementwise_gbs over the bytes forward_elementwise_bytes

@@ -44,6 +44,11 @@ struct NodeSpec {
   int cpu_cores = 1;
   double cpu_memory_bytes = 0;
   double cpu_memory_bandwidth = 0;  // bytes/s
+  // The share of a core a rank still takes while it waits for MPI: pdtrain's quiet wait polls,
+  // then sleeps up to 200 us, and every timer wake-up costs CPU time (25-30 us in the KVM guest
+  // of perf/RESULTS.md, a few on bare metal). --calibrate measures it; 0 (the key left out):
+  // waits cost the node nothing.
+  double wait_core_share = 0;
 };
 
 // What a holder's cores do per second: the fused AdamW update (read value, gradient, two

@@ -102,7 +102,7 @@ struct StepTime {
   double tp_comm = 0;        // tensor-parallel all-reduces inside that
   double p2p = 0;            // pipeline messages inside that
   double bubble = 0;         // pipeline fill and drain
-  double cores_shared = 0;   // a CPU node: busier than its cores, what its ranks wait for a core
+  double cores_shared = 0;   // a CPU node: busier (work and waits) than its cores, what its ranks wait for a core
   double dp_reduce = 0;      // data-parallel gradient reduction (blocking)
   double fetch = 0, fetch_exposed = 0;  // PD: parameter fetch, and what compute does not hide
   double push = 0, push_exposed = 0;    // PD: gradient push
