@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <initializer_list>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "pdtrain/app/model_init.hpp"
@@ -201,11 +203,16 @@ BlockTable block_table(const ParamCatalog& cat, const Deck& d) {
   const double init_std = d.model.init_std;
   const auto seed = static_cast<std::uint64_t>(d.run.seed);
   if (const InitFile init = init_file(d); init.kind != InitFile::Kind::none) {
-    // Read once per process, on the first block asked for (only ranks that hold parameters).
-    auto canonical = std::make_shared<std::vector<float>>();
+    // Read once per process, on the first block asked for (only ranks that hold parameters;
+    // fill_initial_values asks from several threads).
+    struct Canonical {
+      std::once_flag read;
+      std::vector<float> values;
+    };
+    auto canonical = std::make_shared<Canonical>();
     t.init = [&cat, init, canonical](int id, float* out) {
-      if (canonical->empty()) read_init_params(init, cat, *canonical);
-      cat.gather_block(cat.block(id), canonical->data(), out);
+      std::call_once(canonical->read, [&] { read_init_params(init, cat, canonical->values); });
+      cat.gather_block(cat.block(id), canonical->values.data(), out);
     };
   } else {
     t.init = [&cat, init_std, seed](int id, float* out) {

@@ -297,8 +297,8 @@ HolderHooks with_trajectories(HolderHooks hooks, const Deck& deck, const ParamCa
 }
 
 // A restart overwrites every block from its checkpoint (restore refuses one that lacks any), so
-// computing the initial values first only cost time: GPT-2 124M took 35 s on one holder thread
-// here, and every replica of the baseline paid it too. Zeros stand in until the restore.
+// computing the initial values first only cost time (GPT-2 124M: seconds on a holder's cores,
+// and every replica of the baseline pays it too). Zeros stand in until the restore.
 void zeros_until_restored(BlockTable& table) {
   table.init = [&table](int id, float* out) {
     std::fill(out, out + table.blocks[static_cast<std::size_t>(id)].numel, 0.0f);
@@ -325,12 +325,22 @@ std::unique_ptr<SharedSegments> share_holder_blocks(const Deck& deck, const Setu
   return s;
 }
 
+// Threads for the initial values (fill_initial_values): while they are filled only the ranks
+// that keep parameters work (the holders, or every replica of the baseline; compute ranks wait
+// for their first fetch), so those split their node's cores; a rank bound to some cores has them.
+int initial_value_threads(const Setup& setup, const Layout& layout) {
+  const int mine = setup.node[static_cast<std::size_t>(layout.world_rank())];
+  const auto keepers = layout.replicated() ? setup.node.end() : setup.node.begin() + layout.shape().holders;
+  return resolve_holder_threads(0, static_cast<int>(std::count(setup.node.begin(), keepers, mine)));
+}
+
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
 // compute rank is done. Returns why training diverged, if the holders saw it.
 std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
                              const SharedSegments* segments, TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
+  setup.table.init_threads = initial_value_threads(setup, layout);
   HolderServer server(layout, setup.table, setup.owner,
                       push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
                       fetch_codec(deck), *wire_codec_from_string(deck.pd.push_codec),
@@ -369,6 +379,7 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
   DeviceReplica* baseline = nullptr;
   std::unique_ptr<ckpt::CheckpointWriter> writer;
   if (layout.replicated()) {
+    setup.table.init_threads = initial_value_threads(setup, layout);
     auto replica = std::make_unique<DeviceReplica>(setup.table, adamw_config(deck),
                                                    *backend.device, *backend.ops);
     baseline = replica.get();

@@ -25,7 +25,9 @@ DeviceReplica::DeviceReplica(const BlockTable& table, const AdamWConfig& opt, De
   v_ = Mirrored<float>(device, numel());
   grads_ = Mirrored<float>(device, numel());
   sumsq_ = Mirrored<double>(device, n);
-  for (int b = 0; b < n; ++b) table.init(b, params_.host() + offsets_[b]);
+  std::vector<std::pair<int, float*>> initial;
+  for (int b = 0; b < n; ++b) initial.emplace_back(b, params_.host() + offsets_[b]);
+  fill_initial_values(table, initial);
   params_.upload();
 }
 

@@ -27,6 +27,7 @@ HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::v
   PDT_CHECK(staleness_ >= 0 && staleness_ < wire::kMaxRecentUpdates, "staleness out of range");
   recent_[0] = UpdateInfo{0, 0.0, 0.0};
   const int me = layout.holder_index();
+  std::vector<std::pair<int, float*>> initial;
   for (std::size_t b = 0; b < owner_.size(); ++b) {
     if (owner_[b] != me) continue;
     Owned& o = owned_[static_cast<int>(b)];
@@ -35,10 +36,11 @@ HolderServer::HolderServer(const Layout& layout, const BlockTable& table, std::v
     o.state.m.assign(n, 0.0f);
     o.state.v.assign(n, 0.0f);
     o.state.decay = table.blocks[b].decay;
-    table.init(static_cast<int>(b), o.state.param.data());
-    encode(o);
+    initial.emplace_back(static_cast<int>(b), o.state.param.data());
     pushes_per_step_ += contributions_[b];
   }
+  fill_initial_values(table, initial);
+  for (auto& [id, o] : owned_) encode(o);
   for (auto& [id, o] : owned_) update_order_.emplace_back(id, &o);
   std::stable_sort(update_order_.begin(), update_order_.end(), [&](const auto& a, const auto& b) {
     return table.blocks[a.first].need_rank < table.blocks[b.first].need_rank;
