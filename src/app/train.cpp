@@ -327,11 +327,13 @@ std::unique_ptr<SharedSegments> share_holder_blocks(const Deck& deck, const Setu
 
 // Threads for the initial values (fill_initial_values): while they are filled only the ranks
 // that keep parameters work (the holders, or every replica of the baseline; compute ranks wait
-// for their first fetch), so those split their node's cores; a rank bound to some cores has them.
-int initial_value_threads(const Setup& setup, const Layout& layout) {
+// for their first fetch), so those split their node's cores; a rank bound to some cores has them,
+// and a holder pd.holder_threads where the deck sets it.
+int initial_value_threads(const Deck& deck, const Setup& setup, const Layout& layout) {
   const int mine = setup.node[static_cast<std::size_t>(layout.world_rank())];
   const auto keepers = layout.replicated() ? setup.node.end() : setup.node.begin() + layout.shape().holders;
-  return resolve_holder_threads(0, static_cast<int>(std::count(setup.node.begin(), keepers, mine)));
+  const int configured = layout.replicated() ? 0 : static_cast<int>(deck.pd.holder_threads);
+  return resolve_holder_threads(configured, static_cast<int>(std::count(setup.node.begin(), keepers, mine)));
 }
 
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
@@ -340,7 +342,7 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
                              const RunOptions& opts, const RestartPoint& restart,
                              const SharedSegments* segments, TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
-  setup.table.init_threads = initial_value_threads(setup, layout);
+  setup.table.init_threads = initial_value_threads(deck, setup, layout);
   HolderServer server(layout, setup.table, setup.owner,
                       push_contributions(*setup.catalog, setup.shape.pp), adamw_config(deck),
                       fetch_codec(deck), *wire_codec_from_string(deck.pd.push_codec),
@@ -379,7 +381,7 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
   DeviceReplica* baseline = nullptr;
   std::unique_ptr<ckpt::CheckpointWriter> writer;
   if (layout.replicated()) {
-    setup.table.init_threads = initial_value_threads(setup, layout);
+    setup.table.init_threads = initial_value_threads(deck, setup, layout);
     auto replica = std::make_unique<DeviceReplica>(setup.table, adamw_config(deck),
                                                    *backend.device, *backend.ops);
     baseline = replica.get();

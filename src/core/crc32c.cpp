@@ -18,7 +18,8 @@ __attribute__((target("avx"))) void zero_upper_halves() { __builtin_ia32_vzeroup
 // halves of the vector registers dirty: it ends without vzeroupper. Until something clears
 // them, every legacy-SSE instruction after it pays for merging with those halves (Intel since
 // Skylake), and this build's scalar float code is SSE (no -march): GPT-2 124M's initial values
-// took 35 s on a holder that took each block's CRC between them, 6 s without (Xeon with AMX).
+// took a holder 41.7 s of CPU with each block's CRC between them, 9.4 s with the halves cleared
+// (Xeon with AMX; perf/RESULTS.md, "A fresh start's initial values").
 void after_isal() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool avx = __builtin_cpu_supports("avx");

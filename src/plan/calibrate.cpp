@@ -187,15 +187,19 @@ void ping_pong(MPI_Comm comm, int rank, double* latency, double* bandwidth) {
   *latency = both[0], *bandwidth = both[1];
 }
 
+// A machine file's node.wait_core_share is below 1 (a waiting rank does not compute).
+constexpr double kMaxWaitShare = 0.9;
+
 // The share of a core a rank takes while it waits quietly for a message (core/quiet_wait: it
 // polls MPI, then sleeps up to 200 us; each timer wake-up costs CPU time, 25-30 us in a KVM
 // guest). Rank 1 waits for a message that rank 0 sends after 0.2 s asleep, so that rank 1's core
-// is otherwise idle, as a holder's is between steps; its process's CPU time over the wait, the
-// middle of 3. Ranks beyond 1 wait quietly too, unmeasured.
+// is otherwise idle, as a holder's is between steps; the waiting thread's CPU time over the
+// wait, the middle of 3, at most kMaxWaitShare (a machine file holds a share below 1). Ranks
+// beyond 1 wait quietly too, unmeasured.
 double wait_core_share(MPI_Comm comm, int rank) {
   auto cpu_seconds = [] {
     timespec t{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
   };
   std::vector<double> shares;
@@ -216,7 +220,7 @@ double wait_core_share(MPI_Comm comm, int rank) {
       shares.push_back((cpu_seconds() - c0) / wall);
     }
   }
-  double share = rank == 1 ? pick_of(std::move(shares), Pick::typical) : 0;
+  double share = rank == 1 ? std::min(kMaxWaitShare, pick_of(std::move(shares), Pick::typical)) : 0;
   MPI_CHECK(MPI_Bcast(&share, 1, MPI_DOUBLE, 1, comm));
   return share;
 }
@@ -364,8 +368,8 @@ void calibrate(const std::string& out, MPI_Comm comm) {
                "links: MPI ping-pong between two ranks of this node (8 bytes: latency, the median of 200; "
                "16 MiB: bandwidth, the best of 5); one node, so link.inter repeats link.intra",
                "holder rates: optim's AdamW element loop and core's CRC32C on one core, each the best of 5 repetitions",
-               "wait_core_share: the CPU time of a rank waiting quietly (core/quiet_wait) 0.2 s for a message, over "
-               "the wait, the middle of 3",
+               "wait_core_share: the CPU time of a rank's thread waiting quietly (core/quiet_wait) 0.2 s for a "
+               "message, over the wait, the middle of 3, at most 0.9",
                busy};
   m.device.name = "CPU (" + std::to_string(cores) + " cores)";
   m.device.gpu = false;

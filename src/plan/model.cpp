@@ -247,17 +247,20 @@ namespace {
 // every rank's work (`work_core_s`: compute ranks' forward, backward and host sums times their
 // threads, holders' updates, pushes and CRCs), and every rank's waits are not free: a waiting
 // rank polls MPI and sleeps (core/quiet_wait), and each timer wake-up costs CPU time, a share
-// `wait_share` of a core over the wait (node.wait_core_share, --calibrate; 0.1-0.2 in a KVM
-// guest, where one wake-up costs 25-30 us). Measured on 2 cores: a holder beside one compute
-// rank takes 21 % of a core for an update of 4 %; 4 compute ranks and a holder use 1.8 cores
-// for work the model counts as 1.5 (perf/RESULTS.md, "Revision 5").
+// `wait_share` of a core over the wait (node.wait_core_share, --calibrate; 0.08 in the KVM
+// guest of perf/RESULTS.md, where one wake-up costs 25-30 us). Measured on 2 cores: a holder
+// beside one compute rank takes 21 % of a core for an update of 4 %; 4 compute ranks and a
+// holder use 1.8 cores for work the model counts as 1.5 (perf/RESULTS.md, "Revision 5").
+// A rank waits for the part of the step it does not work: wall time, not its threads' time.
 struct NodeLoad {
   double work_core_s = 0;       // core-seconds of work in a step, all ranks, all nodes
+  double work_rank_s = 0;       // seconds the ranks work in a step (each once), summed
   double ranks = 0;             // ranks (compute and holders), all nodes
   double cores = 1;             // cores, all nodes
   double wait_share = 0;        // node.wait_core_share
   double holders_per_node = 0;  // holders the compute ranks wait for (0: none)
   double holder_busy_s = 0;     // one holder's core-seconds of work in a step
+  double holder_work_s = 0;     // and the seconds it works
 };
 
 // Two bounds, the larger counts. The node: a step of S takes at least the core-seconds of work
@@ -270,9 +273,9 @@ double cores_shared(const NodeLoad& n, double pipe, double uncontended) {
   const double slope = std::max(n.ranks / n.cores, n.holders_per_node);
   const double share = slope > 0 ? std::min(n.wait_share, 0.9 / slope) : n.wait_share;
   auto shared = [&](double step) {
-    const double waits = share * std::max(0.0, n.ranks * step - n.work_core_s);
+    const double waits = share * std::max(0.0, n.ranks * step - n.work_rank_s);
     const double node = (n.work_core_s + waits) / n.cores - pipe;
-    const double holders = n.holders_per_node * (n.holder_busy_s + share * std::max(0.0, step - n.holder_busy_s));
+    const double holders = n.holders_per_node * (n.holder_busy_s + share * std::max(0.0, step - n.holder_work_s));
     return std::max({0.0, node, holders});
   };
   double step = uncontended;
@@ -318,7 +321,8 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
 
   double slowest = 0, sum_stages = 0, stage_params_max = 0, backward_max = 0;
   double busy_core_s = 0;  // a CPU node: core-seconds its compute ranks work in a step
-  double holder_busy_s = 0;  // and one holder's (PD)
+  double busy_rank_s = 0;  // and the seconds they work (each rank once)
+  double holder_busy_s = 0, holder_work_s = 0;  // one holder's core-seconds and seconds (PD)
   for (int p = 0; p < L.pp; ++p) {
     const StageSpec spec = split_stage(s.n_layer, L.pp, p, L.tp, 0);
     StagePrediction st;
@@ -353,8 +357,10 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     sum_stages += per_micro;
     stage_params_max = std::max(stage_params_max, st.param_count);
     backward_max = std::max(backward_max, st.backward);
-    // Every tp rank and replica of the stage computes and sums (waits yield the core).
-    busy_core_s += L.dp * L.tp * m * (fwd + bwd + (f.tp_calls + tp_calls) * tp_sum) * threads;
+    // Every tp rank and replica of the stage computes and sums, on its threads.
+    const double stage_work_s = L.dp * L.tp * m * (fwd + bwd + (f.tp_calls + tp_calls) * tp_sum);
+    busy_rank_s += stage_work_s;
+    busy_core_s += stage_work_s * threads;
     out.step.tp_comm = std::max(out.step.tp_comm, m * st.tp_comm);
     out.step.p2p = std::max(out.step.p2p, m * st.p2p);
     out.stages.push_back(st);
@@ -466,13 +472,17 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
            out.step.push_exposed;
     // A holder's core-seconds: its update, and the pushes it takes (shared-memory MPI: the
     // receiver copies them) and checks with the replies it serves.
-    holder_busy_s = h.update * cores_of_holder + pushed / machine.intra.bandwidth +
-                    (served_by_holder + pushed) / machine.holder.crc_bytes_per_core;
+    const double receive_and_check = pushed / machine.intra.bandwidth +
+                                     (served_by_holder + pushed) / machine.holder.crc_bytes_per_core;
+    holder_busy_s = h.update * cores_of_holder + receive_and_check;
+    holder_work_s = h.update + receive_and_check;
     busy_core_s += L.holders * holder_busy_s;
+    busy_rank_s += L.holders * holder_work_s;
   } else {
     out.step.update = baseline_optimizer(c, stage_params_max, threads);
     out.step.update_exposed = out.step.update;
     wait = out.step.update;
+    busy_rank_s += compute * out.step.update;  // work, not a wait (the step counts it as `wait`)
   }
   // A CPU node's cores run every rank's work, and the wake-ups of every rank's waits: see
   // NodeLoad. What the pipeline does not already take is the cost.
@@ -480,6 +490,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
   if (!machine.device.gpu) {
     NodeLoad load;
     load.work_core_s = busy_core_s;
+    load.work_rank_s = busy_rank_s;
     load.ranks = compute + L.holders;
     load.cores = static_cast<double>(in.nodes) * cores;
     load.wait_share = machine.node.wait_core_share;
@@ -490,6 +501,7 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     if (L.holders > 0 && out.compute_ranks_per_node * threads >= cores && compute > 1) {
       load.holders_per_node = std::max(1, out.holders_per_node);
       load.holder_busy_s = holder_busy_s;
+      load.holder_work_s = holder_work_s;
     }
     out.step.cores_shared = cores_shared(load, pipe, uncontended);
   }

@@ -24,12 +24,14 @@ dry=""
 pdtrain=$1
 shift
 mpi=("$@")
-cores=$(nproc)
-# Cores busy with other processes over the next second (/proc/stat: all but idle and iowait).
+cores=$(nproc --all)
+# Cores busy with other processes over the next second (/proc/stat's line for all online CPUs:
+# all but idle and iowait, scaled by their count).
 others_busy() {
-  local a b
+  local a b online
+  online=$(grep -c '^cpu[0-9]' /proc/stat)
   a=($(head -1 /proc/stat)); sleep 1; b=($(head -1 /proc/stat))
-  awk -v c="$cores" -v u=$((b[1] - a[1] + b[2] - a[2] + b[3] - a[3] + b[6] - a[6] + b[7] - a[7] + b[8] - a[8])) \
+  awk -v c="$online" -v u=$((b[1] - a[1] + b[2] - a[2] + b[3] - a[3] + b[6] - a[6] + b[7] - a[7] + b[8] - a[8])) \
       -v i=$((b[4] - a[4] + b[5] - a[5])) 'BEGIN { printf "%.2f", (u + i > 0 ? c * u / (u + i) : 0) }'
 }
 check_time=1
@@ -57,7 +59,7 @@ if [ -n "$dry" ]; then
 else
   "${mpi[@]}" -np 2 "$pdtrain" plan --calibrate "$machine" >"$out/calibrate.log" 2>&1 </dev/null || {
     echo "FAIL: calibration"; cat "$out/calibrate.log"; exit 1; }
-  grep -E "^(peak|memory_bandwidth|latency|bandwidth)" "$machine"
+  grep -E "^(peak|memory_bandwidth|latency|bandwidth|wait_core_share)" "$machine"
 fi
 base=(--set model.n_layer=4 --set model.n_head=4 --set model.d_model=256 --set model.vocab_size=256
       --set model.seq_len=64 --set train.batch_size=16 --set run.steps=12 --set train.eval_every=0
@@ -104,6 +106,7 @@ for c in "${configs[@]}"; do
   "$pdtrain" plan --machine "$machine" --ranks "$ranks" "${base[@]}" "${extra[@]}" >"$dir.plan" 2>&1 </dev/null || {
     echo "FAIL: $name: plan failed"; cat "$dir.plan"; fail=1; continue; }
   measured_ms=nan
+  run=$dir  # the run whose times are reported
   [ -z "$dry" ] && measured_ms=$(step_ms "$dir")
   predicted_ms=$(sed -n 's/^predicted: step_s=\([^ ]*\).*/\1/p' "$dir.plan" | awk '{ printf "%.3f", $1 * 1000 }')
   # The reporter: the last stage's tp rank 0 of replica 0 (what prints the cache and grads lines).
@@ -127,16 +130,19 @@ for c in "${configs[@]}"; do
   if [ -z "$dry" ] && [ -n "$check_time" ] && outside "$t_err" "$time_bound"; then
     echo "  $name: step time off by $t_err % (measured $measured_ms ms); training it once more"
     if train "$dir-again"; then
-      measured_ms=$(step_ms "$dir-again")
+      run=$dir-again
+      measured_ms=$(step_ms "$run")
       t_err=$(error_of "$measured_ms" "$predicted_ms")
+    else
+      echo "FAIL: $name: training it again failed"; cat "$dir-again.log"; fail=1
     fi
   fi
   m_err=$(error_of "$measured_mem" "$predicted_mem")
   printf "%-14s %5s %12s %12s %6s%% %14s %14s %6s%%\n" "$name" "$ranks" "$measured_ms" "$predicted_ms" "$t_err" "$measured_mem" "$predicted_mem" "$m_err"
   # The run's own phase timers (medians over the same steps): where a step's time goes.
   [ -z "$dry" ] && printf "  %-12s fetch %s, compute %s, reduce %s, push %s ms\n" "phases:" \
-    "$(awk -F, 'NR > 4 { print $8 }' "$dir/metrics.csv" | median)" "$(awk -F, 'NR > 4 { print $9 }' "$dir/metrics.csv" | median)" \
-    "$(awk -F, 'NR > 4 { print $10 }' "$dir/metrics.csv" | median)" "$(awk -F, 'NR > 4 { print $11 }' "$dir/metrics.csv" | median)"
+    "$(awk -F, 'NR > 4 { print $8 }' "$run/metrics.csv" | median)" "$(awk -F, 'NR > 4 { print $9 }' "$run/metrics.csv" | median)" \
+    "$(awk -F, 'NR > 4 { print $10 }' "$run/metrics.csv" | median)" "$(awk -F, 'NR > 4 { print $11 }' "$run/metrics.csv" | median)"
   bound=10
   [ -n "$dry" ] && bound=1
   [ -z "$dry" ] && [ -n "$check_time" ] && outside "$t_err" "$time_bound" && { echo "FAIL: $name: step time off by $t_err % (bound $time_bound %)"; fail=1; }
