@@ -165,6 +165,46 @@ std::string overflow_text(const ComputeMemory& mem, double capacity) {
          big->name;
 }
 
+// What a CPU node's cores must run in a step beyond the ranks' own critical path. Its cores run
+// every rank's work (`work_core_s`: compute ranks' forward, backward and host sums times their
+// threads, holders' updates, pushes and CRCs), and every rank's waits are not free: a waiting
+// rank polls MPI and sleeps (core/quiet_wait), and each timer wake-up costs CPU time, a share
+// `wait_share` of a core over the wait (node.wait_core_share, --calibrate; 0.08 in the KVM
+// guest of perf/RESULTS.md, where one wake-up costs 25-30 us). Measured on 2 cores: a holder
+// beside one compute rank takes 21 % of a core for an update of 4 %; 4 compute ranks and a
+// holder use 1.8 cores for work the model counts as 1.5 (perf/RESULTS.md, "Revision 5").
+// A rank waits for the part of the step it does not work: wall time, not its threads' time.
+struct NodeLoad {
+  double work_core_s = 0;       // core-seconds of work in a step, all ranks, all nodes
+  double work_rank_s = 0;       // seconds the ranks work in a step (each once), summed
+  double ranks = 0;             // ranks (compute and holders), all nodes
+  double cores = 1;             // cores, all nodes
+  double wait_share = 0;        // node.wait_core_share
+  double holders_per_node = 0;  // holders the compute ranks wait for (0: none)
+  double holder_busy_s = 0;     // one holder's core-seconds of work in a step
+  double holder_work_s = 0;     // and the seconds it works
+};
+
+// Two bounds, the larger counts. The node: a step of S takes at least the core-seconds of work
+// and of waiting (every rank waits for the part of S it does not work) over the cores (a
+// work-conserving scheduler's bound). The holders, where compute ranks meet in lockstep and
+// fill the cores: a holder's work and waits displace one of them and the others wait for it.
+// S is on both sides; each bound grows by less than S does (slope wait_share x ranks / cores,
+// wait_share x holders: the share is held below 1 over that), so iterating converges.
+double cores_shared(const NodeLoad& n, double pipe, double uncontended) {
+  const double slope = std::max(n.ranks / n.cores, n.holders_per_node);
+  const double share = slope > 0 ? std::min(n.wait_share, 0.9 / slope) : n.wait_share;
+  auto shared = [&](double step) {
+    const double waits = share * std::max(0.0, n.ranks * step - n.work_rank_s);
+    const double node = (n.work_core_s + waits) / n.cores - pipe;
+    const double holders = n.holders_per_node * (n.holder_busy_s + share * std::max(0.0, step - n.holder_work_s));
+    return std::max({0.0, node, holders});
+  };
+  double step = uncontended;
+  for (int i = 0; i < 200; ++i) step = uncontended + shared(step);
+  return step - uncontended;
+}
+
 }  // namespace
 
 ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
@@ -240,50 +280,6 @@ PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes) {
   in.nodes = std::max(1, nodes);
   return in;
 }
-
-namespace {
-
-// What a CPU node's cores must run in a step beyond the ranks' own critical path. Its cores run
-// every rank's work (`work_core_s`: compute ranks' forward, backward and host sums times their
-// threads, holders' updates, pushes and CRCs), and every rank's waits are not free: a waiting
-// rank polls MPI and sleeps (core/quiet_wait), and each timer wake-up costs CPU time, a share
-// `wait_share` of a core over the wait (node.wait_core_share, --calibrate; 0.08 in the KVM
-// guest of perf/RESULTS.md, where one wake-up costs 25-30 us). Measured on 2 cores: a holder
-// beside one compute rank takes 21 % of a core for an update of 4 %; 4 compute ranks and a
-// holder use 1.8 cores for work the model counts as 1.5 (perf/RESULTS.md, "Revision 5").
-// A rank waits for the part of the step it does not work: wall time, not its threads' time.
-struct NodeLoad {
-  double work_core_s = 0;       // core-seconds of work in a step, all ranks, all nodes
-  double work_rank_s = 0;       // seconds the ranks work in a step (each once), summed
-  double ranks = 0;             // ranks (compute and holders), all nodes
-  double cores = 1;             // cores, all nodes
-  double wait_share = 0;        // node.wait_core_share
-  double holders_per_node = 0;  // holders the compute ranks wait for (0: none)
-  double holder_busy_s = 0;     // one holder's core-seconds of work in a step
-  double holder_work_s = 0;     // and the seconds it works
-};
-
-// Two bounds, the larger counts. The node: a step of S takes at least the core-seconds of work
-// and of waiting (every rank waits for the part of S it does not work) over the cores (a
-// work-conserving scheduler's bound). The holders, where compute ranks meet in lockstep and
-// fill the cores: a holder's work and waits displace one of them and the others wait for it.
-// S is on both sides; each bound grows by less than S does (slope wait_share x ranks / cores,
-// wait_share x holders: the share is held below 1 over that), so iterating converges.
-double cores_shared(const NodeLoad& n, double pipe, double uncontended) {
-  const double slope = std::max(n.ranks / n.cores, n.holders_per_node);
-  const double share = slope > 0 ? std::min(n.wait_share, 0.9 / slope) : n.wait_share;
-  auto shared = [&](double step) {
-    const double waits = share * std::max(0.0, n.ranks * step - n.work_rank_s);
-    const double node = (n.work_core_s + waits) / n.cores - pipe;
-    const double holders = n.holders_per_node * (n.holder_busy_s + share * std::max(0.0, step - n.holder_work_s));
-    return std::max({0.0, node, holders});
-  };
-  double step = uncontended;
-  for (int i = 0; i < 200; ++i) step = uncontended + shared(step);
-  return step - uncontended;
-}
-
-}  // namespace
 
 Prediction predict(const PlanInput& in, const Machine& machine) {
   const LayoutShape& L = in.layout;
