@@ -5,40 +5,19 @@
 #   PDTRAIN_KERNELS_EXTRA_SOURCES, PDTRAIN_KERNELS_EXTRA_DEPS (pdtrain_kernels links the CUDA kernels)
 # and defines pdtrain_kernels_cuda once pdtrain_device exists (pdtrain_cuda_kernels_library()).
 #
+# With -DPDTRAIN_CUDA_EMULATED=ON the same sources are built by the C++ compiler against the
+# emulated CUDA target (cmake/PdtrainCudaEmulated.cmake, emulation/cuda/): a test tool, in a
+# build directory of its own, never the production binary.
+#
 # Architectures: 90 (H100/H200) by default; e.g. -DCMAKE_CUDA_ARCHITECTURES="80;90" adds A100.
 # nvcc and its host compiler: the C++ compiler of the rest of the build, unless
 # CMAKE_CUDA_HOST_COMPILER says otherwise.
 
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES 90)
+if(PDTRAIN_CUDA_EMULATED)
+  include(PdtrainCudaEmulated)
+else()
+  include(PdtrainCudaToolkit)
 endif()
-if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER)
-  set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
-endif()
-include(CheckLanguage)
-check_language(CUDA)
-if(NOT CMAKE_CUDA_COMPILER)
-  message(FATAL_ERROR "pdtrain: PDTRAIN_CUDA=ON but no CUDA compiler was found: put nvcc on PATH "
-                      "(e.g. /usr/local/cuda/bin) or set CMAKE_CUDA_COMPILER, or configure with "
-                      "-DPDTRAIN_CUDA=OFF for the CPU-only binary")
-endif()
-enable_language(CUDA)
-find_package(CUDAToolkit REQUIRED)
-# CMake before 3.26 does not know nvcc's C++20 flag (nvcc has it since CUDA 12.0).
-if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
-  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
-  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
-endif()
-set(CMAKE_CUDA_STANDARD 20)
-set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-set(CMAKE_CUDA_EXTENSIONS OFF)
-
-# "sm_80, sm_90" for `pdtrain --version` (suffixes such as -real dropped).
-set(_pdt_archs ${CMAKE_CUDA_ARCHITECTURES})
-list(TRANSFORM _pdt_archs REPLACE "-(real|virtual)$" "")
-list(TRANSFORM _pdt_archs PREPEND "sm_")
-list(JOIN _pdt_archs ", " PDTRAIN_CUDA_ARCH_LIST)
-message(STATUS "pdtrain: CUDA backend with CUDA ${CUDAToolkit_VERSION} for ${PDTRAIN_CUDA_ARCH_LIST}")
 
 set(PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/cuda_device.cpp)
 set(PDTRAIN_DEVICE_EXTRA_DEPS CUDA::cudart_static)
@@ -48,6 +27,11 @@ set(PDTRAIN_DEVICE_EXTRA_DEPS CUDA::cudart_static)
 # binary then needs libnccl.so.2 at run time (the machine's, like cuBLASLt):
 # -DPDTRAIN_WITH_NCCL=OFF builds without it for a machine that has none.
 option(PDTRAIN_WITH_NCCL "NCCL between GPU compute ranks (when the toolkit has it)" ON)
+if(PDTRAIN_CUDA_EMULATED)
+  # The emulation's NCCL (over MPI) is pdtrain::nccl already.
+  list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/nccl_collectives.cpp)
+  set(PDTRAIN_NCCL ON)
+else()
 find_path(PDTRAIN_NCCL_INCLUDE_DIR nccl.h
           HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
 find_library(PDTRAIN_NCCL_LIBRARY nccl
@@ -65,6 +49,7 @@ else()
                  "compute ranks talk over MPI only")
   list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/no_nccl/nccl_absent.cpp)
   set(PDTRAIN_NCCL OFF)
+endif()
 endif()
 set(PDTRAIN_KERNELS_EXTRA_SOURCES "")
 set(PDTRAIN_KERNELS_EXTRA_DEPS pdtrain_kernels_cuda)
@@ -85,14 +70,21 @@ function(pdtrain_cuda_kernels_library)
   target_include_directories(pdtrain_kernels_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
                                                          ${CMAKE_CURRENT_BINARY_DIR}/generated)
   target_link_libraries(pdtrain_kernels_cuda PUBLIC pdtrain_device CUDA::cudart_static
-                                                    CUDA::cublasLt)
+                                                    CUDA::cublasLt CUDA::cublas)
   target_compile_options(pdtrain_kernels_cuda PRIVATE ${PDTRAIN_CUDA_WARNING_FLAGS})
   target_compile_definitions(pdtrain_kernels_cuda PRIVATE
                              PDTRAIN_CUDA_ARCH_LIST="${PDTRAIN_CUDA_ARCH_LIST}")
   # sum_losses must add in double exactly as the CPU loop does: no contraction anywhere in
   # the cross-entropy file (the kernel also spells its additions as __dadd_rn).
   # The optimizer step likewise: its values must be the CPU holders' bits.
-  set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/crossentropy.cu
-                              ${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/optimizer.cu
-                              PROPERTIES COMPILE_OPTIONS "--fmad=false")
+  if(PDTRAIN_CUDA_EMULATED)
+    # The .cu files as C++ (CMake adds -x c++); the host compiler never contracts anyway.
+    list(FILTER srcs INCLUDE REGEX "\\.cu$")
+    set_source_files_properties(${srcs} PROPERTIES LANGUAGE CXX)
+    target_compile_options(pdtrain_kernels_cuda PRIVATE -Wno-unknown-pragmas)
+  else()
+    set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/crossentropy.cu
+                                ${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/optimizer.cu
+                                PROPERTIES COMPILE_OPTIONS "--fmad=false")
+  endif()
 endfunction()

@@ -70,7 +70,9 @@ need_torch() {
 gpu_info() {
   need_gpu || return $?
   nvidia-smi || return 1
-  nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv || return 1
+  nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,compute_mode --format=csv || return 1
+  # Several ranks share GPU 0 in the shared-GPU tests: only the Default compute mode allows it.
+  echo "compute mode: $(nvidia-smi --query-gpu=compute_mode --format=csv,noheader | head -1)"
   echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   if command -v nvcc > /dev/null 2>&1; then nvcc --version | tail -2; else echo "nvcc: not on PATH"; fi
   command -v compute-sanitizer > /dev/null 2>&1 && echo "compute-sanitizer: $(command -v compute-sanitizer)"

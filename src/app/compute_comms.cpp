@@ -2,6 +2,9 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "pdtrain/app/compute_device.hpp"
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
@@ -14,37 +17,55 @@ namespace pdtrain {
 
 namespace {
 
-int compute_ranks_on_node(const Setup& setup, int node) {
-  int count = 0;
-  for (std::size_t r = static_cast<std::size_t>(setup.shape.holders); r < setup.node.size(); ++r)
-    if (setup.node[r] == node) ++count;
-  return count;
-}
+constexpr std::size_t kUuidBytes = 64;  // room for "GPU-" and 16 bytes in hex, padded
 
 // Why this compute rank cannot use NCCL, and the status a deck asking for it ends with.
-std::string reason_against_nccl(const Deck& deck, const Setup& setup, int rank, ExitCode* code) {
+std::string reason_against_nccl(const Deck& deck, const std::string& gpu_shared, ExitCode* code) {
   *code = ExitCode::deck;
   if (!nccl_built())
     return "this pdtrain was built without NCCL (configure with -DPDTRAIN_CUDA=ON and a CUDA "
            "toolkit that has NCCL; pdtrain --version lists what was built)";
   if (deck.compute.device == "cpu")
     return "compute.device is \"cpu\": NCCL moves GPU memory (set compute.device = \"cuda\")";
-  const int node = setup.node[static_cast<std::size_t>(rank)];
-  const int ranks = compute_ranks_on_node(setup, node), gpus = kernels::cuda_device_count();
   *code = ExitCode::layout;
-  if (ranks > gpus)
-    return std::to_string(ranks) + " compute ranks on node " + std::to_string(node) +
-           " share its " + std::to_string(gpus) +
-           " GPU(s): NCCL needs a GPU of its own for every compute rank";
-  return "";
+  return gpu_shared;
 }
 
 }  // namespace
 
-std::string nccl_unavailable_here(const Deck& deck, const Setup& setup, const Layout& layout) {
+std::string gpu_sharing_on_node(const Setup& setup, const Layout& layout,
+                                const std::string& gpu_uuid) {
+  std::vector<char> mine(kUuidBytes, '\0');
+  gpu_uuid.copy(mine.data(), kUuidBytes - 1);
+  const int ranks = static_cast<int>(setup.node.size());
+  std::vector<char> all(kUuidBytes * static_cast<std::size_t>(ranks));
+  MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(kUuidBytes), MPI_CHAR, all.data(),
+                          static_cast<int>(kUuidBytes), MPI_CHAR, layout.world()));
+  const int me = layout.world_rank();
+  if (gpu_uuid.empty()) return "";
+  const int node = setup.node[static_cast<std::size_t>(me)];
+  int on_node = 0;
+  std::vector<std::string> gpus;
+  bool shared = false;
+  for (int r = setup.shape.holders; r < ranks; ++r) {
+    if (setup.node[static_cast<std::size_t>(r)] != node) continue;
+    const std::string uuid(all.data() + kUuidBytes * static_cast<std::size_t>(r));
+    ++on_node;
+    if (std::find(gpus.begin(), gpus.end(), uuid) == gpus.end())
+      gpus.push_back(uuid);
+    else
+      shared = true;
+  }
+  if (!shared) return "";
+  return std::to_string(on_node) + " compute ranks on node " + std::to_string(node) +
+         " share its " + std::to_string(gpus.size()) + " GPU(s) (by UUID, e.g. " + gpu_uuid +
+         "): NCCL needs a GPU of its own for every compute rank";
+}
+
+std::string nccl_unavailable_here(const Deck& deck, const std::string& gpu_shared) {
   if (deck.parallel.comm == "mpi") return "parallel.comm is \"mpi\"";
   ExitCode code = ExitCode::deck;
-  const std::string why = reason_against_nccl(deck, setup, layout.world_rank(), &code);
+  const std::string why = reason_against_nccl(deck, gpu_shared, &code);
   if (!why.empty() && deck.parallel.comm == "nccl")
     throw Error(code, deck.where("parallel.comm") + ": nccl, but " + why);
   return why;

@@ -21,13 +21,14 @@ kernels::ComputeBackend make_compute_backend(const Deck& deck, const Setup& setu
                                     "(configure with -DPDTRAIN_CUDA=ON; pdtrain --version lists "
                                     "the backends built)");
   const int rank = layout.world_rank();
-  const int gpus = kernels::cuda_device_count();
+  std::string why_none;
+  const int gpus = kernels::cuda_device_count(&why_none);
   if (gpus == 0)
     throw Error(ExitCode::runtime, "rank " + std::to_string(rank) + ": " +
                                        deck.where("compute.device") +
-                                       ": cuda, but no GPU is visible to this rank (no driver or "
-                                       "no device; check CUDA_VISIBLE_DEVICES and the job's GPU "
-                                       "request)");
+                                       ": cuda, but no GPU is visible to this rank (" + why_none +
+                                       "; check the driver, CUDA_VISIBLE_DEVICES and the job's "
+                                       "GPU request)");
   try {
     return kernels::make_cuda_backend(node_local_compute_index(setup, rank) % gpus);
   } catch (const Error& e) {

@@ -142,9 +142,11 @@ TrainResult train_once(const Deck& deck, MPI_Comm job, const RunOptions& opts,
   kernels::ComputeBackend backend;
   std::string why_not_nccl;
   run_collectively(world, ErrorScope::job, [&] {
-    if (layout.is_holder()) return;
-    backend = make_compute_backend(deck, setup, layout);
-    why_not_nccl = nccl_unavailable_here(deck, setup, layout);
+    if (!layout.is_holder()) backend = make_compute_backend(deck, setup, layout);
+  });
+  const std::string gpu_shared = gpu_sharing_on_node(setup, layout, backend.gpu_uuid);
+  run_collectively(world, ErrorScope::job, [&] {
+    if (!layout.is_holder()) why_not_nccl = nccl_unavailable_here(deck, gpu_shared);
   });
   const CommChoice comm = agree_on_comm(deck, layout, why_not_nccl);
   TraceRecorder trace = trace_recorder(deck, layout);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -23,7 +24,7 @@ namespace {
 
 const std::string kDeck =
     tiny_deck({"run.seed=5", "model.n_head=4", "model.d_model=64", "model.vocab_size=96",
-               "model.seq_len=32", "train.batch_size=8", "run.steps=8"});
+               "model.seq_len=16", "train.batch_size=4", "run.steps=8"});
 
 std::vector<std::string> cuda(const std::string& comm, std::vector<std::string> more = {}) {
   more.push_back("compute.device=cuda");
@@ -68,10 +69,33 @@ RunError error_of(int ranks, const std::vector<std::string>& sets, const std::st
   return e;
 }
 
-int fewest_gpus() {
-  int gpus = kernels::cuda_device_count(), fewest = 0;
-  MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return fewest;
+// Whether the compute ranks of a run on the first `ranks` ranks (rank 0 the holder, all on this
+// node) each have a GPU of their own: compared by UUID, as pdtrain compares them, so that one
+// GPU visible per rank (CUDA_VISIBLE_DEVICES set per rank, as Slurm's GPU binding does) counts
+// as GPUs of their own although every rank calls its GPU "0".
+bool own_gpus(int ranks) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int gpus = kernels::cuda_device_count();
+  std::string uuid = gpus > 0 && rank > 0 ? kernels::cuda_gpu_uuid((rank - 1) % gpus) : "";
+  uuid.resize(64, '\0');
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(64 * static_cast<std::size_t>(size));
+  MPI_Allgather(uuid.data(), 64, MPI_CHAR, all.data(), 64, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> seen;
+  for (int r = 1; r < ranks; ++r) {
+    const std::string u(all.data() + 64 * r);
+    if (u.empty() || std::find(seen.begin(), seen.end(), u) != seen.end()) return false;
+    seen.push_back(u);
+  }
+  return true;
+}
+
+bool gpu0_shareable() {
+  int ok = kernels::cuda_gpu_shareable(0) ? 1 : 0, all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
 }
 
 TEST(GpuNccl, TheCudaBuildHasNccl) {
@@ -88,7 +112,8 @@ TEST(GpuNccl, OneComputeRankOnNcclIsTheMpiPathBitForBit) {
 
 TEST(GpuNccl, RanksSharingAGpuFallBackToMpi) {
   // 1 holder + tp 2 x pp 2: four compute ranks on this node.
-  if (fewest_gpus() >= 4) GTEST_SKIP() << "this node has a GPU for each of the 4 compute ranks";
+  if (own_gpus(5)) GTEST_SKIP() << "this node has a GPU for each of the 4 compute ranks";
+  if (!gpu0_shareable()) GTEST_SKIP() << "GPU 0 is not in the Default compute mode: ranks cannot share it";
   const std::vector<std::string> grid = {"parallel.holders=1", "parallel.tp=2", "parallel.pp=2",
                                          "parallel.micro_batches=2"};
   expect_identical(run_on(5, cuda("auto", grid), "shared-auto"),
@@ -101,7 +126,7 @@ TEST(GpuNccl, RanksSharingAGpuFallBackToMpi) {
 }
 
 TEST(GpuNccl, TensorParallelOverNcclIsTheMpiPathBitForBit) {
-  if (fewest_gpus() < 2) GTEST_SKIP() << "needs two GPUs (one per tp rank)";
+  if (!own_gpus(3)) GTEST_SKIP() << "needs a GPU of its own for each of the two tp ranks";
   const std::vector<std::string> tp2 = {"parallel.holders=1", "parallel.tp=2"};
   const RunOutcome nccl = run_on(3, cuda("nccl", tp2), "tp2-nccl");
   expect_identical(nccl, run_on(3, cuda("mpi", tp2), "tp2-mpi"), "tp 2");

@@ -14,14 +14,26 @@
 #include <vector>
 
 #include "../mpi/run_helpers.hpp"
+#include "pdtrain/kernels/kernel_ops.hpp"
 
 namespace pdtrain::test {
 namespace {
 
-// A wider model (4 heads, d_model 64) on longer sequences, copying at lag 2.
+// A wider model (4 heads, d_model 64), copying at lag 2; small batches of short sequences, so
+// that the emulated GPU (tests/emulation, under sanitizers) trains it in seconds.
 const std::string kDeck =
     tiny_deck({"run.seed=11", "model.n_head=4", "model.d_model=64", "model.vocab_size=96",
-               "model.seq_len=32", "data.copy_lag=2", "train.batch_size=8"});
+               "model.seq_len=16", "data.copy_lag=2", "train.batch_size=4"});
+
+// Every test shares GPU 0 among several ranks, which only its Default compute mode allows.
+class GpuTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int ok = kernels::cuda_gpu_shareable(0) ? 1 : 0, all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all == 0) GTEST_SKIP() << "GPU 0 is not in the Default compute mode: ranks cannot share it";
+  }
+};
 
 // `sets` on the first `ranks` ranks of the world (the others wait); shared with every rank.
 RunOutcome run_on(int ranks, const std::vector<std::string>& sets, const std::string& tag) {
@@ -51,7 +63,7 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 // fp32: the GPU sums in other orders than the CPU (cuBLASLt, warp trees); after 20 steps of
 // training the losses agree to ~1e-5 relative. bf16: a different order can flip a weight's
 // bf16 rounding (2^-8), as between CPU layouts (tests/mpi/test_layouts.cpp).
-TEST(GpuTraining, SingleRankFollowsTheCpuSingleRank) {
+TEST_F(GpuTraining, SingleRankFollowsTheCpuSingleRank) {
   for (const auto& [precision, rel] : {std::pair{"fp32", 1e-4}, {"bf16", 2e-3}}) {
     const std::string p = std::string("train.precision=") + precision;
     const RunOutcome cpu = run_on(1, {p}, std::string("cpu-") + precision);
@@ -61,7 +73,7 @@ TEST(GpuTraining, SingleRankFollowsTheCpuSingleRank) {
   }
 }
 
-TEST(GpuTraining, PdWithCpuHoldersIsBitIdenticalToTheGpuBaseline) {
+TEST_F(GpuTraining, PdWithCpuHoldersIsBitIdenticalToTheGpuBaseline) {
   for (const char* precision : {"fp32", "bf16"}) {
     const std::string p = std::string("train.precision=") + precision;
     const RunOutcome baseline = run_on(1, with({p}, kCuda), std::string("base-") + precision);
@@ -80,7 +92,7 @@ TEST(GpuTraining, PdWithCpuHoldersIsBitIdenticalToTheGpuBaseline) {
   }
 }
 
-TEST(GpuTraining, TensorAndPipelineParallelOnOneSharedGpu) {
+TEST_F(GpuTraining, TensorAndPipelineParallelOnOneSharedGpu) {
   const RunOutcome single = run_on(1, kCuda, "tp-ref");
   const RunOutcome tp_pp =
       run_on(5, with({"parallel.holders=1", "parallel.tp=2", "parallel.pp=2",
@@ -94,7 +106,7 @@ TEST(GpuTraining, TensorAndPipelineParallelOnOneSharedGpu) {
   expect_identical(again, tp_pp, "tp 2 x pp 2 rerun");
 }
 
-TEST(GpuTraining, RerunGivesTheSameCrc) {
+TEST_F(GpuTraining, RerunGivesTheSameCrc) {
   const RunOutcome a = run_on(3, with({"parallel.holders=1"}, kCuda), "rerun-a");
   const RunOutcome b = run_on(3, with({"parallel.holders=1"}, kCuda), "rerun-b");
   expect_identical(b, a, "dp 2 rerun");

@@ -21,11 +21,19 @@ struct CommChoice {
   std::string why;  // for the run header: what was asked and why this transport serves it
 };
 
-// On a compute rank, no MPI: why NCCL cannot serve this rank ("" when it can). Throws
-// pdtrain::Error naming parallel.comm's deck line when the deck asks for nccl and it cannot
-// (status 2 for the build or the device, 3 when compute ranks share a GPU); the caller agrees
-// on it over the job (core/agreement), so the whole job ends within seconds.
-std::string nccl_unavailable_here(const Deck& deck, const Setup& setup, const Layout& layout);
+// Collective over the job (`layout.world()`): on a compute rank whose GPU (`gpu_uuid`, its
+// UUID; "" on the CPU and on holders) another compute rank of its node also uses, why NCCL
+// cannot serve the node; else "". GPUs are compared by UUID, not counted: with one GPU visible
+// per rank (Slurm's GPU binding, CUDA_VISIBLE_DEVICES) every rank sees "GPU 0", yet they differ.
+std::string gpu_sharing_on_node(const Setup& setup, const Layout& layout,
+                                const std::string& gpu_uuid);
+
+// On a compute rank, no MPI: why NCCL cannot serve this rank ("" when it can), given what
+// gpu_sharing_on_node said. Throws pdtrain::Error naming parallel.comm's deck line when the
+// deck asks for nccl and it cannot (status 2 for the build or the device, 3 when compute ranks
+// share a GPU); the caller agrees on it over the job (core/agreement), so the whole job ends
+// within seconds.
+std::string nccl_unavailable_here(const Deck& deck, const std::string& gpu_shared);
 
 // Collective over the job (`layout.world()`): NCCL when the deck allows it and no compute rank
 // has a reason against it (`why_not_here`: nccl_unavailable_here on compute ranks, "" on

@@ -18,6 +18,10 @@
 
 namespace pdtrain {
 
+// GPU `gpu`'s UUID as nvidia-smi -L prints it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"); ""
+// when this process cannot see that GPU.
+std::string gpu_uuid(int gpu);
+
 class CudaDevice final : public Device {
  public:
   // Makes GPU `gpu` current on the calling thread (cudaSetDevice) and creates the streams.
@@ -43,6 +47,9 @@ class CudaDevice final : public Device {
   void wait_host(const Event& event) override;
 
   int gpu() const { return gpu_; }
+  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it: the same GPU has the
+  // same UUID in every process of the node, whatever CUDA_VISIBLE_DEVICES numbers it.
+  const std::string& uuid() const { return uuid_; }
   int sm_count() const { return sm_count_; }
   cudaStream_t stream(Queue queue) const { return queue == Queue::copy ? copy_ : compute_; }
   cudaStream_t compute_stream() const { return compute_; }
@@ -58,6 +65,7 @@ class CudaDevice final : public Device {
   int gpu_;
   int sm_count_ = 0;
   std::string description_;
+  std::string uuid_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t filled_ =
       nullptr;  // the last zero-fill of new memory, for the copy stream to wait on

@@ -138,6 +138,7 @@ struct ComputeBackend {
   std::unique_ptr<Device> owned_device;  // null for the CPU (cpu_device() is process-wide)
   Device* device = nullptr;
   std::unique_ptr<KernelOps> ops;
+  std::string gpu_uuid;  // the CUDA device's UUID ("GPU-..."); empty on the CPU
 };
 
 // The CPU backend (always built), and its kernels alone (process-wide; for code that runs on
@@ -148,9 +149,15 @@ KernelOps& cpu_kernel_ops();
 // has no CUDA backend or the GPU cannot be used.
 ComputeBackend make_cuda_backend(int gpu);
 // Whether this binary was built with the CUDA backend, and how many GPUs this process sees
-// (0 when there is no driver or no device: "no GPU", never an error).
+// (0 when there is no driver or no device: "no GPU", never an error; `why_none` then gets
+// CUDA's reason, e.g. "cudaErrorInsufficientDriver: CUDA driver version is insufficient ...").
 bool cuda_backend_built();
-int cuda_device_count();
+int cuda_device_count(std::string* why_none = nullptr);
+// Whether GPU `gpu` lets several processes use it at once (compute mode Default; an exclusive
+// or prohibited mode refuses ranks that share it). False without the GPU.
+bool cuda_gpu_shareable(int gpu);
+// GPU `gpu`'s UUID ("GPU-..."), the same in every process of the node; "" without it.
+std::string cuda_gpu_uuid(int gpu);
 // The backends this binary has, for --version: "cpu" or e.g. "cpu, cuda (sm_90)".
 std::string backends_built();
 

@@ -45,6 +45,27 @@ void check_release(cudaError_t rc, const char* call) {
   if (rc != cudaSuccess) cuda_fail(rc, call, __FILE__, __LINE__);
 }
 
+}  // namespace
+
+std::string gpu_uuid(int gpu) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, gpu) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  const cudaUUID_t& u = prop.uuid;
+  static const char* hex = "0123456789abcdef";
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += hex[static_cast<unsigned char>(u.bytes[i]) >> 4];
+    s += hex[static_cast<unsigned char>(u.bytes[i]) & 15];
+  }
+  return s;
+}
+
+namespace {
+
 constexpr std::size_t kHostAlign = 64;  // as the CPU device: a cache line, an AVX-512 vector
 
 }  // namespace
@@ -54,6 +75,7 @@ CudaDevice::CudaDevice(int gpu) : gpu_(gpu) {
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu_));
   sm_count_ = prop.multiProcessorCount;
+  uuid_ = gpu_uuid(gpu_);
   description_ = "cuda:" + std::to_string(gpu_) + " " + prop.name + " (" +
                  std::to_string(sm_count_) + " SMs, " + gib(prop.totalGlobalMem) + ")";
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));

@@ -79,7 +79,8 @@ void attention_forward(Gemm& gemm, cudaStream_t stream, float* out, float* preat
               .beta = 0.0f, .C = preatt + Index(b) * NH * TT, .ldc = T, .stride_c = TT,
               .batch = NH});
   }
-  causal_softmax_forward_kernel<<<row_blocks(rows), kBlock, 0, stream>>>(att, preatt, rows, T);
+  PDTRAIN_LAUNCH(causal_softmax_forward_kernel, row_blocks(rows), kBlock, 0, stream)(
+      att, preatt, rows, T);
   CUDA_CHECK_LAUNCH();
   for (int b = 0; b < B; ++b) {  // out = att v
     gemm.run({.M = T, .N = HS, .K = T,
@@ -112,8 +113,8 @@ void attention_backward(Gemm& gemm, cudaStream_t stream, float* dqkv, float* dpr
               .beta = 1.0f, .C = dqkv + Index(b) * T * C3 + 2 * C, .ldc = C3, .stride_c = HS,
               .batch = NH});
   }
-  causal_softmax_backward_kernel<<<row_blocks(rows), kBlock, 0, stream>>>(dpreatt, datt, att,
-                                                                         rows, T, scale);
+  PDTRAIN_LAUNCH(causal_softmax_backward_kernel, row_blocks(rows), kBlock, 0, stream)(
+      dpreatt, datt, att, rows, T, scale);
   CUDA_CHECK_LAUNCH();
   for (int b = 0; b < B; ++b) {  // preatt = scale q k^T:  dq += dpre k,  dk += dpre^T q
     const float* q = qkv + Index(b) * T * C3;

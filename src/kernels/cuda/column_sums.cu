@@ -35,7 +35,8 @@ Slabs column_slabs(Index rows) {
 void column_sums_finish(cudaStream_t stream, float* out, const float* partial, Index slabs,
                         int cols) {
   if (slabs <= 0 || cols <= 0) return;
-  column_sums_finish_kernel<<<static_cast<unsigned>(ceil_div(cols, kBlock)), kBlock, 0, stream>>>(
+  PDTRAIN_LAUNCH(column_sums_finish_kernel,
+                 static_cast<unsigned>(ceil_div(cols, kBlock)), kBlock, 0, stream)(
       out, partial, slabs, cols);
   CUDA_CHECK_LAUNCH();
 }

@@ -35,7 +35,8 @@ void column_sums(cudaStream_t stream, float* scratch, const std::array<float*, K
                  int C, Rows rows) {
   const Slabs slabs = column_slabs(N);
   const dim3 grid(static_cast<unsigned>(ceil_div(C, kBlock)), static_cast<unsigned>(slabs.count));
-  column_partials_kernel<K><<<grid, kBlock, 0, stream>>>(scratch, N, C, slabs.rows, rows);
+  PDTRAIN_LAUNCH(column_partials_kernel<K>, grid, kBlock, 0, stream)(
+      scratch, N, C, slabs.rows, rows);
   CUDA_CHECK_LAUNCH();
   for (int k = 0; k < K; ++k)
     column_sums_finish(stream, out[k], scratch + k * slabs.count * C, slabs.count, C);

@@ -16,6 +16,16 @@ namespace pdtrain::kernels::cuda {
 
 using Index = std::int64_t;
 
+// A kernel launch: kernel<<<grid, block, shared_bytes, stream>>> under nvcc; on the emulated
+// CUDA target (emulation/cuda) the same launch queued for the CPU's fibers.
+#ifdef PDTRAIN_CUDA_EMULATED
+#define PDTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  PDTRAIN_CUDA_EMU_LAUNCH(kernel, grid, block, shared_bytes, stream)
+#else
+#define PDTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<grid, block, shared_bytes, stream>>>
+#endif
+
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kBlock = 256;       // threads per block of the grid-stride and row kernels
@@ -104,9 +114,9 @@ void launch_elementwise(cudaStream_t stream, Index n, bool vector_ok, void (*vec
                         void (*scalar)(Params...), Args... args) {
   if (n <= 0) return;
   if (vector_ok)
-    vec<<<grid_for(ceil_div(n, 4)), kBlock, 0, stream>>>(args...);
+    PDTRAIN_LAUNCH(vec, grid_for(ceil_div(n, 4)), kBlock, 0, stream)(args...);
   else
-    scalar<<<grid_for(n), kBlock, 0, stream>>>(args...);
+    PDTRAIN_LAUNCH(scalar, grid_for(n), kBlock, 0, stream)(args...);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -84,22 +84,23 @@ __global__ void sum_losses_kernel(double* __restrict__ sum, const float* __restr
 
 void crossentropy_rowmax(cudaStream_t stream, float* rowmax, const float* logits, int N, int V) {
   if (N <= 0) return;
-  rowmax_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(rowmax, logits, V);
+  PDTRAIN_LAUNCH(rowmax_kernel, static_cast<unsigned>(N), kCeBlock, 0, stream)(rowmax, logits, V);
   CUDA_CHECK_LAUNCH();
 }
 
 void crossentropy_partials(cudaStream_t stream, float* stats, float* probs, const float* logits,
                            const float* rowmax, const I32* targets, int vocab_begin, int N, int V) {
   if (N <= 0) return;
-  partials_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(stats, probs, logits, rowmax,
-                                                                     targets, vocab_begin, N, V);
+  PDTRAIN_LAUNCH(partials_kernel, static_cast<unsigned>(N), kCeBlock, 0, stream)(
+      stats, probs, logits, rowmax, targets, vocab_begin, N, V);
   CUDA_CHECK_LAUNCH();
 }
 
 void crossentropy_finish(cudaStream_t stream, float* losses, float* probs, const float* stats,
                          int N, int V) {
   if (N <= 0) return;
-  finish_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(losses, probs, stats, N, V);
+  PDTRAIN_LAUNCH(finish_kernel, static_cast<unsigned>(N), kCeBlock, 0, stream)(
+      losses, probs, stats, N, V);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -107,13 +108,13 @@ void crossentropy_backward(cudaStream_t stream, float* dlogits, const float* pro
                            const I32* targets, const float* dlosses, int N, int V,
                            int vocab_begin) {
   if (N <= 0 || V <= 0) return;
-  backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(dlogits, probs, targets,
-                                                                     dlosses, V, vocab_begin);
+  PDTRAIN_LAUNCH(backward_kernel, static_cast<unsigned>(N), kCeBlock, 0, stream)(
+      dlogits, probs, targets, dlosses, V, vocab_begin);
   CUDA_CHECK_LAUNCH();
 }
 
 void sum_losses(cudaStream_t stream, double* sum, const float* losses, int n) {
-  sum_losses_kernel<<<1, 1, 0, stream>>>(sum, losses, n > 0 ? n : 0);
+  PDTRAIN_LAUNCH(sum_losses_kernel, 1, 1, 0, stream)(sum, losses, n > 0 ? n : 0);
   CUDA_CHECK_LAUNCH();
 }
 

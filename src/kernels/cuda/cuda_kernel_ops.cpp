@@ -227,27 +227,39 @@ bool cuda_backend_built() { return true; }
 
 std::string backends_built() { return std::string("cpu, cuda (") + PDTRAIN_CUDA_ARCH_LIST + ")"; }
 
-int cuda_device_count() {
+int cuda_device_count(std::string* why_none) {
   int count = 0;
-  // Without a driver (cudaErrorInsufficientDriver) or a device (cudaErrorNoDevice), or with any
-  // other reason the runtime cannot start, this process has no GPU. Clear the error it leaves.
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return count;
-}
-
-ComputeBackend make_cuda_backend(int gpu) {
-  int count = 0;
+  // Without a driver (cudaErrorInsufficientDriver: also a driver too old for this runtime) or a
+  // device (cudaErrorNoDevice), or with any other reason the runtime cannot start, this process
+  // has no GPU; the reason is CUDA's own. Clear the error it leaves.
   const cudaError_t rc = cudaGetDeviceCount(&count);
   if (rc != cudaSuccess) {
     (void)cudaGetLastError();
-    throw Error(ExitCode::runtime, std::string("compute.device = cuda but no GPU is visible (") +
-                                       cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc) + ")");
+    if (why_none != nullptr)
+      *why_none = std::string(cudaGetErrorName(rc)) + ": " + cudaGetErrorString(rc);
+    return 0;
   }
+  if (count == 0 && why_none != nullptr) *why_none = "no CUDA device";
+  return count;
+}
+
+std::string cuda_gpu_uuid(int gpu) { return gpu_uuid(gpu); }
+
+bool cuda_gpu_shareable(int gpu) {
+  int mode = cudaComputeModeDefault;
+  if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, gpu) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return mode == cudaComputeModeDefault;
+}
+
+ComputeBackend make_cuda_backend(int gpu) {
+  std::string why_none;
+  const int count = cuda_device_count(&why_none);
   if (count == 0)
-    throw Error(ExitCode::runtime, "compute.device = cuda but no GPU is visible (no CUDA device)");
+    throw Error(ExitCode::runtime,
+                "compute.device = cuda but no GPU is visible (" + why_none + ")");
   if (gpu < 0 || gpu >= count)
     throw Error(ExitCode::runtime, "compute.device = cuda: GPU " + std::to_string(gpu) +
                                        " asked for, but only " + std::to_string(count) +
@@ -255,6 +267,7 @@ ComputeBackend make_cuda_backend(int gpu) {
   auto device = std::make_unique<CudaDevice>(gpu);
   ComputeBackend backend;
   backend.device = device.get();
+  backend.gpu_uuid = device->uuid();
   backend.ops = std::make_unique<CudaKernelOps>(*device);
   backend.owned_device = std::move(device);
   return backend;

@@ -72,8 +72,8 @@ void encoder_forward(cudaStream_t stream, float* out, const I32* tokens, const f
                      const float* wpe, int B, int T, int C, int vocab_begin, int vocab_end) {
   const Index NC = Index(B) * T * C;
   if (NC <= 0) return;
-  encoder_forward_kernel<<<grid_for(NC), kBlock, 0, stream>>>(out, tokens, wte, wpe, NC, T, C,
-                                                              vocab_begin, vocab_end);
+  PDTRAIN_LAUNCH(encoder_forward_kernel, grid_for(NC), kBlock, 0, stream)(
+      out, tokens, wte, wpe, NC, T, C, vocab_begin, vocab_end);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -83,13 +83,13 @@ void encoder_backward(cudaStream_t stream, float* dwte, float* dwpe, const float
   if (N <= 0 || C <= 0) return;
   if (dwte != nullptr) {
     const dim3 grid(static_cast<unsigned>(ceil_div(C, kWteThreads)), kBuckets);
-    encoder_backward_wte_kernel<<<grid, kWteThreads, 0, stream>>>(dwte, dout, tokens, N, C,
-                                                                  vocab_begin, vocab_end);
+    PDTRAIN_LAUNCH(encoder_backward_wte_kernel, grid, kWteThreads, 0, stream)(
+        dwte, dout, tokens, N, C, vocab_begin, vocab_end);
     CUDA_CHECK_LAUNCH();
   }
   if (dwpe != nullptr) {
     const Index TC = Index(T) * C;
-    encoder_backward_wpe_kernel<<<grid_for(TC), kBlock, 0, stream>>>(dwpe, dout, B, TC);
+    PDTRAIN_LAUNCH(encoder_backward_wpe_kernel, grid_for(TC), kBlock, 0, stream)(dwpe, dout, B, TC);
     CUDA_CHECK_LAUNCH();
   }
 }

@@ -6,6 +6,7 @@
 // (except sum_losses, which writes 0). No float atomics anywhere: every sum is in a fixed order,
 // so every op gives the same bits run to run.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -91,8 +92,10 @@ struct GemmArgs {
 };
 
 // cuBLASLt on one stream with a caller-owned workspace. The algorithm for a shape (and the
-// pointers' alignments) is chosen once by cuBLASLt's heuristic and cached with its descriptors,
-// so the same shape always runs the same algorithm (the same bits). Not thread-safe.
+// matrices' alignments, capped at 16 bytes: matmul.cu) is chosen once by cuBLASLt's heuristic
+// and cached with its descriptors, so the same shape always runs the same algorithm (the same
+// bits). A shape cuBLASLt has no algorithm for, or refuses to run, goes to cuBLAS
+// (cublasGemmStridedBatchedEx) instead, said once on stderr. Not thread-safe.
 class Gemm {
  public:
   Gemm(cudaStream_t stream, void* workspace, std::size_t workspace_bytes);
@@ -104,12 +107,14 @@ class Gemm {
  private:
   struct Plan;
   using Key = std::array<std::int64_t, 16>;
-  const Plan& plan(const GemmArgs& g, const Key& key);
+  Plan& plan(const GemmArgs& g, const Key& key);
+  void run_cublas(const GemmArgs& g);
 
   cudaStream_t stream_;
   void* workspace_;
   std::size_t workspace_bytes_;
   cublasLtHandle_t handle_ = nullptr;
+  cublasHandle_t blas_ = nullptr;  // the fallback
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

@@ -91,8 +91,9 @@ void layernorm_forward_impl(cudaStream_t stream, Out* out, float* mean, float* r
                             const float* inp, const float* weight, const float* bias, int N,
                             int C) {
   if (N <= 0) return;
-  layernorm_forward_kernel<<<static_cast<unsigned>(ceil_div(N, kRowsPerBlock)), kBlock, 0,
-                             stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  PDTRAIN_LAUNCH(layernorm_forward_kernel,
+                 static_cast<unsigned>(ceil_div(N, kRowsPerBlock)), kBlock, 0, stream)(
+      out, mean, rstd, inp, weight, bias, N, C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -113,8 +114,9 @@ void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float*
                         float* dbias, const float* dout, const float* inp, const float* weight,
                         const float* mean, const float* rstd, int N, int C) {
   if (N <= 0 || C <= 0) return;
-  layernorm_backward_inp_kernel<<<static_cast<unsigned>(ceil_div(N, kRowsPerBlock)), kBlock, 0,
-                                  stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+  PDTRAIN_LAUNCH(layernorm_backward_inp_kernel,
+                 static_cast<unsigned>(ceil_div(N, kRowsPerBlock)), kBlock, 0, stream)(
+      dinp, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
   column_sums<2>(stream, scratch, {dweight, dbias}, N, C,
                  LayernormParamTerms{dout, inp, mean, rstd, C});

@@ -2,6 +2,9 @@
 // bias broadcast that seeds a forward product, the row-parallel bias add, and the bias gradient
 // as a deterministic two-stage column sum.
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "column_sums.cuh"
@@ -21,6 +24,7 @@ struct Gemm::Plan {
   cublasLtMatrixLayout_t lt_b = nullptr;  // our A
   cublasLtMatrixLayout_t lt_c = nullptr;  // our C, also D (in place: C == D, same layout)
   cublasLtMatmulAlgo_t algo{};
+  bool lt = true;  // false: cuBLASLt has no algorithm for it, cuBLAS runs it (run_cublas)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -37,11 +41,16 @@ namespace {
 // Where run() puts the alignments of our A, B and C in a plan's key.
 constexpr int kAlignA = 13, kAlignB = 14, kAlignC = 15;
 
-// The alignment (a power of two, at most 256 bytes) that every matrix of a batch starts at: the
-// heuristic must only offer algorithms that work with it (its default assumes 256 bytes, while
-// e.g. an attention head's view of qkv starts HS floats after the previous one).
+// The alignment a plan assumes for the matrices of a batch: the lowest set bit of the start and
+// (batched) of the stride in bytes, capped at kPlanAlign. The heuristic may only offer
+// algorithms that work with it (its default assumes 256 bytes, while e.g. an attention head's
+// view of qkv starts HS floats after the previous one). Capped, because the choice must not
+// depend on where a layout happens to put a tensor: the replicated baseline's tensor-major
+// layout and a PD cache slot both start every tensor 16-byte aligned but differ beyond that, and
+// another algorithm sums in another order: PD would no longer equal the baseline bit for bit.
+constexpr std::uint64_t kPlanAlign = 16;
 std::int64_t alignment(const void* p, Index stride, std::size_t elem_bytes, int batch) {
-  std::uint64_t bits = reinterpret_cast<std::uintptr_t>(p) | 256u;
+  std::uint64_t bits = reinterpret_cast<std::uintptr_t>(p) | kPlanAlign;
   if (batch > 1) bits |= static_cast<std::uint64_t>(stride) * elem_bytes;
   return static_cast<std::int64_t>(bits & (~bits + 1));  // lowest set bit
 }
@@ -72,19 +81,34 @@ std::string describe(const GemmArgs& g) {
          " ldc=" + std::to_string(g.ldc) + " batch=" + std::to_string(g.batch);
 }
 
+// Says once per process which shape cuBLASLt would not run and why (cuBLAS runs it instead).
+void note_fallback(const GemmArgs& g, const std::string& why) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  const std::string shape = describe(g);
+  std::lock_guard lock(mu);
+  if (!said.insert(shape).second) return;
+  std::fprintf(stderr, "pdtrain: note: cuBLASLt does not run the %s (%s): cuBLAS's "
+               "cublasGemmStridedBatchedEx does\n", shape.c_str(), why.c_str());
+}
+
 }  // namespace
 
 Gemm::Gemm(cudaStream_t stream, void* workspace, std::size_t workspace_bytes)
     : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
+  CUBLAS_CHECK(cublasCreate(&blas_));
+  CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
 }
 
 Gemm::~Gemm() {
   plans_.clear();
+  if (blas_ != nullptr) cublasDestroy(blas_);
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-const Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
+Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
@@ -127,13 +151,14 @@ const Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
   const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(
       handle_, p->desc, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (rc != CUBLAS_STATUS_SUCCESS || found == 0)
-    fatal_abort(ExitCode::runtime,
-                where(__FILE__, __LINE__) + ": cuBLASLt has no algorithm for the " + describe(g) +
-                    " (alignments A " + std::to_string(key[kAlignA]) + ", B " +
-                    std::to_string(key[kAlignB]) + ", C " + std::to_string(key[kAlignC]) +
-                    " bytes): " + cublasLtGetStatusString(rc));
-  p->algo = result.algo;
+  if (rc == CUBLAS_STATUS_SUCCESS && found > 0) {
+    p->algo = result.algo;
+  } else {
+    p->lt = false;
+    note_fallback(g, std::string("no algorithm for alignments A ") + std::to_string(key[kAlignA]) +
+                         ", B " + std::to_string(key[kAlignB]) + ", C " +
+                         std::to_string(key[kAlignC]) + " bytes: " + cublasLtGetStatusString(rc));
+  }
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
@@ -161,9 +186,29 @@ void Gemm::run(const GemmArgs& g) {
                 alignment(g.A, g.stride_a, in_bytes, g.batch),
                 alignment(g.B, g.stride_b, in_bytes, g.batch),
                 alignment(g.C, g.stride_c, sizeof(float), g.batch)};
-  const Plan& p = plan(g, key);
-  CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &g.alpha, g.B, p.lt_a, g.A, p.lt_b, &g.beta, g.C,
-                              p.lt_c, g.C, p.lt_c, &p.algo, workspace_, workspace_bytes_, stream_));
+  Plan& p = plan(g, key);
+  if (p.lt) {
+    const cublasStatus_t rc =
+        cublasLtMatmul(handle_, p.desc, &g.alpha, g.B, p.lt_a, g.A, p.lt_b, &g.beta, g.C, p.lt_c,
+                       g.C, p.lt_c, &p.algo, workspace_, workspace_bytes_, stream_);
+    if (rc == CUBLAS_STATUS_SUCCESS) return;
+    if (rc != CUBLAS_STATUS_NOT_SUPPORTED) cublas_fail(rc, "cublasLtMatmul", __FILE__, __LINE__);
+    p.lt = false;  // refused what its heuristic offered: this shape goes to cuBLAS from now on
+    note_fallback(g, std::string("cublasLtMatmul refused its algorithm: ") +
+                         cublasLtGetStatusString(rc));
+  }
+  run_cublas(g);
+}
+
+// The same product through cuBLAS (column-major, as for cuBLASLt above: its A is our B), fp32
+// accumulation, no TF32 (CUBLAS_COMPUTE_32F), one algorithm for the shape run after run.
+void Gemm::run_cublas(const GemmArgs& g) {
+  const cudaDataType_t in_type = g.input == GemmInput::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.N,
+      g.M, g.K, &g.alpha, g.B, in_type, static_cast<int>(g.ldb), g.stride_b, g.A, in_type,
+      static_cast<int>(g.lda), g.stride_a, &g.beta, g.C, CUDA_R_32F, static_cast<int>(g.ldc),
+      g.stride_c, g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -194,7 +239,7 @@ template <bool kAdd>
 void launch_bias(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
   const Index NOC = Index(N) * OC;
   if (NOC <= 0) return;
-  bias_kernel<kAdd><<<grid_for(NOC), kBlock, 0, stream>>>(out, bias, NOC, OC);
+  PDTRAIN_LAUNCH(bias_kernel<kAdd>, grid_for(NOC), kBlock, 0, stream)(out, bias, NOC, OC);
   CUDA_CHECK_LAUNCH();
 }
 

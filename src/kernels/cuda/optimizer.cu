@@ -92,8 +92,8 @@ void copy_tiles(cudaStream_t stream, void* scratch, const TileDesc* tiles_host, 
   for (int first = 0; first < tiles; first += static_cast<int>(kMaxGridY)) {
     const unsigned gy = static_cast<unsigned>(tiles - first < int(kMaxGridY) ? tiles - first
                                                                               : int(kMaxGridY));
-    copy_tiles_kernel<<<dim3(gx, gy), kBlock, 0, stream>>>(dev, first, to_packed, packed, data,
-                                                            data_bf16);
+    PDTRAIN_LAUNCH(copy_tiles_kernel, dim3(gx, gy), kBlock, 0, stream)(
+        dev, first, to_packed, packed, data, data_bf16);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -125,11 +125,13 @@ void block_sums_of_squares(cudaStream_t stream, void* scratch, double* sumsq, co
     for (int first = 0; first < blocks; first += static_cast<int>(kMaxGridY)) {
       const unsigned gy = static_cast<unsigned>(
           blocks - first < int(kMaxGridY) ? blocks - first : int(kMaxGridY));
-      chunk_sums_kernel<<<dim3(gx, gy), kBlock, 0, stream>>>(dev, first, packed, chunk_sums);
+      PDTRAIN_LAUNCH(chunk_sums_kernel, dim3(gx, gy), kBlock, 0, stream)(
+          dev, first, packed, chunk_sums);
       CUDA_CHECK_LAUNCH();
     }
   }
-  block_sums_kernel<<<static_cast<unsigned>(ceil_div(blocks, kBlock)), kBlock, 0, stream>>>(
+  PDTRAIN_LAUNCH(block_sums_kernel,
+                 static_cast<unsigned>(ceil_div(blocks, kBlock)), kBlock, 0, stream)(
       dev, blocks, chunk_sums, sumsq);
   CUDA_CHECK_LAUNCH();
 }
@@ -137,7 +139,7 @@ void block_sums_of_squares(cudaStream_t stream, void* scratch, double* sumsq, co
 void adamw(cudaStream_t stream, float* param, float* m, float* v, const float* grad, Index n,
            const AdamWStep& step) {
   if (n <= 0) return;
-  adamw_kernel<<<grid_for(n), kBlock, 0, stream>>>(param, m, v, grad, n, step);
+  PDTRAIN_LAUNCH(adamw_kernel, grid_for(n), kBlock, 0, stream)(param, m, v, grad, n, step);
   CUDA_CHECK_LAUNCH();
 }
 

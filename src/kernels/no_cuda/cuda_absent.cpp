@@ -6,7 +6,12 @@
 namespace pdtrain::kernels {
 
 bool cuda_backend_built() { return false; }
-int cuda_device_count() { return 0; }
+int cuda_device_count(std::string* why_none) {
+  if (why_none != nullptr) *why_none = "this pdtrain was built without the CUDA backend";
+  return 0;
+}
+bool cuda_gpu_shareable(int) { return false; }
+std::string cuda_gpu_uuid(int) { return ""; }
 std::string backends_built() { return "cpu"; }
 
 ComputeBackend make_cuda_backend(int) {
