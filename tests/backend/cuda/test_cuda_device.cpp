@@ -71,5 +71,28 @@ TEST(CudaDevice, AllocationFailureNamesTheBytesAndFreeMemory) {
   b.device->synchronize();
 }
 
+// The same GEMM shape gives the same bits wherever its matrices lie: the replicated baseline
+// keeps a weight in its tensor-major arrays, PD in a cache slot, at other alignments beyond 16
+// bytes, and PD must equal the baseline bit for bit. (On the emulated target cuBLASLt's
+// heuristic offers a wider algorithm, with another summation order, to 128-byte-aligned
+// matrices: a plan keyed on the full alignment picks it for one placement and not the other.)
+TEST(CudaGemm, TheSameShapeGivesTheSameBitsAtAnyAlignment) {
+  ComputeBackend b = make_cuda_backend(0);
+  const int N = 16, C = 64, OC = 64;
+  const std::int64_t shift = 16;  // floats: 64 bytes, 16-byte aligned but not 128
+  const std::vector<float> inp = randn(std::size_t{N} * C, 1), w = randn(std::size_t{OC} * C, 2);
+  Buffer<float> ins(*b.device, N * C + shift), ws(*b.device, OC * C + shift);
+  Buffer<float> out_a(*b.device, N * OC), out_b(*b.device, N * OC);
+  for (std::int64_t at : {std::int64_t{0}, shift}) {
+    b.device->copy(ins.data() + at, inp.data(), inp.size() * sizeof(float));
+    b.device->copy(ws.data() + at, w.data(), w.size() * sizeof(float));
+    b.device->synchronize();
+    b.ops->matmul_forward(at == 0 ? out_a.data() : out_b.data(), ins.data() + at, ws.data() + at,
+                          nullptr, N, C, OC);
+  }
+  EXPECT_TRUE(same_bits(to_host(*b.device, out_a), to_host(*b.device, out_b)))
+      << "a GEMM's bits depend on where its matrices lie";
+}
+
 }  // namespace
 }  // namespace pdtrain::kernels::testing
