@@ -6,7 +6,7 @@
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
-#include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/model/stage_program.hpp"
 
 namespace pdtrain {
 
@@ -15,7 +15,7 @@ namespace {
 // grads_end() calls per unit in one backward pass.
 std::vector<int> writes_per_pass(const StageParams& p) {
   std::vector<int> n(static_cast<std::size_t>(p.num_units()), 0);
-  for (const std::vector<int>& use : GptStage::backward_grad_uses(p))
+  for (const std::vector<int>& use : StageProgram(p).backward_grad_uses())
     for (int u : use) ++n[u];
   return n;
 }
@@ -103,7 +103,7 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
     if (pushes_in_flight == 0) retire_oldest();
   };
   for (int pass = 0; pass < passes; ++pass)
-    for (const std::vector<int>& use : GptStage::backward_grad_uses(p)) {
+    for (const std::vector<int>& use : StageProgram(p).backward_grad_uses()) {
       for (int u : use)
         if (!bound[u]) {
           bound[u] = true;

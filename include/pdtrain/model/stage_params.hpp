@@ -38,7 +38,7 @@ struct StageSpec {
 // last. The one split training (app's stage_spec) and `pdtrain plan` use.
 StageSpec split_stage(std::int64_t n_layer, int pp, int p, int tp, int t);
 
-// Told by the model before each use of a set of units (see GptStage::forward_uses()).
+// Told by the model before each use of a set of units (see StageProgram::forward_uses()).
 class UnitUser {
  public:
   virtual ~UnitUser() = default;
@@ -46,7 +46,7 @@ class UnitUser {
 };
 
 // Told by the model around each backward section that adds into units' gradients (see
-// GptStage::backward_grad_uses()): before, so their gradient memory can be bound (and zeroed) when
+// StageProgram::backward_grad_uses()): before, so their gradient memory can be bound (and zeroed) when
 // a step first writes it; after, so a unit whose last write of the step is done can be reduced
 // and pushed while backward goes on (Storage::streamed).
 class GradUser {
