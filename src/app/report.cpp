@@ -228,10 +228,12 @@ void report_step(MetricsWriter& metrics, const StepRecord& rec, const Deck& deck
 }
 
 void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t start_step,
-                       const PhaseTimers& timers, const ParameterService& service,
-                       const StageCache* cache, std::int64_t train_fetched_bytes,
-                       std::int64_t stage_bytes, const GradStreamer* grads,
-                       const Device& device) {
+                       const PhaseTimers& timers, const ParameterFigures& figures,
+                       std::int64_t stage_bytes, const Device& device) {
+  const ParameterService& service = figures.owner;
+  const StageCache* cache = figures.cache;
+  const std::int64_t train_fetched_bytes = figures.train_fetched_bytes;
+  const GradStreamer* grads = figures.grads;
   const double tokens = static_cast<double>((r.final_step - start_step) * deck.train.batch_size *
                                             deck.model.seq_len);
   std::printf("summary: wall %.2f s | %.0f tok/s | fetch %.2f s | compute %.2f s | "

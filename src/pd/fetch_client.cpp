@@ -753,7 +753,7 @@ void FetchClient::wait_push(PushTicket ticket) {
   free_push(it);
 }
 
-std::uint32_t FetchClient::finish() {
+std::uint32_t FetchClient::finish_and_checksum() {
   // `done` carries the step the run diverged at (0: none), so holders skip the final checkpoint.
   for (int h = 0; h < layout_.shape().holders; ++h)
     MPI_CHECK(MPI_Send(&diverged_step_, 1, MPI_INT64_T, layout_.holder_world_rank(h), wire::kDone,

@@ -55,7 +55,7 @@ class FetchClient final : public ParameterService {
                              const std::vector<ConstBlockPlace>& places) override;
   bool push_done(PushTicket ticket) override;
   void wait_push(PushTicket ticket) override;
-  std::uint32_t finish() override;
+  std::uint32_t finish_and_checksum() override;
   std::optional<UpdateInfo> update_info(std::int64_t version) const override;
   bool holders_asked_to_stop() const override { return stop_; }
   std::int64_t bytes_fetched() const override { return fetched_; }
