@@ -2,6 +2,8 @@
 // Message formats between compute ranks and holders. Every block travels with its id, version
 // and the CRC32C of its bytes; receivers check all three.
 #include <cstdint>
+#include <span>
+#include <string>
 
 namespace pdtrain::wire {
 
@@ -58,6 +60,56 @@ struct BlockHeader {
   std::int64_t version;  // fetch: version of the data; push: the step it belongs to
   std::int64_t bytes;    // encoded payload size (see wire_codec.hpp)
   std::int64_t at;       // fetch reply with `shared`: offset in the holder's segment; else -1
+};
+
+// Views of received messages. Each checks the message's size against its own count once, when
+// it is made (a message that does not fit ends the job naming `from`), and is the only reader
+// of the message's bytes as headers; the message must outlive the view.
+
+// kFetchRequest: FetchRequest + int32 ids[n].
+class RequestView {
+ public:
+  RequestView(std::span<const char> msg, const std::string& from);
+  const FetchRequest& request() const { return head_; }
+  std::int64_t n() const { return head_.n; }
+  std::int32_t id(std::int64_t i) const;
+
+ private:
+  std::span<const char> msg_;
+  FetchRequest head_;
+};
+
+// kPush: PushHeader + BlockHeader[n] (the payloads follow in their own message).
+class PushView {
+ public:
+  PushView(std::span<const char> msg, const std::string& from);
+  const PushHeader& header() const { return head_; }
+  std::int64_t n() const { return head_.n; }
+  BlockHeader block(std::int64_t i) const;
+  // The payload message's size: every block's bytes (each checked to be >= 0).
+  std::int64_t payload_bytes() const { return payload_bytes_; }
+
+ private:
+  std::span<const char> msg_;
+  PushHeader head_;
+  std::int64_t payload_bytes_ = 0;
+};
+
+// kFetchReply: ReplyHeader + BlockHeader[n], or (kRelay) the same followed by the payloads
+// back to back, each block's bytes >= 0 and all of them within the message.
+class ReplyView {
+ public:
+  enum class Payloads { apart, following };  // kFetchReply / kRelay
+  ReplyView(std::span<const char> msg, Payloads payloads, const std::string& from);
+  const ReplyHeader& header() const { return head_; }
+  std::int64_t n() const { return head_.n; }
+  BlockHeader block(std::int64_t i) const;
+  // Bytes of the headers (where a relayed reply's first payload begins).
+  std::size_t header_bytes() const;
+
+ private:
+  std::span<const char> msg_;
+  ReplyHeader head_;
 };
 
 }  // namespace pdtrain::wire
