@@ -105,7 +105,7 @@ void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
                 1.0f / static_cast<float>(deck_.train.batch_size * T_));
   double waited = 0.0;
   const PassTimes pass = step_->train_pass(step, [&] {
-    if (stage_order(deck_) == StageOrder::layer)
+    if (deck_.parallel.order == StageOrder::layer)
       runner_.train_layer_major(micro_batches_);  // one stage: no pipeline to wait for
     else
       waited = pipeline_.run_step(runner_);
@@ -253,14 +253,14 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
       stage_params_(*setup.catalog, stage_spec(deck, layout),
                     layout.replicated() ? StageParams::Storage::resident
                                         : StageParams::Storage::streamed,
-                    precision(deck), *backend.device),
+                    deck.train.precision, *backend.device),
       micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
       kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
       micro_batch_(micro_batch_size(deck, layout.shape())),
       T_(deck.model.seq_len),
       slots_(activation_slots(deck, layout.shape(), layout.pp_rank())),
       stage_(stage_params_, micro_batch_, T_, comms_.model_tp(), slots_, recompute_mode(deck),
-             *backend.ops, stage_order(deck)),
+             *backend.ops, deck.parallel.order),
       runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
               micro_batch_, T_, slots_, *backend.device),
       pipeline_(*comms_.pp, kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,

@@ -58,7 +58,7 @@ class HolderStep final : public ParameterStep {
 };
 
 std::vector<std::vector<int>> step_plan_of(const StepParts& p) {
-  return stage_order(p.deck) == StageOrder::layer
+  return p.deck.parallel.order == StageOrder::layer
              ? StageCache::layer_major_plan(p.stage)
              : StageCache::step_plan(p.stage, p.kind, p.layout.shape().pp, p.layout.pp_rank(),
                                      p.micro_batches);

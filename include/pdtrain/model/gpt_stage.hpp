@@ -30,15 +30,6 @@ namespace pdtrain {
 // gradients (and losses) are bit-identical to `none`.
 enum class Recompute { none, attention, full };
 
-// The order a step runs its micro-batches in. `micro_batch`: each micro-batch's forward and
-// backward through the whole stage in turn (what the pipeline schedules interleave). `layer`
-// (one stage only, as L2L does): every micro-batch through a unit before the next unit, forward
-// then backward, so a step uses each parameter unit once per direction (a bounded PD cache
-// fetches the stage twice per step, whatever the micro-batch count) and writes each unit's
-// gradient in one section (GradStreamer frees it before the next), for all micro-batches'
-// activations and residual gradients kept at once.
-enum class StageOrder { micro_batch, layer };
-
 class GptStage {
  public:
   // `micro_batch` sequences of `seq_len` tokens per forward; `slots` activation sets kept for

@@ -20,6 +20,7 @@
 
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/core/block_place.hpp"
+#include "pdtrain/core/run_modes.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/model/catalog.hpp"
@@ -55,11 +56,6 @@ class GradUser {
   virtual void grads_begin(const std::vector<int>& units) = 0;
   virtual void grads_end(const std::vector<int>& units) = 0;
 };
-
-// fp32: parameters as the holders keep them. bf16 (mixed precision): compute ranks see every
-// parameter rounded to bf16 (the copies holders serve) and keep a bf16 copy beside the fp32
-// values for the matmuls; gradients stay fp32.
-enum class Precision { fp32, bf16 };
 
 class StageParams {
  public:
