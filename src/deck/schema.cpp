@@ -23,17 +23,23 @@ constexpr KeyType type_of() {
   }
 }
 
-// One key stored at deck.*section.*field; the type comes from the field itself so the table
-// cannot disagree with deck.hpp.
-template <class S, class T>
-KeySpec key(S Deck::*section, T S::*field, std::string dotted, std::string doc) {
+// A key's section and name from its dotted form, and its documentation.
+KeySpec named(std::string dotted, std::string doc) {
   KeySpec k;
   const auto dot = dotted.find('.');
   k.section = dotted.substr(0, dot);
   k.name = dotted.substr(dot + 1);
   k.key = std::move(dotted);
-  k.type = type_of<T>();
   k.doc = std::move(doc);
+  return k;
+}
+
+// One key stored at deck.*section.*field; the type comes from the field itself so the table
+// cannot disagree with deck.hpp.
+template <class S, class T>
+KeySpec key(S Deck::*section, T S::*field, std::string dotted, std::string doc) {
+  KeySpec k = named(std::move(dotted), std::move(doc));
+  k.type = type_of<T>();
   k.get = [section, field](const Deck& d) { return Value{(d.*section).*field}; };
   k.set = [section, field](Deck& d, const Value& v) { (d.*section).*field = std::get<T>(v); };
   return k;
@@ -44,12 +50,7 @@ KeySpec key(S Deck::*section, T S::*field, std::string dotted, std::string doc) 
 template <class S, class E>
 KeySpec enum_key(S Deck::*section, E S::*field, std::string dotted, std::string doc,
                  std::vector<std::string> names) {
-  KeySpec k;
-  const auto dot = dotted.find('.');
-  k.section = dotted.substr(0, dot);
-  k.name = dotted.substr(dot + 1);
-  k.key = std::move(dotted);
-  k.doc = std::move(doc);
+  KeySpec k = named(std::move(dotted), std::move(doc));
   k.one_of(names);
   k.get = [section, field, names](const Deck& d) {
     return Value{names[static_cast<std::size_t>((d.*section).*field)]};
