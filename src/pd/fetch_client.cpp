@@ -169,13 +169,9 @@ void FetchClient::send_requests(InFlight& f) {
   f.requests.resize(H);
   for (int h = 0; h < H; ++h) {
     if (f.groups[h].empty()) continue;
-    const wire::FetchRequest fr{f.version, static_cast<std::int64_t>(f.groups[h].size()),
-                                f.ticket};
     std::vector<char>& m = f.requests[h];
-    m.resize(sizeof(fr) + f.groups[h].size() * sizeof(std::int32_t));
-    std::memcpy(m.data(), &fr, sizeof(fr));
-    std::memcpy(m.data() + sizeof(fr), f.groups[h].data(),
-                f.groups[h].size() * sizeof(std::int32_t));
+    m = wire::request_message(
+        {f.version, static_cast<std::int64_t>(f.groups[h].size()), f.ticket}, f.groups[h]);
     f.sends.emplace_back();
     MPI_CHECK(MPI_Isend(m.data(), static_cast<int>(m.size()), MPI_BYTE,
                         layout_.holder_world_rank(h), wire::kFetchRequest, layout_.world(),

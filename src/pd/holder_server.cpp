@@ -270,7 +270,6 @@ void HolderServer::serve_fetch(int source, const wire::RequestView& request) {
   // the receiver makes alone (Open MPI's CMA), straight into its tile, and over RDMA across
   // nodes; a datatype would cut it into fragments that both ranks must drive.
   Sending& s = sending_.emplace_back();
-  s.bytes.resize(sizeof(wire::ReplyHeader) + req.n * sizeof(wire::BlockHeader));
   wire::ReplyHeader rh{};
   rh.version = v;
   rh.n = req.n;
@@ -281,13 +280,12 @@ void HolderServer::serve_fetch(int source, const wire::RequestView& request) {
   // A compute rank on this node copies the payloads from this holder's segment itself.
   const bool shared = segments_ && segments_->on_node(source);
   rh.shared = shared ? 1 : 0;
-  std::memcpy(s.bytes.data(), &rh, sizeof(rh));
+  std::vector<wire::BlockHeader> blocks;
   std::vector<const Encoded*> payloads;
   for (std::int64_t i = 0; i < req.n; ++i) {
     const Encoded& e = owned_.at(request.id(i)).versions.at(v);
-    const wire::BlockHeader bh{request.id(i), e.crc, v, static_cast<std::int64_t>(e.size),
-                               shared ? e.shared_at : -1};
-    std::memcpy(s.bytes.data() + sizeof(rh) + i * sizeof(bh), &bh, sizeof(bh));
+    blocks.push_back({request.id(i), e.crc, v, static_cast<std::int64_t>(e.size),
+                      shared ? e.shared_at : -1});
     if (shared) {
       sent_ += static_cast<std::int64_t>(e.size);
       sent_shared_ += static_cast<std::int64_t>(e.size);
@@ -295,6 +293,7 @@ void HolderServer::serve_fetch(int source, const wire::RequestView& request) {
     // The receiver posts nothing for an empty block, or for one it copies itself.
     if (e.size > 0 && !shared) payloads.push_back(&e);
   }
+  s.bytes = wire::message_with_blocks(rh, blocks);
   if (shared) segments_->sync();  // the slots' bytes before the reply that names them
   // Not waited for here: a compute rank that prefetched may be busy in a GEMM and take the
   // reply later, and meanwhile this holder serves others. The encoded blocks stay untouched

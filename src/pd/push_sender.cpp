@@ -1,6 +1,5 @@
 #include "pdtrain/pd/push_sender.hpp"
 
-#include <cstring>
 #include <limits>
 #include <string>
 
@@ -44,9 +43,7 @@ PushSender::Ticket PushSender::start(std::int64_t step, const std::vector<int>& 
     if (groups[h].empty()) continue;
     std::vector<char>& head = out.headers.emplace_back();
     std::vector<char>& payload = out.payloads.emplace_back();
-    head.resize(sizeof(wire::PushHeader) + groups[h].size() * sizeof(wire::BlockHeader));
-    const wire::PushHeader ph{step, static_cast<std::int64_t>(groups[h].size())};
-    std::memcpy(head.data(), &ph, sizeof(ph));
+    std::vector<wire::BlockHeader> sent;
     // Raw and back to back in memory: the payload is the gradients themselves.
     const char* direct = codec_ == WireCodec::raw ? place_of[groups[h].front()]->data : nullptr;
     for (int b : groups[h]) {
@@ -83,10 +80,12 @@ PushSender::Ticket PushSender::start(std::int64_t step, const std::vector<int>& 
             wire_encode(codec_, packed.data(), table_.blocks[b].numel, payload));
         bh.crc = crc32c(payload.data() + at, static_cast<std::size_t>(bh.bytes));
       }
-      std::memcpy(head.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
+      sent.push_back(bh);
       total += bh.bytes;
       pushed_ += bh.bytes;
     }
+    head = wire::message_with_blocks(
+        wire::PushHeader{step, static_cast<std::int64_t>(groups[h].size())}, sent);
     if (from == nullptr) from = payload.data();
     const int holder = layout_.holder_world_rank(h);
     MPI_CHECK(MPI_Isend(head.data(), static_cast<int>(head.size()), MPI_BYTE, holder, wire::kPush,

@@ -33,6 +33,16 @@ BlockHeader block_at(std::span<const char> msg, std::size_t head, std::int64_t i
 
 }  // namespace
 
+std::vector<char> request_message(const FetchRequest& head, const std::vector<int>& ids) {
+  std::vector<char> m(sizeof(head) + ids.size() * sizeof(std::int32_t));
+  std::memcpy(m.data(), &head, sizeof(head));
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto id = static_cast<std::int32_t>(ids[i]);
+    std::memcpy(m.data() + sizeof(head) + i * sizeof(id), &id, sizeof(id));
+  }
+  return m;
+}
+
 RequestView::RequestView(std::span<const char> msg, const std::string& from)
     : msg_(msg), head_(read_head<FetchRequest>(msg, "fetch request", from)) {
   PDT_CHECK(fits(msg.size(), sizeof(head_), head_.n, sizeof(std::int32_t), true),

@@ -1,9 +1,7 @@
-// The views every received PD message is read through: what a well-formed message says, read
-// back field by field. (A malformed one ends the job through fatal_abort; the CLI tests cover
-// that path with a damaged block.)
+// The views every received PD message is read through read back what the writers laid out,
+// field by field. (A malformed message ends the job through fatal_abort.)
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <vector>
 
 #include "pdtrain/pd/wire.hpp"
@@ -11,17 +9,8 @@
 namespace pdtrain::wire {
 namespace {
 
-template <class T>
-void append(std::vector<char>& m, const T& v) {
-  const std::size_t at = m.size();
-  m.resize(at + sizeof(v));
-  std::memcpy(m.data() + at, &v, sizeof(v));
-}
-
 TEST(WireViews, RequestViewReadsItsIds) {
-  std::vector<char> m;
-  append(m, FetchRequest{7, 3, 42});
-  for (std::int32_t id : {5, 1, 9}) append(m, id);
+  const std::vector<char> m = request_message({7, 3, 42}, {5, 1, 9});
   const RequestView r(m, "test");
   EXPECT_EQ(r.request().version, 7);
   EXPECT_EQ(r.request().ticket, 42);
@@ -31,10 +20,8 @@ TEST(WireViews, RequestViewReadsItsIds) {
 }
 
 TEST(WireViews, PushViewAddsItsPayloadBytes) {
-  std::vector<char> m;
-  append(m, PushHeader{4, 2});
-  append(m, BlockHeader{3, 11, 4, 100, -1});
-  append(m, BlockHeader{8, 12, 4, 28, -1});
+  const std::vector<char> m =
+      message_with_blocks(PushHeader{4, 2}, {{3, 11, 4, 100, -1}, {8, 12, 4, 28, -1}});
   const PushView p(m, "test");
   EXPECT_EQ(p.header().step, 4);
   EXPECT_EQ(p.block(1).id, 8);
@@ -43,13 +30,10 @@ TEST(WireViews, PushViewAddsItsPayloadBytes) {
 }
 
 TEST(WireViews, ReplyViewFindsARelayedReplysPayloads) {
-  std::vector<char> m;
   ReplyHeader rh{};
   rh.version = 2;
   rh.n = 2;
-  append(m, rh);
-  append(m, BlockHeader{0, 1, 2, 4, -1});
-  append(m, BlockHeader{1, 2, 2, 8, -1});
+  std::vector<char> m = message_with_blocks(rh, {{0, 1, 2, 4, -1}, {1, 2, 2, 8, -1}});
   const std::size_t headers = m.size();
   m.resize(headers + 12);  // the payloads, back to back
   const ReplyView relayed(m, ReplyView::Payloads::following, "test");

@@ -2,8 +2,10 @@
 // Message formats between compute ranks and holders. Every block travels with its id, version
 // and the CRC32C of its bytes; receivers check all three.
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace pdtrain::wire {
 
@@ -61,6 +63,18 @@ struct BlockHeader {
   std::int64_t bytes;    // encoded payload size (see wire_codec.hpp)
   std::int64_t at;       // fetch reply with `shared`: offset in the holder's segment; else -1
 };
+
+// Messages as sent, laid out here only, the counterpart of the views below: kFetchRequest's
+// header and ids, and a header followed by its blocks' headers (kFetchReply, kPush).
+std::vector<char> request_message(const FetchRequest& head, const std::vector<int>& ids);
+template <class Head>
+std::vector<char> message_with_blocks(const Head& head, const std::vector<BlockHeader>& blocks) {
+  std::vector<char> m(sizeof(head) + blocks.size() * sizeof(BlockHeader));
+  std::memcpy(m.data(), &head, sizeof(head));
+  if (!blocks.empty())
+    std::memcpy(m.data() + sizeof(head), blocks.data(), blocks.size() * sizeof(BlockHeader));
+  return m;
+}
 
 // Views of received messages. Each checks the message's size against its own count once, when
 // it is made (a message that does not fit ends the job naming `from`), and is the only reader
