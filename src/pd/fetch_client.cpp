@@ -215,7 +215,7 @@ void FetchClient::receive_header(MPI_Message& m, int bytes, int h, const std::ve
   MPI_CHECK(MPI_Mrecv(header_.data(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
   from_holders_ += bytes;
   const wire::ReplyView reply(header_, wire::ReplyView::Payloads::apart, from);
-  const wire::ReplyHeader& rh = reply.header();
+  const wire::ReplyHeader& rh = reply.head();
   InFlight* f = nullptr;
   bool earlier_waits = false;  // an older fetch still awaits this holder's reply
   for (const Job& g : jobs) {
@@ -268,7 +268,7 @@ void FetchClient::post_payloads(InFlight& f, int h, const wire::ReplyView& reply
   char* next = r.data.get() + reply.header_bytes();
   for (std::size_t i = 0; i < n; ++i)
     if (!a.in_place[i]) a.at[i].data = next, next += a.at[i].bytes();
-  if (reply.header().shared) {
+  if (reply.head().shared) {
     copy_shared_payloads(f, h);
     return;
   }
@@ -375,9 +375,9 @@ void FetchClient::verify_block(InFlight& f, int h, std::size_t i, const char* fr
 
 void FetchClient::Arrival::expect(const wire::ReplyView& reply) {
   const auto n = static_cast<std::size_t>(reply.n());
-  header = reply.header();
+  header = reply.head();
   sent.resize(n);
-  for (std::size_t i = 0; i < n; ++i) sent[i] = reply.block(static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < n; ++i) sent[i] = reply.entry(static_cast<std::int64_t>(i));
   at.assign(n, BlockPlace{});
   in_place.assign(n, 0);
   checked.assign(n, 0);

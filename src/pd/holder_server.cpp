@@ -221,12 +221,12 @@ void HolderServer::handle(int source, int tag, std::span<const char> msg) {
   switch (tag) {
     case wire::kFetchRequest: {
       const wire::RequestView request(msg, "rank " + std::to_string(source));
-      const wire::FetchRequest& req = request.request();
+      const wire::FetchRequest& req = request.head();
       for (std::int64_t i = 0; i < request.n(); ++i)
-        PDT_CHECK(owned_.count(request.id(i)),
+        PDT_CHECK(owned_.count(request.entry(i)),
                   "rank " + std::to_string(source) + " asked holder " +
                       std::to_string(layout_.holder_index()) + " for block " +
-                      std::to_string(request.id(i)) + ", which it does not own");
+                      std::to_string(request.entry(i)) + ", which it does not own");
       if (!ready(request)) {
         deferred_.push_back({source, std::vector<char>(msg.begin(), msg.end())});
       } else {
@@ -263,7 +263,7 @@ void HolderServer::handle(int source, int tag, std::span<const char> msg) {
 void HolderServer::serve_fetch(int source, const wire::RequestView& request) {
   ScopedPhase t(timers_, "serve");
   TraceSpan span(trace_, "serve fetch", "pd");
-  const wire::FetchRequest& req = request.request();
+  const wire::FetchRequest& req = request.head();
   const std::int64_t v = req.version;
   // The reply is a header message, then each block's encoded bytes where they already are, one
   // contiguous message per block: MPI moves a contiguous message within a node by one copy that
@@ -283,8 +283,8 @@ void HolderServer::serve_fetch(int source, const wire::RequestView& request) {
   std::vector<wire::BlockHeader> blocks;
   std::vector<const Encoded*> payloads;
   for (std::int64_t i = 0; i < req.n; ++i) {
-    const Encoded& e = owned_.at(request.id(i)).versions.at(v);
-    blocks.push_back({request.id(i), e.crc, v, static_cast<std::int64_t>(e.size),
+    const Encoded& e = owned_.at(request.entry(i)).versions.at(v);
+    blocks.push_back({request.entry(i), e.crc, v, static_cast<std::int64_t>(e.size),
                       shared ? e.shared_at : -1});
     if (shared) {
       sent_ += static_cast<std::int64_t>(e.size);
@@ -347,7 +347,7 @@ std::span<const char> HolderServer::receive_push_payload(int source, const wire:
 
 void HolderServer::take_push(int source, const wire::PushView& push,
                              std::span<const char> payload) {
-  const wire::PushHeader& ph = push.header();
+  const wire::PushHeader& ph = push.head();
   PDT_CHECK(ph.step > version_ && ph.step <= version_ + 1 + staleness_,
             "holder " + std::to_string(layout_.holder_index()) + " got gradients of step " +
                 std::to_string(ph.step) + " from rank " + std::to_string(source) +
@@ -357,7 +357,7 @@ void HolderServer::take_push(int source, const wire::PushView& push,
   // A step's gradients may come in several messages (one per group of blocks); blocks count.
   auto missing = missing_.try_emplace(ph.step, pushes_per_step_).first;
   for (std::int64_t i = 0; i < ph.n; ++i) {
-    const wire::BlockHeader bh = push.block(i);
+    const wire::BlockHeader bh = push.entry(i);
     take_contribution(bh.id, source, ph.step, data, bh.bytes, bh.crc);
     data += bh.bytes;
     --missing->second;
@@ -566,10 +566,10 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
 // blocks reach the new version one by one, in block order (the order the next forward needs
 // them), and waiting fetches are served as soon as theirs are ready.
 bool HolderServer::ready(const wire::RequestView& request) const {
-  const std::int64_t v = request.request().version;
+  const std::int64_t v = request.head().version;
   if (v > version_) return false;
   for (std::int64_t i = 0; i < request.n(); ++i)
-    if (!owned_.at(request.id(i)).versions.count(v)) return false;
+    if (!owned_.at(request.entry(i)).versions.count(v)) return false;
   return true;
 }
 
