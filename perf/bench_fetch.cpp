@@ -129,7 +129,7 @@ std::pair<Timing, double> time_fetches(const Model& m, const Layout& layout, Wir
   const Timing t = time_reps(reps, fetch);
   // Wire bytes of the timed fetches (the warm-up's excluded): the same every fetch.
   const double wire = static_cast<double>(client.bytes_fetched()) / (reps + 1);
-  client.finish();
+  client.finish_and_checksum();
   return {t, wire};
 }
 

@@ -1,8 +1,8 @@
 // The compute ranks' step loop. It reads like the algorithm:
-//   fetch parameters of version s-1 -> forward/backward on this replica's slice of batch s
-//   -> reduce gradients over replicas in a fixed order -> push -> (report step s-1's record)
-// Under PD the reduce and push of each parameter unit happen inside backward, as soon as the
-// unit's gradient is final (GradStreamer); the step then only waits for the last pushes.
+//   parameters of version s-1 in -> forward/backward on this replica's slice of batch s
+//   -> gradients out (reduced over replicas in a fixed order, to their owner) -> (report)
+// Where parameters come from and gradients go is the ParameterStep chosen once at
+// construction (parameter_step.hpp): PD's holders, or the baseline's own replica.
 #include "pdtrain/app/compute_loop.hpp"
 
 #include <algorithm>
@@ -11,13 +11,13 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <variant>
 
 #include "pdtrain/app/report.hpp"
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/core/signals.hpp"
-#include "pdtrain/io/output_file.hpp"
 #include "pdtrain/optim/divergence.hpp"
 
 namespace pdtrain {
@@ -42,16 +42,16 @@ TrainResult ComputeLoop::run() {
     ++k;
     StepRecord rec;
     rec.step = k;
-    rec.fetch_ms = 1e3 * ensure_version(staleness.version_for_step(k, start_step_));
+    rec.fetch_ms = 1e3 * step_->use_version(staleness.version_for_step(k, start_step_));
     forward_backward(k, rec);
-    // Before the update where the loss can stop it: the baseline's is applied in reduce_and_push
+    // Before the update where the loss can stop it: the baseline's is applied in gradients_out
     // (PD's holders update as the last pushes, sent during backward, arrive).
     rec.loss = reducer_.sum(runner_.loss_sum()) / tokens_per_step;
     check_loss(k, rec.loss);
-    reduce_and_push(k, rec);
+    step_->gradients_out(k, rec);
     check_norms();
     if (eval_due(k) && diverged_at_ == 0) {  // on exactly the parameters after step k
-      rec.fetch_ms += 1e3 * ensure_version(k);
+      rec.fetch_ms += 1e3 * step_->use_version(k);
       rec.val_loss = evaluate(deck_.train.eval_batches);
     }
     const double t = now_seconds();
@@ -76,7 +76,7 @@ TrainResult ComputeLoop::run() {
     }
   }
   result.final_step = k;
-  learn_updates(k);  // every update is known now
+  step_->learn_update_figures(k);
   check_norms();
   if (diverged_at_ > 0) end_diverged(result);
   if (result.reporter) {
@@ -86,92 +86,36 @@ TrainResult ComputeLoop::run() {
                                     "its metrics.csv row would be lost");
     metrics_->close();  // a full disk may show only at fsync
   }
-  result.params_crc32c = service_->finish();
+  result.params_crc32c = step_->owner().finish_and_checksum();
   result.wall_seconds = now_seconds() - t_start;
-  if (cache_) write_heat_map();
+  write_fetch_figures();
   if (result.reporter && opts_.verbose)
-    print_run_summary(deck_, result, start_step_, timers_, *service_, cache_.get(),
-                      train_fetched_bytes_, stage_params_.numel() * 4, grads_.get(),
-                      *backend_.device);
+    print_run_summary(deck_, result, start_step_, timers_, step_->figures(),
+                      stage_params_.numel() * 4, *backend_.device);
   return result;
-}
-
-// Makes `version` the parameters in use; returns the seconds spent. PD: the cache fetches
-// during the passes that use them. Baseline: the replica publishes them to the stage.
-double ComputeLoop::ensure_version(std::int64_t version) {
-  if (cache_) {
-    pass_version_ = version;
-    return 0.0;
-  }
-  if (version == have_version_) return 0.0;
-  const double t0 = now_seconds();
-  publish(version);
-  have_version_ = version;
-  return now_seconds() - t0;
 }
 
 void ComputeLoop::forward_backward(std::int64_t step, StepRecord& rec) {
   ScopedPhase t(timers_, "compute");
   const double t0 = now_seconds();
   stage_params_.zero_grads();  // resident gradients; streamed ones are zeroed when bound
-  if (grads_) {
-    grads_->begin_step(step);
-    streamed_before_ = grads_->stream_seconds();
-  }
   // The loss is the mean over every token of the global batch, so each micro-batch's and
   // each replica's gradient is a partial sum and they simply add.
   runner_.train(batch_of_step(step, opts_.skipped_batches),
                 1.0f / static_cast<float>(deck_.train.batch_size * T_));
   double waited = 0.0;
-  const std::int64_t fetched0 = cache_ ? cache_->stats().bytes_fetched : 0;
-  const double fetch_wait = cache_pass(step_plan_, [&] {
-    if (stage_order(deck_) == StageOrder::layer)
+  const PassTimes pass = step_->train_pass(step, [&] {
+    if (deck_.parallel.order == StageOrder::layer)
       runner_.train_layer_major(micro_batches_);  // one stage: no pipeline to wait for
     else
       waited = pipeline_.run_step(runner_);
   });
   backend_.device->synchronize();  // a GPU's queued work belongs to this phase
-  if (cache_) train_fetched_bytes_ += cache_->stats().bytes_fetched - fetched0;
-  rec.fetch_ms += 1e3 * fetch_wait;
+  rec.fetch_ms += 1e3 * pass.fetch_wait;
   const double elapsed = now_seconds() - t0;
-  const double streamed = grads_ ? grads_->stream_seconds() - streamed_before_ : 0.0;
-  rec.compute_ms = 1e3 * (elapsed - fetch_wait - streamed);  // the rest is fetch_ms, reduce_ms
+  // The rest is fetch_ms and reduce_ms.
+  rec.compute_ms = 1e3 * (elapsed - pass.fetch_wait - pass.streamed);
   rec.bubble = mean_over_stages(elapsed > 0 ? waited / elapsed : 0.0);
-}
-
-void ComputeLoop::reduce_and_push(std::int64_t step, StepRecord& rec) {
-  if (replica_ && layout_.shape().dp == 1) {  // nothing to reduce: the step stays on the device
-    update_replica(step, rec);
-    return;
-  }
-  if (grads_) {  // PD: units were reduced and pushed during backward; the last pushes drain
-    rec.reduce_ms = 1e3 * (grads_->stream_seconds() - streamed_before_);
-    const double t0 = now_seconds();
-    const double waited = grads_->end_step();
-    trace_event("push", "pd", t0, t0 + waited);
-    rec.push_ms = 1e3 * waited;
-    timers_.add("reduce", rec.reduce_ms / 1e3);
-    timers_.add("push", waited);
-    return;
-  }
-  const double t0 = now_seconds();
-  const ParamCatalog& cat = *setup_.catalog;
-  stage_params_.download_grads();
-  float* p = packed_.data();
-  for (int b : reducer_.blocks()) {
-    stage_params_.pack_grad(cat.block(b), p);
-    p += cat.block(b).numel();
-  }
-  reducer_.allgather(reducer_.reduce_scatter(packed_.data()), packed_.data());
-  const double t1 = now_seconds();
-  rec.reduce_ms = 1e3 * (t1 - t0);
-  timers_.add("reduce", t1 - t0);
-  trace_event("reduce", "dp", t0, t1);
-  service_->push(step, reducer_.blocks(), packed_.data());
-  const double t2 = now_seconds();
-  rec.push_ms = 1e3 * (t2 - t1);
-  timers_.add("push", t2 - t1);
-  trace_event("push", "pd", t1, t2);
 }
 
 bool ComputeLoop::eval_due(std::int64_t s) const {
@@ -185,9 +129,7 @@ double ComputeLoop::evaluate(std::int64_t batches) {
   TraceSpan span(trace_, "eval", "compute");
   runner_.eval(micro_batches_, deck_.train.batch_size);
   const int forwards = static_cast<int>(batches) * micro_batches_;
-  cache_pass(cache_ ? StageCache::eval_plan(stage_params_, forwards)
-                    : std::vector<std::vector<int>>{},
-             [&] { pipeline_.run_forward(runner_, forwards); });
+  step_->eval_pass(forwards, [&] { pipeline_.run_forward(runner_, forwards); });
   const double tokens = static_cast<double>(batches * deck_.train.batch_size * T_);
   return reducer_.sum(runner_.loss_sum()) / tokens;
 }
@@ -196,7 +138,7 @@ double ComputeLoop::evaluate(std::int64_t batches) {
 void ComputeLoop::report_known(double eta) {
   while (!pending_.empty()) {
     if (diverged_at_ > 0 && pending_.front().step > diverged_at_) break;  // never reported
-    const auto info = service_->update_info(pending_.front().step);
+    const auto info = step_->owner().update_info(pending_.front().step);
     if (!info) break;
     pending_.front().grad_norm = info->grad_norm;
     pending_.front().lr = info->lr;
@@ -211,7 +153,7 @@ void ComputeLoop::report_known(double eta) {
 bool ComputeLoop::stop_requested() {
   constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::min();
   // MPI_MAX of {signal, -diverged step}: the earliest divergence wins.
-  std::int64_t v[2] = {stop_signal_received() || service_->holders_asked_to_stop() ? 1 : 0,
+  std::int64_t v[2] = {stop_signal_received() || step_->owner().holders_asked_to_stop() ? 1 : 0,
                        diverged_at_ > 0 ? -diverged_at_ : kNone};
   MPI_Request r;
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, layout_.compute_comm(), &r));
@@ -248,27 +190,19 @@ void ComputeLoop::check_loss(std::int64_t step, double loss) {
                             std::to_string(layout_.compute_index()) + " (world rank " +
                             std::to_string(layout_.world_rank()) + ")";
   note_divergence(step, divergence_message(step, "the loss", loss, where) +
-                            (replica_ ? "; its update was not applied, and no checkpoint was "
-                                        "written after step " + std::to_string(step - 1)
-                                      : "; the holders may have applied its update (they do "
-                                        "before its loss is known, when its gradient norm is "
-                                        "finite), and no final checkpoint was written"));
-  service_->mark_diverged(step);  // the baseline's replica does not apply this step
+                            step_->after_loss_divergence(step));
+  step_->owner().mark_diverged(step);  // the baseline's replica does not apply this step
 }
 
 // Updates this rank has learnt of (the baseline's at once, PD's with the replies of the next
 // fetch) whose gradient norm was not finite: the holders or the replica did not apply them.
 void ComputeLoop::check_norms() {
   while (diverged_at_ == 0) {
-    const auto info = service_->update_info(norm_checked_ + 1);
+    const auto info = step_->owner().update_info(norm_checked_ + 1);
     if (!info) return;
     ++norm_checked_;
     if (std::isfinite(info->grad_norm)) continue;
-    note_divergence(info->version,
-                    replica_ ? replica_->divergence()
-                             : divergence_message(info->version, "the gradient norm",
-                                                  info->grad_norm, "agreed by the holders") +
-                                   "; the holders applied no update from this step on");
+    note_divergence(info->version, step_->norm_divergence(*info));
   }
 }
 
@@ -286,32 +220,18 @@ void ComputeLoop::end_diverged(TrainResult& result) {
   const auto kept = static_cast<std::size_t>(std::max<std::int64_t>(0, diverged_at_ - start_step_));
   if (result.losses.size() > kept) result.losses.resize(kept), result.val_losses.resize(kept);
   result.final_step = diverged_at_;
-  service_->mark_diverged(diverged_at_);
+  step_->owner().mark_diverged(diverged_at_);
   result.diverged_step = diverged_at_;
   result.divergence = divergence_;
-}
-
-// The holders' figures (gradient norm, lr) of every update up to `version` arrive with any
-// fetch of it: the baseline has them, a PD rank asks for one small block.
-void ComputeLoop::learn_updates(std::int64_t version) {
-  if (!cache_) {
-    ensure_version(version);
-    return;
-  }
-  const std::vector<int>& blocks = stage_params_.needed_blocks();
-  int smallest = blocks.front();
-  for (int b : blocks)
-    if (setup_.catalog->block(b).numel() < setup_.catalog->block(smallest).numel()) smallest = b;
-  service_->fetch(version, {smallest}, [](int, const float*) {});
 }
 
 TrainResult ComputeLoop::run_eval(std::int64_t batches) {
   TrainResult result;
   result.reporter = layout_.is_reporter();
-  ensure_version(start_step_);
+  step_->use_version(start_step_);
   const double loss = evaluate(batches);
   result.val_losses.push_back(loss);
-  result.params_crc32c = service_->finish();
+  result.params_crc32c = step_->owner().finish_and_checksum();
   if (result.reporter && opts_.verbose)
     print_eval_result(deck_, batches, loss, result.params_crc32c);
   return result;
@@ -321,57 +241,40 @@ TrainResult ComputeLoop::run_eval(std::int64_t batches) {
 
 ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& layout,
                          const RunOptions& opts, kernels::ComputeBackend& backend,
-                         const CommChoice& comm, std::unique_ptr<ParameterService> service, DeviceReplica* replica,
-                         std::int64_t start_step, TraceRecorder* trace)
+                         const CommChoice& comm, ParameterOwner owner, std::int64_t start_step,
+                         TraceRecorder* trace)
     : deck_(deck), setup_(setup), layout_(layout), opts_(opts), trace_(trace),
       start_step_(start_step),
       backend_(backend),
       comm_(comm),
       comms_(make_compute_comms(comm, layout, *backend.device)),
+      // PD streams a stage's parameters through a bounded cache; the baseline keeps its whole
+      // stage resident.
       stage_params_(*setup.catalog, stage_spec(deck, layout),
                     layout.replicated() ? StageParams::Storage::resident
                                         : StageParams::Storage::streamed,
-                    precision(deck), *backend.device),
+                    deck.train.precision, *backend.device),
       micro_batches_(static_cast<int>(deck.parallel.micro_batches)),
       kind_(*pipeline_kind_from_string(deck.parallel.schedule)),
       micro_batch_(micro_batch_size(deck, layout.shape())),
       T_(deck.model.seq_len),
       slots_(activation_slots(deck, layout.shape(), layout.pp_rank())),
       stage_(stage_params_, micro_batch_, T_, comms_.model_tp(), slots_, recompute_mode(deck),
-             *backend.ops, stage_order(deck)),
+             *backend.ops, deck.parallel.order),
       runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
               micro_batch_, T_, slots_, *backend.device),
       pipeline_(*comms_.pp, kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
                 trace),
       reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
-      service_(std::move(service)), replica_(replica) {
+      phases_(timers_, trace),
+      step_(std::visit(
+          [&](auto&& o) {
+            return make_parameter_step(std::move(o), StepParts{deck, layout, stage_params_,
+                                                               reducer_, *backend.ops, phases_,
+                                                               kind_, micro_batches_});
+          },
+          std::move(owner))) {
   norm_checked_ = start_step;
-  if (replica_ && layout.shape().dp > 1)
-    packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
-  PDT_CHECK(layout.replicated() == (replica_ != nullptr),
-            "the replicated baseline computes on its DeviceReplica, PD on holders");
-  if (replica_) {
-    // The baseline's stage is the whole model (dp only): its blocks are every block, in order,
-    // as the replica packs them.
-    PDT_CHECK(static_cast<std::int64_t>(stage_params_.needed_blocks().size()) ==
-                  static_cast<std::int64_t>(setup.catalog->blocks().size()),
-              "the replicated baseline's stage must hold every block");
-    tiles_ = stage_params_.tiles(stage_params_.needed_blocks());
-  }
-  // PD: parameters stream through a bounded cache with prefetch; the baseline keeps its
-  // whole stage resident.
-  if (!layout.replicated()) {
-    cache_ = std::make_unique<StageCache>(
-        stage_params_, *service_, static_cast<std::int64_t>(deck.pd.cache_mb * 1048576.0),
-        static_cast<int>(deck.pd.prefetch_depth), trace, deck.pd.cache_warm_steps);
-    step_plan_ = stage_order(deck) == StageOrder::layer
-                     ? StageCache::layer_major_plan(stage_params_)
-                     : StageCache::step_plan(stage_params_, kind_, layout.shape().pp,
-                                             layout.pp_rank(), micro_batches_);
-    grads_ = std::make_unique<GradStreamer>(stage_params_, *service_, layout.dp_comm(),
-                                            backward_passes(deck),
-                                            static_cast<int>(deck.pd.pushes_in_flight), trace);
-  }
 }
 
 // Blocks whose reduced gradient this rank's data-parallel group pushes: its stage's blocks,
@@ -389,49 +292,6 @@ std::vector<std::int64_t> ComputeLoop::block_sizes(const std::vector<int>& block
   return n;
 }
 
-// Runs `body` as one pass of the PD cache over `plan` (the baseline just runs it); returns
-// the seconds the pass waited for parameters.
-template <class Body>
-double ComputeLoop::cache_pass(const std::vector<std::vector<int>>& plan, Body&& body) {
-  if (!cache_) {
-    body();
-    return 0.0;
-  }
-  const double wait0 = cache_->stats().wait_seconds;
-  cache_->begin(pass_version_, plan);
-  body();
-  cache_->end();
-  const double waited = cache_->stats().wait_seconds - wait0;
-  timers_.add("fetch", waited);
-  return waited;
-}
-
-// The baseline: the replica's parameters of `version` into the stage, on the device (in bf16
-// precision rounded, with their bf16 copies, as unpack_param does).
-void ComputeLoop::publish(std::int64_t version) {
-  ScopedPhase t(timers_, "fetch");
-  PDT_CHECK(version == replica_->version(),
-            "replica at version " + std::to_string(replica_->version()) + ", asked for " +
-                std::to_string(version));
-  backend_.ops->scatter_tiles(stage_params_.params_device(), stage_params_.params_bf16_device(),
-                              replica_->params(), tiles_);
-}
-
-// The baseline with one replica: the stage's gradients packed on the device, and the replica's
-// optimizer step there.
-void ComputeLoop::update_replica(std::int64_t step, StepRecord& rec) {
-  const double t0 = now_seconds();
-  backend_.ops->gather_tiles(replica_->grads(), stage_params_.grads_device(), tiles_);
-  const double t1 = now_seconds();
-  rec.reduce_ms = 1e3 * (t1 - t0);
-  timers_.add("reduce", t1 - t0);
-  replica_->update(step, replica_->grads());
-  const double t2 = now_seconds();
-  rec.push_ms = 1e3 * (t2 - t1);
-  timers_.add("push", t2 - t1);
-  trace_event("update", "pd", t1, t2);
-}
-
 // The measured bubble: the share of the pipeline phase each stage spent waiting for its
 // neighbours, averaged over the stages.
 double ComputeLoop::mean_over_stages(double x) {
@@ -447,16 +307,10 @@ void ComputeLoop::open_outputs() {
   if (opts_.verbose) print_run_header(deck_, setup_, layout_, backend_.ops->describe(), comm_.why);
 }
 
-void ComputeLoop::write_heat_map() {
-  const std::string dir = deck_.run.out_dir + "/pd_heat";
-  create_output_directory(dir);
+void ComputeLoop::write_fetch_figures() {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(layout_.world(), &rank));
-  cache_->write_heat_map(dir + "/rank-" + std::to_string(rank) + ".csv");
-}
-
-void ComputeLoop::trace_event(const char* name, const char* cat, double t0, double t1) {
-  if (trace_) trace_->event(name, cat, t0, t1);
+  step_->write_fetch_figures(deck_.run.out_dir, rank);
 }
 
 }  // namespace pdtrain

@@ -6,7 +6,7 @@
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
-#include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/model/stage_program.hpp"
 
 namespace pdtrain {
 
@@ -15,7 +15,7 @@ namespace {
 // grads_end() calls per unit in one backward pass.
 std::vector<int> writes_per_pass(const StageParams& p) {
   std::vector<int> n(static_cast<std::size_t>(p.num_units()), 0);
-  for (const std::vector<int>& use : GptStage::backward_grad_uses(p))
+  for (const std::vector<int>& use : StageProgram(p).backward_grad_uses())
     for (int u : use) ++n[u];
   return n;
 }
@@ -103,7 +103,7 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
     if (pushes_in_flight == 0) retire_oldest();
   };
   for (int pass = 0; pass < passes; ++pass)
-    for (const std::vector<int>& use : GptStage::backward_grad_uses(p)) {
+    for (const std::vector<int>& use : StageProgram(p).backward_grad_uses()) {
       for (int u : use)
         if (!bound[u]) {
           bound[u] = true;
@@ -189,10 +189,8 @@ double GradStreamer::end_step() {
 void GradStreamer::bind(int u) {
   const std::int64_t n = params_.unit_numel(u);
   count(4 * pool_counts_.take(n));
-  std::vector<Mirrored<float>>& free = free_[n];
-  if (!free.empty()) {
-    bound_[u] = std::move(free.back());
-    free.pop_back();
+  if (std::optional<Mirrored<float>> spare = free_.take(static_cast<std::size_t>(n))) {
+    bound_[u] = std::move(*spare);
     device_.zero(bound_[u].device(), static_cast<std::size_t>(n) * sizeof(float));
   } else {
     bound_[u] = Mirrored<float>(device_, n);  // zero-filled
@@ -306,26 +304,21 @@ void GradStreamer::recycle(Push& push) {
   if (!push.grads.empty()) give_grads(std::move(push.grads));
   if (!push.packed.empty()) {
     packed_counts_.give(static_cast<std::int64_t>(push.packed.size()));
-    spare_packed_.push_back(std::move(push.packed));
+    spare_packed_.give(push.packed.size(), std::move(push.packed));
   }
 }
 
 void GradStreamer::give_grads(Mirrored<float> grads) {
   const std::int64_t n = grads.size();
   pool_counts_.give(n);
-  free_[n].push_back(std::move(grads));
+  free_.give(static_cast<std::size_t>(n), std::move(grads));
 }
 
 // A packed buffer of exactly n floats: a spare one of that size, or a new one.
 std::vector<float> GradStreamer::take_packed(std::int64_t n) {
   count(4 * packed_counts_.take(n));
-  for (std::size_t i = 0; i < spare_packed_.size(); ++i)
-    if (static_cast<std::int64_t>(spare_packed_[i].size()) == n) {
-      std::vector<float> v = std::move(spare_packed_[i]);
-      spare_packed_.erase(spare_packed_.begin() + static_cast<std::ptrdiff_t>(i));
-      return v;
-    }
-  return std::vector<float>(static_cast<std::size_t>(n));
+  std::optional<std::vector<float>> spare = spare_packed_.take(static_cast<std::size_t>(n));
+  return spare ? std::move(*spare) : std::vector<float>(static_cast<std::size_t>(n));
 }
 
 void GradStreamer::count(std::int64_t delta_bytes) {

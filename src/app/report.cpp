@@ -62,7 +62,7 @@ void print_compute_rank(const Deck& deck, const Setup& s, const StagePosition& p
   int slots = 0;
   const plan::ComputeMemory mem = plan::compute_memory(in, p, t, false, &slots);
   const double b = static_cast<double>(bytes), params = mem.params, grads = mem.grads;
-  const double copies = deck.train.precision == "bf16" ? 1.5 : 1.0;
+  const double copies = deck.train.precision == Precision::bf16 ? 1.5 : 1.0;
   const double cap = deck.pd.cache_mb * 1048576.0;
   std::string params_text = human_bytes(params);
   if (ls.holders > 0 && cap > 0 && deck.pd.cache_warm_steps > 0)  // the cold start's warm phase
@@ -96,7 +96,7 @@ std::function<double(int)> pd_grad_bound(const Deck& deck, const LayoutShape& sh
   const int passes = backward_passes(deck), replicas = shape.dp;
   const int in_flight = static_cast<int>(deck.pd.pushes_in_flight);
   const bool staged = deck.compute.device != "cpu";
-  const Precision prec = precision(deck);
+  const Precision prec = deck.train.precision;
   return [cat, specs, passes, replicas, in_flight, staged, prec](int p) {
     const StageParams shapes(*cat, specs[static_cast<std::size_t>(p)], StageParams::Storage::shapes_only, prec);
     return static_cast<double>(GradStreamer::bound_bytes(shapes, passes, replicas, in_flight, staged));
@@ -138,7 +138,7 @@ void print_dry_run(const Deck& deck, const Setup& s, const Layout& layout) {
               static_cast<long long>(micro_batch_size(deck, ls)),
               static_cast<long long>(deck.model.seq_len),
               static_cast<long long>(deck.parallel.micro_batches),
-              stage_order(deck) == StageOrder::layer ? "layer-major"
+              deck.parallel.order == StageOrder::layer ? "layer-major"
                                                      : deck.parallel.schedule.c_str());
   const std::vector<StagePosition> stages = stage_positions(deck, ls, cat);
   for (int r = 0; r < ls.world(); ++r) {
@@ -195,15 +195,15 @@ void print_run_header(const Deck& deck, const Setup& setup, const Layout& layout
   if (ls.pp > 1)
     std::printf(" | %d micro-batches, %s schedule", static_cast<int>(deck.parallel.micro_batches),
                 to_string(*pipeline_kind_from_string(deck.parallel.schedule)));
-  if (stage_order(deck) == StageOrder::layer)
+  if (deck.parallel.order == StageOrder::layer)
     std::printf(" | %d micro-batches, layer-major", static_cast<int>(deck.parallel.micro_batches));
-  if (deck.train.precision == "bf16")
+  if (deck.train.precision == Precision::bf16)
     std::printf(" | bf16 matmuls (fp32 accumulation, fp32 master weights)");
   if (!layout.replicated()) {
     const WireCodec f = fetch_codec(deck);
     const WireCodec p = *wire_codec_from_string(deck.pd.push_codec);
     std::printf("\nwire: fetch %s, push %s%s", to_string(f), to_string(p),
-                deck.train.precision == "bf16" && !is_lossy(p)
+                deck.train.precision == Precision::bf16 && !is_lossy(p)
                     ? " (bf16 precision: holders serve bf16 copies of fp32 masters)"
                 : is_lossy(f) || is_lossy(p)
                     ? " | LOSSY: numerics differ from exact synchronous training"
@@ -228,10 +228,12 @@ void report_step(MetricsWriter& metrics, const StepRecord& rec, const Deck& deck
 }
 
 void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t start_step,
-                       const PhaseTimers& timers, const ParameterService& service,
-                       const StageCache* cache, std::int64_t train_fetched_bytes,
-                       std::int64_t stage_bytes, const GradStreamer* grads,
-                       const Device& device) {
+                       const PhaseTimers& timers, const ParameterFigures& figures,
+                       std::int64_t stage_bytes, const Device& device) {
+  const ParameterService& service = figures.owner;
+  const StageCache* cache = figures.cache;
+  const std::int64_t train_fetched_bytes = figures.train_fetched_bytes;
+  const GradStreamer* grads = figures.grads;
   const double tokens = static_cast<double>((r.final_step - start_step) * deck.train.batch_size *
                                             deck.model.seq_len);
   std::printf("summary: wall %.2f s | %.0f tok/s | fetch %.2f s | compute %.2f s | "

@@ -337,7 +337,7 @@ std::vector<StagePosition> stage_positions(const Deck& deck, const LayoutShape& 
   for (int p = 0; p < shape.pp; ++p)
     for (int t = 0; t < shape.tp; ++t)
       out.push_back({p, t, StageParams(catalog, stage_spec(deck, shape, p, t),
-                                       StageParams::Storage::shapes_only, precision(deck))});
+                                       StageParams::Storage::shapes_only, deck.train.precision)});
   return out;
 }
 
@@ -361,12 +361,8 @@ StalenessPlan staleness_plan(const Deck& deck) {
 }
 
 WireCodec fetch_codec(const Deck& deck) {
-  return deck.train.precision == "bf16" ? WireCodec::bf16
+  return deck.train.precision == Precision::bf16 ? WireCodec::bf16
                                         : *wire_codec_from_string(deck.pd.fetch_codec);
-}
-
-Precision precision(const Deck& deck) {
-  return deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
 }
 
 Recompute recompute_mode(const Deck& deck) {
@@ -375,19 +371,15 @@ Recompute recompute_mode(const Deck& deck) {
   return Recompute::none;
 }
 
-StageOrder stage_order(const Deck& deck) {
-  return deck.parallel.order == "layer" ? StageOrder::layer : StageOrder::micro_batch;
-}
-
 int activation_slots(const Deck& deck, const LayoutShape& shape, int pp_rank) {
   const int m = static_cast<int>(deck.parallel.micro_batches);
-  if (stage_order(deck) == StageOrder::layer) return m;
+  if (deck.parallel.order == StageOrder::layer) return m;
   return pipeline_in_flight(*pipeline_kind_from_string(deck.parallel.schedule), shape.pp, pp_rank,
                             m);
 }
 
 int backward_passes(const Deck& deck) {
-  return stage_order(deck) == StageOrder::layer ? 1 : static_cast<int>(deck.parallel.micro_batches);
+  return deck.parallel.order == StageOrder::layer ? 1 : static_cast<int>(deck.parallel.micro_batches);
 }
 
 std::int64_t micro_batch_size(const Deck& deck, const LayoutShape& shape) {

@@ -5,7 +5,7 @@
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/io/output_file.hpp"
-#include "pdtrain/model/gpt_stage.hpp"
+#include "pdtrain/model/stage_program.hpp"
 
 namespace pdtrain {
 
@@ -29,7 +29,7 @@ std::vector<CacheUnit> StageCache::units_of(const StageParams& p) {
 
 std::vector<std::vector<int>> StageCache::step_plan(const StageParams& p, PipelineKind kind,
                                                     int stages, int stage, int micro_batches) {
-  const auto fwd = GptStage::forward_uses(p), bwd = GptStage::backward_uses(p);
+  const auto fwd = StageProgram(p).forward_uses(), bwd = StageProgram(p).backward_uses();
   std::vector<std::vector<int>> plan;
   for (const PipelineAction& a : pipeline_actions(kind, stages, stage, micro_batches)) {
     if (a.kind == ActionKind::forward) plan.insert(plan.end(), fwd.begin(), fwd.end());
@@ -39,13 +39,14 @@ std::vector<std::vector<int>> StageCache::step_plan(const StageParams& p, Pipeli
 }
 
 std::vector<std::vector<int>> StageCache::layer_major_plan(const StageParams& p) {
-  std::vector<std::vector<int>> plan = GptStage::forward_uses(p);
-  for (std::vector<int>& use : GptStage::backward_uses(p)) plan.push_back(std::move(use));
+  const StageProgram program(p);
+  std::vector<std::vector<int>> plan = program.forward_uses();
+  for (std::vector<int>& use : program.backward_uses()) plan.push_back(std::move(use));
   return plan;
 }
 
 std::vector<std::vector<int>> StageCache::eval_plan(const StageParams& p, int forwards) {
-  const auto fwd = GptStage::forward_uses(p);
+  const auto fwd = StageProgram(p).forward_uses();
   std::vector<std::vector<int>> plan;
   for (int i = 0; i < forwards; ++i) plan.insert(plan.end(), fwd.begin(), fwd.end());
   return plan;

@@ -338,6 +338,19 @@ int initial_value_threads(const Deck& deck, const Setup& setup, const Layout& la
   return resolve_holder_threads(configured, static_cast<int>(std::count(setup.node.begin(), keepers, mine)));
 }
 
+// What the parameters' owners (the holders, or the baseline's writing replica) do after each
+// update: checkpoints, parameter trajectories and samples, over `comm` (the owners).
+HolderHooks training_hooks(ckpt::CheckpointWriter& writer, const Deck& deck, const Setup& setup,
+                           MPI_Comm comm, const RestartPoint& restart, bool verbose,
+                           std::function<HolderHooks::OwnedBlocks()> owned) {
+  const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
+  return with_training_samples(
+      with_trajectories(checkpoint_hooks(writer, deck, layout_text(setup.shape), tokens_per_step,
+                                         verbose),
+                        deck, *setup.catalog, comm, restart, std::move(owned)),
+      deck, *setup.catalog, comm);
+}
+
 // A holder: serves its blocks, applies AdamW and (training) writes checkpoints, until every
 // compute rank is done. Returns why training diverged, if the holders saw it.
 std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layout,
@@ -359,14 +372,9 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
   std::unique_ptr<ckpt::CheckpointWriter> writer;
   if (training) {
     writer = make_writer(deck, *setup.catalog, layout.holders_comm());
-    const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
-    server.set_hooks(with_training_samples(
-        with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
-                                           tokens_per_step,
-                                           opts.verbose && layout.holder_index() == 0),
-                          deck, *setup.catalog, layout.holders_comm(), restart,
-                          [&server] { return server.owned_blocks(); }),
-        deck, *setup.catalog, layout.holders_comm()));
+    server.set_hooks(training_hooks(*writer, deck, setup, layout.holders_comm(), restart,
+                                    opts.verbose && layout.holder_index() == 0,
+                                    [&server] { return server.owned_blocks(); }));
   }
   server.run();
   return server.divergence();
@@ -379,35 +387,29 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
                              kernels::ComputeBackend& backend, const CommChoice& comm,
                              const SharedSegments* segments, TraceRecorder* trace) {
   const bool training = opts.eval_batches == 0;
-  std::unique_ptr<ParameterService> service;
-  DeviceReplica* baseline = nullptr;
+  ParameterOwner owner;
   std::unique_ptr<ckpt::CheckpointWriter> writer;
   if (layout.replicated()) {
     setup.table.init_threads = initial_value_threads(deck, setup, layout);
     auto replica = std::make_unique<DeviceReplica>(setup.table, adamw_config(deck),
                                                    *backend.device, *backend.ops);
-    baseline = replica.get();
     restore_collectively(restart, *setup.catalog, MPI_COMM_SELF, layout.world(), replica.get());
     if (training && layout.compute_index() == 0) {  // one replica writes for all
       writer = make_writer(deck, *setup.catalog, MPI_COMM_SELF);
-      const std::int64_t tokens_per_step = deck.train.batch_size * deck.model.seq_len;
-      replica->set_hooks(with_training_samples(
-          with_trajectories(checkpoint_hooks(*writer, deck, layout_text(setup.shape),
-                                             tokens_per_step, opts.verbose),
-                            deck, *setup.catalog, MPI_COMM_SELF, restart,
-                            [r = replica.get()] { return r->owned_blocks(); }),
-          deck, *setup.catalog, MPI_COMM_SELF));
+      replica->set_hooks(training_hooks(*writer, deck, setup, MPI_COMM_SELF, restart,
+                                        opts.verbose,
+                                        [r = replica.get()] { return r->owned_blocks(); }));
     }
-    service = std::move(replica);
+    owner = std::move(replica);
   } else {
     restore_collectively(restart, *setup.catalog, MPI_COMM_NULL, layout.world(),
                          static_cast<HolderServer*>(nullptr));
-    service = std::make_unique<FetchClient>(layout, setup.table, setup.owner, fetch_codec(deck),
-                                            *wire_codec_from_string(deck.pd.push_codec),
-                                            deck.pd.fetch_thread, segments);
+    owner = std::make_unique<FetchClient>(layout, setup.table, setup.owner, fetch_codec(deck),
+                                          *wire_codec_from_string(deck.pd.push_codec),
+                                          deck.pd.fetch_thread, segments);
   }
-  ComputeLoop loop(deck, setup, layout, opts, backend, comm, std::move(service), baseline,
-                   restart.step, trace);
+  ComputeLoop loop(deck, setup, layout, opts, backend, comm, std::move(owner), restart.step,
+                   trace);
   setup.table.init = nullptr;
   return training ? loop.run() : loop.run_eval(opts.eval_batches);
 }

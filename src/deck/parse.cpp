@@ -334,7 +334,7 @@ const std::vector<CrossRule>& cross_rules() {
        }},
       // bf16 precision puts bf16 weights on the wire; lz4 would recompress float bytes.
       {"pd.fetch_codec", "train.precision",
-       [](const Deck& d) { return d.train.precision != "bf16" || d.pd.fetch_codec != "lz4"; },
+       [](const Deck& d) { return d.train.precision != Precision::bf16 || d.pd.fetch_codec != "lz4"; },
        [](const Deck& d) {
          return "must be raw or bf16 when train.precision is bf16 (holders then serve bf16 "
                 "copies), got " + val(d, "pd.fetch_codec");

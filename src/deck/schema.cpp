@@ -23,19 +23,42 @@ constexpr KeyType type_of() {
   }
 }
 
-// One key stored at deck.*section.*field; the type comes from the field itself so the table
-// cannot disagree with deck.hpp.
-template <class S, class T>
-KeySpec key(S Deck::*section, T S::*field, std::string dotted, std::string doc) {
+// A key's section and name from its dotted form, and its documentation.
+KeySpec named(std::string dotted, std::string doc) {
   KeySpec k;
   const auto dot = dotted.find('.');
   k.section = dotted.substr(0, dot);
   k.name = dotted.substr(dot + 1);
   k.key = std::move(dotted);
-  k.type = type_of<T>();
   k.doc = std::move(doc);
+  return k;
+}
+
+// One key stored at deck.*section.*field; the type comes from the field itself so the table
+// cannot disagree with deck.hpp.
+template <class S, class T>
+KeySpec key(S Deck::*section, T S::*field, std::string dotted, std::string doc) {
+  KeySpec k = named(std::move(dotted), std::move(doc));
+  k.type = type_of<T>();
   k.get = [section, field](const Deck& d) { return Value{(d.*section).*field}; };
   k.set = [section, field](Deck& d, const Value& v) { (d.*section).*field = std::get<T>(v); };
+  return k;
+}
+
+// A key whose field is an enum, written in the deck as the name of its value (`names`, in the
+// enum's order): the text is parsed once, here, and checked as a choice.
+template <class S, class E>
+KeySpec enum_key(S Deck::*section, E S::*field, std::string dotted, std::string doc,
+                 std::vector<std::string> names) {
+  KeySpec k = named(std::move(dotted), std::move(doc));
+  k.one_of(names);
+  k.get = [section, field, names](const Deck& d) {
+    return Value{names[static_cast<std::size_t>((d.*section).*field)]};
+  };
+  k.set = [section, field, names](Deck& d, const Value& v) {
+    const auto it = std::find(names.begin(), names.end(), std::get<std::string>(v));
+    (d.*section).*field = static_cast<E>(it - names.begin());
+  };
   return k;
 }
 
@@ -144,14 +167,14 @@ std::vector<KeySpec> build_schema() {
       key(&D::parallel, &ParallelConfig::schedule, "parallel.schedule",
           "Pipeline schedule; both give identical losses, 1f1b holds fewer activations.")
           .one_of({"1f1b", "gpipe"}),
-      key(&D::parallel, &ParallelConfig::order, "parallel.order",
+      enum_key(&D::parallel, &ParallelConfig::order, "parallel.order",
           "Order of a step's micro-batches on a stage. micro_batch: each micro-batch's forward and "
           "backward in turn. layer (one pipeline stage; as L2L does): every micro-batch through "
           "a layer before the next layer, so a bounded pd.cache_mb fetches each layer once per "
           "direction and a PD rank holds one layer's gradient at a time, for every "
           "micro-batch's activations at once. Losses equal micro_batch's up to the order the "
-          "tied embedding adds its micro-batches' gradients.")
-          .one_of({"micro_batch", "layer"})
+          "tied embedding adds its micro-batches' gradients.",
+          {"micro_batch", "layer"})
           .with_rule("layer needs parallel.pp = 1"),
       key(&D::parallel, &ParallelConfig::comm, "parallel.comm",
           "Transport of compute-to-compute traffic (tensor-parallel all-reduces). mpi: MPI over "
@@ -183,13 +206,13 @@ std::vector<KeySpec> build_schema() {
           "Activation recomputation in backward: attention (drop the T x T probabilities) or "
           "full (keep only layer outputs); losses are identical to none.")
           .one_of({"none", "attention", "full"}),
-      key(&D::train, &TrainConfig::precision, "train.precision",
+      enum_key(&D::train, &TrainConfig::precision, "train.precision",
           "bf16: mixed precision. Holders keep fp32 master weights and AdamW state and serve "
           "bf16 copies (half the fetch bytes); compute ranks run the matmuls on bf16 inputs with "
           "fp32 accumulation and keep LayerNorm, softmax, GELU and the loss in fp32; gradients "
           "stay fp32 (pd.push_codec decides the wire). No loss scaling: bf16 has fp32's exponent "
-          "range.")
-          .one_of({"fp32", "bf16"}),
+          "range.",
+          {"fp32", "bf16"}),
       key(&D::train, &TrainConfig::on_divergence, "train.on_divergence",
           "When a step's loss or gradient norm is not finite (no parameter is updated with it, "
           "nothing after it is checkpointed): stop ends the run with exit status 5, naming the "

@@ -34,7 +34,7 @@ LayoutShape resolve_layout(const Deck& deck, int world_size) {
       << " layers: every stage needs at least one layer";
     layout_error(deck, "parallel.pp", m.str());
   }
-  if (deck.parallel.order == "layer" && s.pp > 1) {
+  if (deck.parallel.order == StageOrder::layer && s.pp > 1) {
     std::ostringstream m;
     m << "parallel.order = \"layer\" runs every micro-batch through a layer before the next, "
          "which needs the whole model on one stage, but parallel.pp = "

@@ -12,7 +12,7 @@ using Tid = TensorId;
 GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t seq_len,
                    TensorParallelOps& tp, int slots, Recompute recompute, kernels::KernelOps& ops,
                    StageOrder order)
-    : p_(params), tp_(tp), k_(ops), dev_(params.device()),
+    : p_(params), program_(params), tp_(tp), k_(ops), dev_(params.device()),
       dims_(dims_of(params.catalog().shape(), params.spec(), micro_batch, seq_len, slots,
                     recompute, params.bf16(), order)) {
   PDT_CHECK(!dims_.layer_major || (dims_.embedding && dims_.head),
@@ -162,57 +162,54 @@ const float* GptStage::output(int slot) const {
   return dims_.layers > 0 ? a.layers.back().residual3.data() : a.input.data();
 }
 
-// The parameter units forward() and backward() announce with need(), in order: a parameter
-// cache plans its prefetches and evictions from these lists, and need() checks each use
-// against the plan.
-std::vector<std::vector<int>> GptStage::forward_uses(const StageParams& p) {
-  std::vector<std::vector<int>> uses;
-  const std::int64_t layers = p.spec().layer_end - p.spec().layer_begin;
-  if (p.spec().has_embedding) uses.push_back({p.wte_unit(), p.wpe_unit()});
-  for (std::int64_t i = 0; i < layers; ++i) uses.push_back({static_cast<int>(i)});
-  if (p.spec().has_head) uses.push_back({p.lnf_unit(), p.wte_unit()});
-  return uses;
+// The stage's program forward: each step announces the units it reads, then runs.
+template <class Body>
+void GptStage::run_forward(Body&& body) {
+  for (const StageStep& s : program_.steps()) {
+    p_.need(s.units);
+    body(s);
+  }
 }
 
-std::vector<std::vector<int>> GptStage::backward_uses(const StageParams& p) {
-  std::vector<std::vector<int>> uses;
-  const std::int64_t layers = p.spec().layer_end - p.spec().layer_begin;
-  if (p.spec().has_head) uses.push_back({p.lnf_unit(), p.wte_unit()});
-  for (std::int64_t i = layers - 1; i >= 0; --i) uses.push_back({static_cast<int>(i)});
-  return uses;  // the embedding's backward needs no parameters
+// Backward: the steps in reverse, each announcing the units it reads and, around its
+// arithmetic, the units whose gradients it adds into.
+template <class Body>
+void GptStage::run_backward(Body&& body) {
+  const std::vector<StageStep>& steps = program_.steps();
+  for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
+    if (s->backward_reads_params()) p_.need(s->units);
+    p_.grads_begin(s->units);
+    body(*s);
+    p_.grads_end(s->units);
+  }
 }
 
-// The sections of backward() that add into units' gradients, in order (announced with
-// grads_begin/grads_end): a unit's gradient of a step is final after its last section of the
-// step's last backward. The tied embedding gets the head's part and, on a stage that also
-// embeds, the lookup's part at the very end.
-std::vector<std::vector<int>> GptStage::backward_grad_uses(const StageParams& p) {
-  std::vector<std::vector<int>> uses;
-  const std::int64_t layers = p.spec().layer_end - p.spec().layer_begin;
-  if (p.spec().has_head) uses.push_back({p.lnf_unit(), p.wte_unit()});
-  for (std::int64_t i = layers - 1; i >= 0; --i) uses.push_back({static_cast<int>(i)});
-  if (p.spec().has_embedding) uses.push_back({p.wte_unit(), p.wpe_unit()});
-  return uses;
+void GptStage::forward_step(const StageStep& s, SlotActs& a) {
+  switch (s.kind) {
+    case StageStep::Kind::embedding: return embed(a);
+    case StageStep::Kind::layer: return forward_kept(s.layer, a);
+    case StageStep::Kind::head: return head_and_loss(a);
+  }
+}
+
+void GptStage::backward_step(const StageStep& s, int slot, float dloss) {
+  SlotActs& a = acts_.slots[slot];
+  switch (s.kind) {
+    case StageStep::Kind::embedding: return encoder_backward(a);
+    case StageStep::Kind::layer: return backward_kept(s.layer, a);
+    case StageStep::Kind::head: return head_backward(a, output(slot), dloss);
+  }
 }
 
 void GptStage::forward(int slot, const std::int32_t* tokens, const float* input,
                        const std::int32_t* targets) {
   SlotActs& a = acts_.slots[slot];
-  if (dims_.embedding) {
-    p_.need({p_.wte_unit(), p_.wpe_unit()});
+  if (dims_.embedding)
     copy_in(a.tokens.data(), tokens, a.tokens.bytes());
-    embed(a);
-  } else {
+  else
     copy_in(a.input.data(), input, a.input.bytes());
-  }
-  for (std::int64_t i = 0; i < dims_.layers; ++i) {
-    p_.need({static_cast<int>(i)});
-    forward_kept(i, a);
-  }
-  if (!dims_.head) return;
-  copy_in(a.targets.data(), targets, a.targets.bytes());
-  p_.need({p_.lnf_unit(), p_.wte_unit()});
-  head_and_loss(a);
+  if (dims_.head) copy_in(a.targets.data(), targets, a.targets.bytes());
+  run_forward([&](const StageStep& s) { forward_step(s, a); });
 }
 
 void GptStage::load(int slot, const std::int32_t* tokens, const std::int32_t* targets) {
@@ -224,14 +221,9 @@ void GptStage::load(int slot, const std::int32_t* tokens, const std::int32_t* ta
 void GptStage::forward_layer_major(int n) {
   PDT_CHECK(dims_.layer_major && n <= dims_.slots, "layer-major forward of " + std::to_string(n) +
                                                        " micro-batches on a stage without it");
-  p_.need({p_.wte_unit(), p_.wpe_unit()});
-  for (int j = 0; j < n; ++j) embed(acts_.slots[j]);
-  for (std::int64_t i = 0; i < dims_.layers; ++i) {
-    p_.need({static_cast<int>(i)});
-    for (int j = 0; j < n; ++j) forward_kept(i, acts_.slots[j]);
-  }
-  p_.need({p_.lnf_unit(), p_.wte_unit()});
-  for (int j = 0; j < n; ++j) head_and_loss(acts_.slots[j]);
+  run_forward([&](const StageStep& s) {
+    for (int j = 0; j < n; ++j) forward_step(s, acts_.slots[j]);
+  });
 }
 
 // Vocabulary-parallel lookup: each shard embeds its own tokens (0 elsewhere), one shard adds the
@@ -326,50 +318,22 @@ void GptStage::head_forward(SlotActs& s, const float* residual) {
   k_.crossentropy_finish(s.losses.data(), s.probs.data(), s.ce_stats.data(), iN, iV);
 }
 
+// The head's backward leaves d(last residual) in the scratch's dresidual; a stage without the
+// head receives it from the next stage.
 void GptStage::backward(int slot, float dloss, const float* doutput) {
-  SlotActs& a = acts_.slots[slot];
   GradScratch& g = acts_.grads;
-  if (dims_.head) {
-    p_.need({p_.lnf_unit(), p_.wte_unit()});
-    p_.grads_begin({p_.lnf_unit(), p_.wte_unit()});
-    head_backward(a, output(slot), dloss);  // leaves d(last residual) in g.dresidual
-    p_.grads_end({p_.lnf_unit(), p_.wte_unit()});
-  } else {
-    copy_in(g.dresidual.data(), doutput, g.dresidual.bytes());
-  }
-  for (std::int64_t i = dims_.layers - 1; i >= 0; --i) {
-    p_.need({static_cast<int>(i)});
-    p_.grads_begin({static_cast<int>(i)});
-    backward_kept(i, a);
-    p_.grads_end({static_cast<int>(i)});
-  }
-  if (dims_.embedding) {
-    p_.grads_begin({p_.wte_unit(), p_.wpe_unit()});
-    encoder_backward(a);
-    p_.grads_end({p_.wte_unit(), p_.wpe_unit()});
-  }
+  if (!dims_.head) copy_in(g.dresidual.data(), doutput, g.dresidual.bytes());
+  run_backward([&](const StageStep& s) { backward_step(s, slot, dloss); });
 }
 
 void GptStage::backward_layer_major(int n, float dloss) {
   PDT_CHECK(dims_.layer_major && n <= dims_.slots, "layer-major backward of " +
                                                        std::to_string(n) +
                                                        " micro-batches on a stage without it");
-  p_.need({p_.lnf_unit(), p_.wte_unit()});
-  p_.grads_begin({p_.lnf_unit(), p_.wte_unit()});
-  for (int j = 0; j < n; ++j)
-    with_dresidual_of(acts_.slots[j], [&] { head_backward(acts_.slots[j], output(j), dloss); });
-  p_.grads_end({p_.lnf_unit(), p_.wte_unit()});
-  for (std::int64_t i = dims_.layers - 1; i >= 0; --i) {
-    p_.need({static_cast<int>(i)});
-    p_.grads_begin({static_cast<int>(i)});
+  run_backward([&](const StageStep& s) {
     for (int j = 0; j < n; ++j)
-      with_dresidual_of(acts_.slots[j], [&] { backward_kept(i, acts_.slots[j]); });
-    p_.grads_end({static_cast<int>(i)});
-  }
-  p_.grads_begin({p_.wte_unit(), p_.wpe_unit()});
-  for (int j = 0; j < n; ++j)
-    with_dresidual_of(acts_.slots[j], [&] { encoder_backward(acts_.slots[j]); });
-  p_.grads_end({p_.wte_unit(), p_.wpe_unit()});
+      with_dresidual_of(acts_.slots[j], [&] { backward_step(s, j, dloss); });
+  });
 }
 
 void GptStage::backward_kept(std::int64_t i, SlotActs& a) {

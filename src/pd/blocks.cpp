@@ -7,6 +7,13 @@
 
 namespace pdtrain {
 
+std::vector<std::vector<int>> group_by_owner(const std::vector<int>& blocks,
+                                             const std::vector<int>& owner, int holders) {
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(holders));
+  for (int b : blocks) out[owner[b]].push_back(b);
+  return out;
+}
+
 void fill_initial_values(const BlockTable& table, const std::vector<std::pair<int, float*>>& blocks) {
   const auto n = static_cast<std::int64_t>(blocks.size());
   auto fill = [&](std::int64_t i) { table.init(blocks[i].first, blocks[i].second); };

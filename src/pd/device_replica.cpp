@@ -132,7 +132,7 @@ void DeviceReplica::restore(std::int64_t version, std::map<int, BlockState> bloc
   history_ = {{version, last_}};
 }
 
-std::uint32_t DeviceReplica::finish() {
+std::uint32_t DeviceReplica::finish_and_checksum() {
   if (diverged_at_ > 0 || diverged_step_ > 0) {
     if (hooks_.after_divergence) hooks_.after_divergence();
   } else if (hooks_.at_end) {

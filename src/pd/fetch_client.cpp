@@ -16,14 +16,8 @@ FetchClient::FetchClient(const Layout& layout, const BlockTable& table, std::vec
                          WireCodec fetch_codec, WireCodec push_codec, bool fetch_thread,
                          const SharedSegments* segments)
     : layout_(layout), table_(table), owner_(std::move(owner)), fetch_codec_(fetch_codec),
-      push_codec_(push_codec), segments_(segments) {
+      relay_(layout), pushes_(layout, table, owner_, push_codec), segments_(segments) {
   flip_at_version_ = test_hooks::flip_fetch_bit_at_version().value_or(-1);
-  if (relays()) {
-    MPI_CHECK(MPI_Comm_dup(layout_.dp_comm(), &relay_comm_));
-    const int r = layout_.dp_rank(), dp = layout_.shape().dp;
-    for (int c : {2 * r + 1, 2 * r + 2})
-      if (c < dp) relay_children_.push_back(c);
-  }
   int level = MPI_THREAD_SINGLE;
   MPI_CHECK(MPI_Query_thread(&level));
   if (fetch_thread && level == MPI_THREAD_MULTIPLE) worker_ = std::thread([this] { worker_loop(); });
@@ -38,13 +32,6 @@ FetchClient::~FetchClient() {
     changed_.notify_all();
     worker_.join();
   }
-  if (relay_comm_ != MPI_COMM_NULL) MPI_Comm_free(&relay_comm_);
-}
-
-std::vector<std::vector<int>> FetchClient::by_holder(const std::vector<int>& blocks) const {
-  std::vector<std::vector<int>> out(static_cast<std::size_t>(layout_.shape().holders));
-  for (int b : blocks) out[owner_[b]].push_back(b);
-  return out;
 }
 
 UpdateInfo FetchClient::fetch(std::int64_t version, const std::vector<int>& blocks,
@@ -71,7 +58,7 @@ ParameterService::Ticket FetchClient::start_fetch_in_place(std::int64_t version,
   // The test hook damages a block as it arrives from a holder (relays pass the damage on).
   f->flip_pending = version == flip_at_version_ && layout_.dp_rank() == 0;
   if (f->flip_pending) flip_at_version_ = -1;
-  f->groups = by_holder(blocks);
+  f->groups = group_by_owner(blocks, owner_, layout_.shape().holders);
   f->replies.resize(f->groups.size());
   f->arrivals.resize(f->groups.size());
   f->replied.assign(f->groups.size(), 0);
@@ -182,13 +169,9 @@ void FetchClient::send_requests(InFlight& f) {
   f.requests.resize(H);
   for (int h = 0; h < H; ++h) {
     if (f.groups[h].empty()) continue;
-    const wire::FetchRequest fr{f.version, static_cast<std::int64_t>(f.groups[h].size()),
-                                f.ticket};
     std::vector<char>& m = f.requests[h];
-    m.resize(sizeof(fr) + f.groups[h].size() * sizeof(std::int32_t));
-    std::memcpy(m.data(), &fr, sizeof(fr));
-    std::memcpy(m.data() + sizeof(fr), f.groups[h].data(),
-                f.groups[h].size() * sizeof(std::int32_t));
+    m = wire::request_message(
+        {f.version, static_cast<std::int64_t>(f.groups[h].size()), f.ticket}, f.groups[h]);
     f.sends.emplace_back();
     MPI_CHECK(MPI_Isend(m.data(), static_cast<int>(m.size()), MPI_BYTE,
                         layout_.holder_world_rank(h), wire::kFetchRequest, layout_.world(),
@@ -228,13 +211,11 @@ bool FetchClient::receive_replies(const std::vector<Job>& jobs) {
 
 void FetchClient::receive_header(MPI_Message& m, int bytes, int h, const std::vector<Job>& jobs) {
   const std::string from = "holder rank " + std::to_string(h);
-  PDT_CHECK(static_cast<std::size_t>(bytes) >= sizeof(wire::ReplyHeader),
-            "short fetch reply from " + from);
   header_.resize(static_cast<std::size_t>(bytes));
   MPI_CHECK(MPI_Mrecv(header_.data(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
   from_holders_ += bytes;
-  wire::ReplyHeader rh;
-  std::memcpy(&rh, header_.data(), sizeof(rh));
+  const wire::ReplyView reply(header_, wire::ReplyView::Payloads::apart, from);
+  const wire::ReplyHeader& rh = reply.head();
   InFlight* f = nullptr;
   bool earlier_waits = false;  // an older fetch still awaits this holder's reply
   for (const Job& g : jobs) {
@@ -248,12 +229,10 @@ void FetchClient::receive_header(MPI_Message& m, int bytes, int h, const std::ve
     earlier_waits = earlier_waits || awaits;
   }
   PDT_CHECK(f != nullptr, from + " answered unknown fetch " + std::to_string(rh.ticket));
-  const std::size_t n = f->groups[h].size();
-  PDT_CHECK(rh.n == static_cast<std::int64_t>(n) &&
-                header_.size() == sizeof(rh) + n * sizeof(wire::BlockHeader),
+  PDT_CHECK(rh.n == static_cast<std::int64_t>(f->groups[h].size()),
             "malformed fetch reply header from " + from);
   if (earlier_waits) ++out_of_order_;
-  post_payloads(*f, h, header_);
+  post_payloads(*f, h, reply);
   f->replied[h] = 1;
   --f->awaited_replies;
 }
@@ -261,22 +240,16 @@ void FetchClient::receive_header(MPI_Message& m, int bytes, int h, const std::ve
 // The header says each payload's size; a placed block must have exactly its tile's. Payloads
 // that are not placed go back to back after the headers in the reply buffer, as a relay sends
 // them on.
-void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& header) {
+void FetchClient::post_payloads(InFlight& f, int h, const wire::ReplyView& reply) {
   const std::vector<int>& group = f.groups[h];
   const std::size_t n = group.size();
-  const int w = f.target && !relays() ? wire_width() : 0;
+  const int w = f.target && !relay_.active() ? wire_width() : 0;
   Arrival& a = f.arrivals[h];
-  a.at.assign(n, BlockPlace{});
-  a.in_place.assign(n, 0);
-  a.checked.assign(n, 0);
-  a.crc.assign(n, 0);
+  a.expect(reply);
   std::size_t side = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    wire::BlockHeader bh;
-    std::memcpy(&bh, header.data() + sizeof(wire::ReplyHeader) + i * sizeof(bh), sizeof(bh));
+    const wire::BlockHeader& bh = a.sent[i];
     const BlockDesc& d = table_.blocks[group[i]];
-    PDT_CHECK(bh.bytes >= 0 && bh.bytes <= std::numeric_limits<int>::max(),
-              "block " + d.name + " announced with " + std::to_string(bh.bytes) + " bytes");
     const BlockPlace p = w > 0 && bh.bytes > 0 ? f.target.place(group[i], w) : BlockPlace{};
     if (p.data != nullptr) {
       PDT_CHECK(p.bytes() == bh.bytes, "block " + d.name + " arrived with " +
@@ -289,16 +262,14 @@ void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& hea
       side += static_cast<std::size_t>(bh.bytes);
     }
   }
-  Buffer& r = f.replies[h];
-  r = take_buffer(header.size() + side);
-  std::memcpy(r.data.get(), header.data(), header.size());
-  char* next = r.data.get() + header.size();
+  ByteBuffer& r = f.replies[h];
+  r = take_buffer(reply.header_bytes() + side);
+  std::memcpy(r.data.get(), header_.data(), reply.header_bytes());
+  char* next = r.data.get() + reply.header_bytes();
   for (std::size_t i = 0; i < n; ++i)
     if (!a.in_place[i]) a.at[i].data = next, next += a.at[i].bytes();
-  wire::ReplyHeader rh;
-  std::memcpy(&rh, header.data(), sizeof(rh));
-  if (rh.shared) {
-    copy_shared_payloads(f, h, header);
+  if (reply.head().shared) {
+    copy_shared_payloads(f, h);
     return;
   }
   const int source = layout_.holder_world_rank(h);
@@ -311,7 +282,7 @@ void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& hea
     int done = 0;
     MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
     if (done) {
-      check_block(f, h, i);
+      verify_block(f, h, i);
       continue;
     }
     f.payloads.push_back(r);
@@ -320,7 +291,7 @@ void FetchClient::post_payloads(InFlight& f, int h, const std::vector<char>& hea
   }
 }
 
-void FetchClient::copy_shared_payloads(InFlight& f, int h, const std::vector<char>& header) {
+void FetchClient::copy_shared_payloads(InFlight& f, int h) {
   const int holder = layout_.holder_world_rank(h);
   const char* segment = segments_ ? segments_->of(holder) : nullptr;
   PDT_CHECK(segment != nullptr, "holder " + std::to_string(h) +
@@ -329,24 +300,15 @@ void FetchClient::copy_shared_payloads(InFlight& f, int h, const std::vector<cha
   segments_->sync();  // the holder's writes, before this reply named them
   Arrival& a = f.arrivals[h];
   for (std::size_t i = 0; i < f.groups[h].size(); ++i) {
-    wire::BlockHeader bh;
-    std::memcpy(&bh, header.data() + sizeof(wire::ReplyHeader) + i * sizeof(bh), sizeof(bh));
+    const wire::BlockHeader& bh = a.sent[i];
     const BlockPlace& p = a.at[i];
     PDT_CHECK(bh.at >= 0 && bh.at + p.bytes() <= size,
               "block " + table_.blocks[f.groups[h][i]].name + " of holder " + std::to_string(h) +
                   " lies outside its shared segment (" + std::to_string(bh.at) + " + " +
                   std::to_string(p.bytes()) + " bytes of " + std::to_string(size) + ")");
-    const char* from = segment + bh.at;
     from_holders_ += p.bytes();
     from_shared_ += p.bytes();
-    if (f.flip_pending) {  // the test hook damages the copy before it is checked
-      unpack_rows(from, p);
-      check_block(f, h, i);
-      continue;
-    }
-    a.crc[i] = a.in_place[i] ? check_in_place(f, f.groups[h][i], p, from)
-                             : crc32c_copy(0u, p.data, from, static_cast<std::size_t>(p.bytes()));
-    a.checked[i] = 1;
+    verify_block(f, h, i, segment + bh.at);
   }
 }
 
@@ -375,42 +337,66 @@ bool FetchClient::check_arrived(InFlight& f) {
   if (done == MPI_UNDEFINED || done == 0) return false;
   for (int k = 0; k < done; ++k) {
     const auto [h, i] = f.payload_of[static_cast<std::size_t>(completed_[k])];
-    check_block(f, h, static_cast<std::size_t>(i));
+    verify_block(f, h, static_cast<std::size_t>(i));
     --f.awaited_payloads;
   }
   return true;
 }
 
-void FetchClient::check_block(InFlight& f, int h, std::size_t i) {
+// Where every fetched block is checked, however it landed: received into its tile or the
+// reply buffer, copied from a holder's shared segment (`from`: the CRC32C is taken in the same
+// pass as the copy), or relayed by the data-parallel parent. Its id and version must be the
+// fetch's and its CRC32C, taken while it is in cache (fused with the target's finishing pass
+// when it landed in place), the one its holder sent; a mismatch ends the job naming the block.
+// The test hook damages the first block checked here.
+void FetchClient::verify_block(InFlight& f, int h, std::size_t i, const char* from) {
   Arrival& a = f.arrivals[h];
   const BlockPlace& p = a.at[i];
+  const wire::BlockHeader& sent = a.sent[i];
+  const int b = f.groups[h][i];
+  const BlockDesc& d = table_.blocks[b];
+  PDT_CHECK(sent.id == b && sent.version == f.version,
+            "block " + d.name + " arrived as id " + std::to_string(sent.id) + " version " +
+                std::to_string(sent.version) + ", expected version " + std::to_string(f.version));
   if (f.flip_pending && p.bytes() > 0) {
+    if (from) unpack_rows(from, p), from = nullptr;
     p.data[0] ^= 0x10;
     f.flip_pending = false;
   }
-  a.crc[i] = a.in_place[i] ? check_in_place(f, f.groups[h][i], p)
-                           : crc32c(p.data, static_cast<std::size_t>(p.bytes()));
+  const auto bytes = static_cast<std::size_t>(p.bytes());
+  const std::uint32_t crc = a.in_place[i] ? check_in_place(f, b, p, from)
+                            : from        ? crc32c_copy(0u, p.data, from, bytes)
+                                          : crc32c(p.data, bytes);
+  PDT_CHECK(crc == sent.crc, "CRC mismatch in block " + d.name + " (version " +
+                                 std::to_string(f.version) + ") fetched from holder " +
+                                 std::to_string(h));
   a.checked[i] = 1;
 }
 
+void FetchClient::Arrival::expect(const wire::ReplyView& reply) {
+  const auto n = static_cast<std::size_t>(reply.n());
+  header = reply.head();
+  sent.resize(n);
+  for (std::size_t i = 0; i < n; ++i) sent[i] = reply.entry(static_cast<std::int64_t>(i));
+  at.assign(n, BlockPlace{});
+  in_place.assign(n, 0);
+  checked.assign(n, 0);
+}
+
+// A relayed reply: its payloads lie back to back after its headers.
 void FetchClient::place_buffered(InFlight& f, int h) {
-  const std::size_t n = f.groups[h].size();
-  const std::size_t head = sizeof(wire::ReplyHeader) + n * sizeof(wire::BlockHeader);
-  const Buffer& r = f.replies[h];
-  PDT_CHECK(r.size >= head, "short relayed fetch reply");
+  const ByteBuffer& r = f.replies[h];
+  const wire::ReplyView reply({r.data.get(), r.size}, wire::ReplyView::Payloads::following,
+                              "the data-parallel parent");
+  PDT_CHECK(reply.n() == static_cast<std::int64_t>(f.groups[h].size()),
+            "malformed relayed fetch reply");
   Arrival& a = f.arrivals[h];
-  a.at.assign(n, BlockPlace{});
-  a.in_place.assign(n, 0);
-  a.checked.assign(n, 0);
-  a.crc.assign(n, 0);
-  std::size_t at = head;
-  for (std::size_t i = 0; i < n; ++i) {
-    wire::BlockHeader bh;
-    std::memcpy(&bh, r.data.get() + sizeof(wire::ReplyHeader) + i * sizeof(bh), sizeof(bh));
-    PDT_CHECK(bh.bytes >= 0 && at + static_cast<std::size_t>(bh.bytes) <= r.size,
-              "relayed fetch reply shorter than its headers say");
-    a.at[i] = BlockPlace{r.data.get() + at, 1, bh.bytes, bh.bytes};
-    at += static_cast<std::size_t>(bh.bytes);
+  a.expect(reply);
+  std::size_t at = reply.header_bytes();
+  for (std::size_t i = 0; i < a.sent.size(); ++i) {
+    const std::int64_t bytes = a.sent[i].bytes;
+    a.at[i] = BlockPlace{r.data.get() + at, 1, bytes, bytes};
+    at += static_cast<std::size_t>(bytes);
   }
 }
 
@@ -429,25 +415,19 @@ bool FetchClient::advance(InFlight& f) {
     MPI_CHECK(MPI_Testall(static_cast<int>(f.sends.size()), f.sends.data(), &sent,
                           MPI_STATUSES_IGNORE));
     if (!sent) return false;
-    f.stage = relays() ? S::relay_send : S::ready;
+    f.stage = relay_.active() ? S::relay_send : S::ready;
   }
   if (f.stage == S::relay_recv) {  // from the parent, one message per holder in holder order
-    const int parent = (layout_.dp_rank() - 1) / 2;
     while (f.next_group < f.groups.size()) {
       if (f.groups[f.next_group].empty()) {
         ++f.next_group;
         continue;
       }
-      int flag = 0;
-      MPI_Message m;
-      MPI_Status st;
-      MPI_CHECK(MPI_Improbe(parent, wire::kRelay, relay_comm_, &flag, &m, &st));
-      if (!flag) return received;
-      int bytes = 0;
-      MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-      Buffer& r = f.replies[f.next_group];
-      r = take_buffer(static_cast<std::size_t>(bytes));
-      MPI_CHECK(MPI_Mrecv(r.data.get(), bytes, MPI_BYTE, &m, MPI_STATUS_IGNORE));
+      ByteBuffer& r = f.replies[f.next_group];
+      if (!relay_.receive([&](std::size_t bytes) -> ByteBuffer& {
+            return r = take_buffer(bytes);
+          }))
+        return received;
       place_buffered(f, static_cast<int>(f.next_group));
       ++f.next_group;
       received = true;
@@ -456,13 +436,8 @@ bool FetchClient::advance(InFlight& f) {
   }
   if (f.stage == S::relay_send) {
     if (!f.relay_posted) {
-      for (int child : relay_children_)
-        for (std::size_t h = 0; h < f.groups.size(); ++h) {
-          if (f.groups[h].empty()) continue;
-          f.relay_reqs.emplace_back();
-          MPI_CHECK(MPI_Isend(f.replies[h].data.get(), static_cast<int>(f.replies[h].size),
-                              MPI_BYTE, child, wire::kRelay, relay_comm_, &f.relay_reqs.back()));
-        }
+      for (std::size_t h = 0; h < f.groups.size(); ++h)
+        if (!f.groups[h].empty()) relay_.forward(f.replies[h], f.relay_reqs);
       f.relay_posted = true;
     }
     int done = 0;
@@ -480,9 +455,8 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
   for (int h = 0; h < static_cast<int>(f.groups.size()); ++h) {
     const std::vector<int>& group = f.groups[h];
     if (group.empty()) continue;
-    char* reply = f.replies[h].data.get();
-    wire::ReplyHeader rh;
-    std::memcpy(&rh, reply, sizeof(rh));
+    Arrival& a = f.arrivals[h];
+    const wire::ReplyHeader& rh = a.header;
     PDT_CHECK(rh.version == version && rh.ticket == f.ticket,
               "holder " + std::to_string(h) + " answered with version " +
                   std::to_string(rh.version) + " for a fetch of version " +
@@ -490,21 +464,11 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
     stop = stop || rh.stop != 0;
     for (std::int64_t i = 0; i < rh.n_recent && i < wire::kMaxRecentUpdates; ++i)
       learnt.push_back(UpdateInfo{rh.recent[i].version, rh.recent[i].grad_norm, rh.recent[i].lr});
-    const char* hdr = reply + sizeof(rh);
-    Arrival& a = f.arrivals[h];
     for (std::size_t i = 0; i < group.size(); ++i) {
-      wire::BlockHeader bh;
-      std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
       const int b = group[i];
       const BlockDesc& d = table_.blocks[b];
-      PDT_CHECK(bh.id == b && bh.version == version,
-                "block " + d.name + " arrived as id " + std::to_string(bh.id) + " version " +
-                    std::to_string(bh.version) + ", expected version " + std::to_string(version));
-      if (!a.checked[i]) check_block(f, h, i);  // relayed: checked here, from the buffer
-      PDT_CHECK(a.crc[i] == bh.crc, "CRC mismatch in block " + d.name + " (version " +
-                                        std::to_string(version) + ") fetched from holder " +
-                                        std::to_string(h));
-      const auto nb = static_cast<std::size_t>(bh.bytes);
+      if (!a.checked[i]) verify_block(f, h, i);  // relayed: checked here, from the buffer
+      const auto nb = static_cast<std::size_t>(a.sent[i].bytes);
       fetched_ += static_cast<std::int64_t>(nb);
       if (a.in_place[i]) continue;
       const char* data = a.at[i].data;
@@ -523,8 +487,8 @@ UpdateInfo FetchClient::verify_and_deliver(InFlight& f) {
     }
   }
   free_receive_types(f);
-  for (Buffer& r : f.replies)
-    if (r.capacity > 0) spare_.push_back(std::move(r));
+  for (ByteBuffer& r : f.replies)
+    if (r.capacity > 0) spare_.give(r.capacity, std::move(r));
   if (stop) stop_ = true;
   std::lock_guard<std::mutex> lock(mutex_);
   for (const UpdateInfo& u : learnt) known_[u.version] = u;
@@ -557,19 +521,9 @@ std::uint32_t FetchClient::check_in_place(const InFlight& f, int block, const Bl
   return crc;
 }
 
-// The smallest spare buffer that fits (or a new one); at most a few are kept.
-FetchClient::Buffer FetchClient::take_buffer(std::size_t bytes) {
-  std::size_t best = spare_.size();
-  for (std::size_t i = 0; i < spare_.size(); ++i)
-    if (spare_[i].capacity >= bytes &&
-        (best == spare_.size() || spare_[i].capacity < spare_[best].capacity))
-      best = i;
-  Buffer b;
-  if (best < spare_.size()) {
-    b = std::move(spare_[best]);
-    spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(best));
-  }
-  while (spare_.size() > 8) spare_.erase(spare_.begin());
+// The smallest spare buffer that fits, or a new one.
+ByteBuffer FetchClient::take_buffer(std::size_t bytes) {
+  ByteBuffer b = spare_.take_fitting(bytes).value_or(ByteBuffer{});
   b.resize(bytes);
   return b;
 }
@@ -594,166 +548,19 @@ ParameterService::PushTicket FetchClient::start_push(std::int64_t step,
     places.push_back(ConstBlockPlace{reinterpret_cast<const char*>(grads), 1, bytes, bytes});
     grads += table_.blocks[b].numel;
   }
-  return send_push(step, blocks, places, false);
+  return pushes_.start(step, blocks, places, false);
 }
 
 ParameterService::PushTicket FetchClient::start_push_from(
     std::int64_t step, const std::vector<int>& blocks, const std::vector<ConstBlockPlace>& places) {
-  return send_push(step, blocks, places, true);
+  return pushes_.start(step, blocks, places, true);
 }
 
-namespace {
+bool FetchClient::push_done(PushTicket ticket) { return pushes_.done(ticket); }
 
-// The CRC32C of a block's rows, in order (the block as packed).
-std::uint32_t place_crc(const ConstBlockPlace& t) {
-  const auto row = static_cast<std::size_t>(t.row_bytes);
-  std::uint32_t crc = crc32c(t.data, row);
-  for (std::int64_t r = 1; r < t.rows; ++r) crc = crc32c_extend(crc, t.data + r * t.stride_bytes, row);
-  return crc;
-}
+void FetchClient::wait_push(PushTicket ticket) { pushes_.wait(ticket); }
 
-}  // namespace
-
-// Per holder: a header message, then the payloads back to back in one contiguous message, so
-// the holder copies it in itself (MPI moves a contiguous message between ranks of a node in one
-// copy by the receiver, and over RDMA without the sender's CPU) while this rank computes. Raw
-// gradients that lie back to back are sent from where they are; others are packed or encoded.
-ParameterService::PushTicket FetchClient::send_push(std::int64_t step,
-                                                    const std::vector<int>& blocks,
-                                                    const std::vector<ConstBlockPlace>& places,
-                                                    bool describe) {
-  PDT_CHECK(places.size() == blocks.size(), "a push needs one place per block");
-  std::vector<const ConstBlockPlace*> place_of(table_.blocks.size(), nullptr);
-  for (std::size_t i = 0; i < blocks.size(); ++i) place_of[blocks[i]] = &places[i];
-  const auto groups = by_holder(blocks);
-  const PushTicket ticket = next_push_ticket_++;
-  Pushing& out = pushes_[ticket];
-  out.ticket = ticket;
-  std::vector<float> packed;  // one block, for encoding
-  for (int h = 0; h < static_cast<int>(groups.size()); ++h) {
-    if (groups[h].empty()) continue;
-    std::vector<char>& head = out.headers.emplace_back();
-    std::vector<char>& payload = out.payloads.emplace_back();
-    head.resize(sizeof(wire::PushHeader) + groups[h].size() * sizeof(wire::BlockHeader));
-    const wire::PushHeader ph{step, static_cast<std::int64_t>(groups[h].size())};
-    std::memcpy(head.data(), &ph, sizeof(ph));
-    // Raw and back to back in memory: the payload is the gradients themselves.
-    const char* direct = push_codec_ == WireCodec::raw ? place_of[groups[h].front()]->data : nullptr;
-    for (int b : groups[h]) {
-      const ConstBlockPlace& t = *place_of[b];
-      if (!t.contiguous() || t.data != direct) direct = nullptr;
-      if (direct != nullptr) direct += t.bytes();
-    }
-    const char* from = direct != nullptr ? place_of[groups[h].front()]->data : nullptr;
-    MPI_Datatype tiles = MPI_DATATYPE_NULL;
-    if (from == nullptr && describe && push_codec_ == WireCodec::raw) {
-      std::vector<const ConstBlockPlace*> group_places;
-      for (int b : groups[h]) group_places.push_back(place_of[b]);
-      tiles = out.described.emplace_back(tiles_type(group_places));
-    }
-    std::int64_t total = 0;
-    for (std::size_t i = 0; i < groups[h].size(); ++i) {
-      const int b = groups[h][i];
-      const ConstBlockPlace& t = *place_of[b];
-      PDT_CHECK(t.bytes() == table_.blocks[b].numel * static_cast<std::int64_t>(sizeof(float)),
-                "the gradient of block " + table_.blocks[b].name + " has the wrong size");
-      wire::BlockHeader bh{b, 0, step, 0, -1};
-      if (push_codec_ == WireCodec::raw) {
-        bh.bytes = t.bytes();
-        bh.crc = place_crc(t);
-        if (from == nullptr && tiles == MPI_DATATYPE_NULL) {
-          payload.resize(payload.size() + static_cast<std::size_t>(t.bytes()));
-          pack_rows(t, payload.data() + payload.size() - static_cast<std::size_t>(t.bytes()));
-        }
-      } else {
-        packed.resize(static_cast<std::size_t>(table_.blocks[b].numel));
-        pack_rows(t, reinterpret_cast<char*>(packed.data()));
-        const std::size_t at = payload.size();
-        bh.bytes = static_cast<std::int64_t>(
-            wire_encode(push_codec_, packed.data(), table_.blocks[b].numel, payload));
-        bh.crc = crc32c(payload.data() + at, static_cast<std::size_t>(bh.bytes));
-      }
-      std::memcpy(head.data() + sizeof(ph) + i * sizeof(bh), &bh, sizeof(bh));
-      total += bh.bytes;
-      pushed_ += bh.bytes;
-    }
-    if (from == nullptr) from = payload.data();
-    const int holder = layout_.holder_world_rank(h);
-    MPI_CHECK(MPI_Isend(head.data(), static_cast<int>(head.size()), MPI_BYTE, holder, wire::kPush,
-                        layout_.world(), &out.requests.emplace_back()));
-    PDT_CHECK(total <= std::numeric_limits<int>::max(),
-              "a push of " + std::to_string(total) + " bytes to one holder exceeds an MPI count");
-    if (tiles != MPI_DATATYPE_NULL)  // the holder receives the same bytes, back to back
-      MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, tiles, holder, wire::kPushPayload, layout_.world(),
-                          &out.requests.emplace_back()));
-    else
-      MPI_CHECK(MPI_Isend(from, static_cast<int>(total), MPI_BYTE, holder, wire::kPushPayload,
-                          layout_.world(), &out.requests.emplace_back()));
-  }
-  return ticket;
-}
-
-std::map<ParameterService::PushTicket, FetchClient::Pushing>::iterator FetchClient::pushing(
-    PushTicket ticket) {
-  auto it = pushes_.find(ticket);
-  PDT_CHECK(it != pushes_.end(), "unknown push " + std::to_string(ticket));
-  return it;
-}
-
-void FetchClient::free_push(std::map<PushTicket, Pushing>::iterator it) {
-  for (MPI_Datatype& t : it->second.described) MPI_CHECK(MPI_Type_free(&t));
-  pushes_.erase(it);
-}
-
-// One datatype over absolute addresses: each tile's rows in order (an hvector where they are
-// apart), so a push sends them as the packed bytes the holder expects, without packing here.
-MPI_Datatype FetchClient::tiles_type(const std::vector<const ConstBlockPlace*>& tiles) {
-  std::vector<int> lengths;
-  std::vector<MPI_Aint> where;
-  std::vector<MPI_Datatype> types, strided;
-  for (const ConstBlockPlace* t : tiles) {
-    if (t->bytes() == 0) continue;
-    where.emplace_back();
-    MPI_CHECK(MPI_Get_address(t->data, &where.back()));
-    if (t->contiguous()) {
-      lengths.push_back(static_cast<int>(t->bytes()));
-      types.push_back(MPI_BYTE);
-      continue;
-    }
-    MPI_Datatype& rows = strided.emplace_back();
-    MPI_CHECK(MPI_Type_create_hvector(static_cast<int>(t->rows), static_cast<int>(t->row_bytes),
-                                      t->stride_bytes, MPI_BYTE, &rows));
-    lengths.push_back(1);
-    types.push_back(rows);
-  }
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  MPI_CHECK(MPI_Type_create_struct(static_cast<int>(where.size()), lengths.data(), where.data(),
-                                   types.data(), &type));
-  MPI_CHECK(MPI_Type_commit(&type));
-  for (MPI_Datatype& t : strided) MPI_CHECK(MPI_Type_free(&t));  // the struct keeps them
-  return type;
-}
-
-bool FetchClient::push_done(PushTicket ticket) {
-  auto it = pushing(ticket);
-  int done = 0;
-  MPI_CHECK(MPI_Testall(static_cast<int>(it->second.requests.size()), it->second.requests.data(),
-                        &done, MPI_STATUSES_IGNORE));
-  if (done) free_push(it);
-  return done != 0;
-}
-
-void FetchClient::wait_push(PushTicket ticket) {
-  auto it = pushing(ticket);
-  Pushing& p = it->second;
-  if (p.described.empty())  // contiguous: the holder moves it alone
-    wait_all_quietly(static_cast<int>(p.requests.size()), p.requests.data());
-  else
-    wait_all_yielding(static_cast<int>(p.requests.size()), p.requests.data());
-  free_push(it);
-}
-
-std::uint32_t FetchClient::finish() {
+std::uint32_t FetchClient::finish_and_checksum() {
   // `done` carries the step the run diverged at (0: none), so holders skip the final checkpoint.
   for (int h = 0; h < layout_.shape().holders; ++h)
     MPI_CHECK(MPI_Send(&diverged_step_, 1, MPI_INT64_T, layout_.holder_world_rank(h), wire::kDone,

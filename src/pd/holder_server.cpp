@@ -183,8 +183,8 @@ void HolderServer::run() {
     } else if (!sending_.empty()) {
       // A reply's sends complete only while this rank is inside MPI (small payloads are copied
       // through shared memory by the sender; a large one ends with the receiver's FIN): sleeping
-      // now would pace the fetching rank (measured with one datatype-described reply: fetch
-      // bandwidth 0.1 -> 0.55 of a raw transfer). Yield instead, so ranks sharing a core run.
+      // now would pace the fetching rank (perf/RESULTS.md, "After the holder stops sleeping").
+      // Yield instead, so ranks sharing a core run.
       std::this_thread::yield();
     } else {
       backoff.pause();
@@ -220,9 +220,14 @@ bool HolderServer::poll_once() {
 void HolderServer::handle(int source, int tag, std::span<const char> msg) {
   switch (tag) {
     case wire::kFetchRequest: {
-      wire::FetchRequest req;
-      std::memcpy(&req, msg.data(), sizeof(req));
-      if (!ready(msg)) {
+      const wire::RequestView request(msg, "rank " + std::to_string(source));
+      const wire::FetchRequest& req = request.head();
+      for (std::int64_t i = 0; i < request.n(); ++i)
+        PDT_CHECK(owned_.count(request.entry(i)),
+                  "rank " + std::to_string(source) + " asked holder " +
+                      std::to_string(layout_.holder_index()) + " for block " +
+                      std::to_string(request.entry(i)) + ", which it does not own");
+      if (!ready(request)) {
         deferred_.push_back({source, std::vector<char>(msg.begin(), msg.end())});
       } else {
         PDT_CHECK(req.version >= version_ - staleness_,
@@ -231,13 +236,15 @@ void HolderServer::handle(int source, int tag, std::span<const char> msg) {
                       std::to_string(layout_.holder_index()) + " is at version " +
                       std::to_string(version_) + " and keeps " +
                       std::to_string(staleness_ + 1) + " version(s)");
-        serve_fetch(source, msg);
+        serve_fetch(source, request);
       }
       break;
     }
-    case wire::kPush:
-      take_push(source, msg, receive_push_payload(source, msg));
+    case wire::kPush: {
+      const wire::PushView push(msg, "rank " + std::to_string(source));
+      take_push(source, push, receive_push_payload(source, push));
       break;
+    }
     case wire::kDone: {
       std::int64_t diverged_step = 0;  // a compute rank's loss diverged at this step
       PDT_CHECK(msg.size() >= sizeof(diverged_step),
@@ -253,20 +260,16 @@ void HolderServer::handle(int source, int tag, std::span<const char> msg) {
   }
 }
 
-void HolderServer::serve_fetch(int source, std::span<const char> msg) {
+void HolderServer::serve_fetch(int source, const wire::RequestView& request) {
   ScopedPhase t(timers_, "serve");
   TraceSpan span(trace_, "serve fetch", "pd");
-  wire::FetchRequest req;
-  std::memcpy(&req, msg.data(), sizeof(req));
-  const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
+  const wire::FetchRequest& req = request.head();
   const std::int64_t v = req.version;
   // The reply is a header message, then each block's encoded bytes where they already are, one
   // contiguous message per block: MPI moves a contiguous message within a node by one copy that
   // the receiver makes alone (Open MPI's CMA), straight into its tile, and over RDMA across
-  // nodes. (One message described by a datatype was cut into fragments that both ranks had to
-  // drive: 0.26-0.79 of a raw transfer.)
+  // nodes; a datatype would cut it into fragments that both ranks must drive.
   Sending& s = sending_.emplace_back();
-  s.bytes.resize(sizeof(wire::ReplyHeader) + req.n * sizeof(wire::BlockHeader));
   wire::ReplyHeader rh{};
   rh.version = v;
   rh.n = req.n;
@@ -277,13 +280,12 @@ void HolderServer::serve_fetch(int source, std::span<const char> msg) {
   // A compute rank on this node copies the payloads from this holder's segment itself.
   const bool shared = segments_ && segments_->on_node(source);
   rh.shared = shared ? 1 : 0;
-  std::memcpy(s.bytes.data(), &rh, sizeof(rh));
+  std::vector<wire::BlockHeader> blocks;
   std::vector<const Encoded*> payloads;
   for (std::int64_t i = 0; i < req.n; ++i) {
-    const Encoded& e = owned_.at(ids[i]).versions.at(v);
-    const wire::BlockHeader bh{ids[i], e.crc, v, static_cast<std::int64_t>(e.size),
-                               shared ? e.shared_at : -1};
-    std::memcpy(s.bytes.data() + sizeof(rh) + i * sizeof(bh), &bh, sizeof(bh));
+    const Encoded& e = owned_.at(request.entry(i)).versions.at(v);
+    blocks.push_back({request.entry(i), e.crc, v, static_cast<std::int64_t>(e.size),
+                      shared ? e.shared_at : -1});
     if (shared) {
       sent_ += static_cast<std::int64_t>(e.size);
       sent_shared_ += static_cast<std::int64_t>(e.size);
@@ -291,6 +293,7 @@ void HolderServer::serve_fetch(int source, std::span<const char> msg) {
     // The receiver posts nothing for an empty block, or for one it copies itself.
     if (e.size > 0 && !shared) payloads.push_back(&e);
   }
+  s.bytes = wire::message_with_blocks(rh, blocks);
   if (shared) segments_->sync();  // the slots' bytes before the reply that names them
   // Not waited for here: a compute rank that prefetched may be busy in a GEMM and take the
   // reply later, and meanwhile this holder serves others. The encoded blocks stay untouched
@@ -324,17 +327,8 @@ void HolderServer::drain_sent_replies() {
 
 // A push's payloads follow its header as one contiguous message from the same rank (MPI keeps
 // their order); this holder copies it in at once, without the pushing rank's help.
-std::span<const char> HolderServer::receive_push_payload(int source, std::span<const char> header) {
-  wire::PushHeader ph;
-  std::memcpy(&ph, header.data(), sizeof(ph));
-  PDT_CHECK(header.size() == sizeof(ph) + static_cast<std::size_t>(ph.n) * sizeof(wire::BlockHeader),
-            "malformed push header from rank " + std::to_string(source));
-  std::int64_t bytes = 0;
-  for (std::int64_t i = 0; i < ph.n; ++i) {
-    wire::BlockHeader bh;
-    std::memcpy(&bh, header.data() + sizeof(ph) + i * sizeof(bh), sizeof(bh));
-    bytes += bh.bytes;
-  }
+std::span<const char> HolderServer::receive_push_payload(int source, const wire::PushView& push) {
+  const std::int64_t bytes = push.payload_bytes();
   if (payload_.size() < static_cast<std::size_t>(bytes)) payload_.resize(static_cast<std::size_t>(bytes));
   MPI_Request r;
   MPI_CHECK(MPI_Irecv(payload_.data(), static_cast<int>(bytes), MPI_BYTE, source,
@@ -351,22 +345,19 @@ std::span<const char> HolderServer::receive_push_payload(int source, std::span<c
   return {payload_.data(), static_cast<std::size_t>(bytes)};
 }
 
-void HolderServer::take_push(int source, std::span<const char> msg,
+void HolderServer::take_push(int source, const wire::PushView& push,
                              std::span<const char> payload) {
-  wire::PushHeader ph;
-  std::memcpy(&ph, msg.data(), sizeof(ph));
+  const wire::PushHeader& ph = push.head();
   PDT_CHECK(ph.step > version_ && ph.step <= version_ + 1 + staleness_,
             "holder " + std::to_string(layout_.holder_index()) + " got gradients of step " +
                 std::to_string(ph.step) + " from rank " + std::to_string(source) +
                 " at version " + std::to_string(version_) + " (staleness " +
                 std::to_string(staleness_) + ")");
-  const char* hdr = msg.data() + sizeof(ph);
   const char* data = payload.data();
   // A step's gradients may come in several messages (one per group of blocks); blocks count.
   auto missing = missing_.try_emplace(ph.step, pushes_per_step_).first;
   for (std::int64_t i = 0; i < ph.n; ++i) {
-    wire::BlockHeader bh;
-    std::memcpy(&bh, hdr + i * sizeof(bh), sizeof(bh));
+    const wire::BlockHeader bh = push.entry(i);
     take_contribution(bh.id, source, ph.step, data, bh.bytes, bh.crc);
     data += bh.bytes;
     --missing->second;
@@ -430,18 +421,13 @@ void HolderServer::finish_completed_steps() {
   }
 }
 
-// Gradient buffers are reused: a fresh multi-MiB allocation costs a page fault per 4 KiB on
-// first touch, every step.
 std::vector<float> HolderServer::take_buffer(std::size_t n) {
-  auto it = spare_.find(n);
-  if (it == spare_.end()) return std::vector<float>(n);
-  std::vector<float> b = std::move(it->second);
-  spare_.erase(it);
-  return b;
+  std::optional<std::vector<float>> spare = spare_.take(n);
+  return spare ? std::move(*spare) : std::vector<float>(n);
 }
 
 void HolderServer::give_buffer(std::vector<float> buffer) {
-  if (!buffer.empty()) spare_.emplace(buffer.size(), std::move(buffer));
+  if (!buffer.empty()) spare_.give(buffer.size(), std::move(buffer));
 }
 
 // All holders reach this point once per step; they agree on the global gradient norm, then
@@ -522,9 +508,8 @@ void HolderServer::keep_blocks(std::int64_t step) {
 // The fused update of every owned block on the pool. Meanwhile this thread publishes blocks in
 // the order the next forward needs them (update_order_) as they complete, serves the fetches
 // waiting for them, and keeps taking messages: the next step starts while this one updates.
-// (In id order, tensor-major, a layer's last block came near the end of the update, and the
-// next forward's first layer waited for most of it.) Each block's update is its own: the order
-// changes no bit.
+// The order is the forward's because ids are tensor-major: in id order a layer's last block
+// comes near the end of the update. Each block's update is its own: the order changes no bit.
 void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
   std::vector<FusedUpdate::Block> blocks;
   std::vector<Encoded> fresh(owned_.size());
@@ -552,8 +537,8 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
   FusedUpdate update(fetch_codec_, std::move(blocks));
   updating_ = true;
   // With one update thread this thread is it: it runs the slices itself between messages. A
-  // worker woken for them on a node with no free core took this thread's core (traced: 1.3-3.9
-  // ms of a 4.6 ms update before anything was published) and the next forward waited for it.
+  // worker woken for them on a node with no free core takes this thread's core, and nothing is
+  // published (the next forward waits) until the worker is done.
   const bool alone = pool_->threads() <= 1;
   if (!alone) update.start(*pool_);
   for (std::size_t b = 0; b < update.size();) {
@@ -580,21 +565,20 @@ void HolderServer::update_blocks(std::int64_t step, double lr, float scale) {
 // Whether every block a fetch request names exists at the requested version. During an update
 // blocks reach the new version one by one, in block order (the order the next forward needs
 // them), and waiting fetches are served as soon as theirs are ready.
-bool HolderServer::ready(std::span<const char> msg) const {
-  wire::FetchRequest req;
-  std::memcpy(&req, msg.data(), sizeof(req));
-  if (req.version > version_) return false;
-  const auto* ids = reinterpret_cast<const std::int32_t*>(msg.data() + sizeof(req));
-  for (std::int64_t i = 0; i < req.n; ++i)
-    if (!owned_.at(ids[i]).versions.count(req.version)) return false;
+bool HolderServer::ready(const wire::RequestView& request) const {
+  const std::int64_t v = request.head().version;
+  if (v > version_) return false;
+  for (std::int64_t i = 0; i < request.n(); ++i)
+    if (!owned_.at(request.entry(i)).versions.count(v)) return false;
   return true;
 }
 
 void HolderServer::serve_deferred() {
   std::deque<Pending> still;
   for (Pending& p : deferred_) {
-    if (ready(p.msg))
-      serve_fetch(p.source, p.msg);
+    const wire::RequestView request(p.msg, "rank " + std::to_string(p.source));
+    if (ready(request))
+      serve_fetch(p.source, request);
     else
       still.push_back(std::move(p));
   }

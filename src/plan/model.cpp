@@ -264,11 +264,11 @@ PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes) {
   in.batch_size = deck.train.batch_size;
   in.micro_batches = deck.parallel.micro_batches;
   in.gpipe = deck.parallel.schedule == "gpipe";
-  in.layer_major = deck.parallel.order == "layer";
+  in.layer_major = deck.parallel.order == StageOrder::layer;
   in.recompute = deck.train.recompute == "full"        ? Recompute::full
                  : deck.train.recompute == "attention" ? Recompute::attention
                                                        : Recompute::none;
-  in.precision = deck.train.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  in.precision = deck.train.precision;
   in.staleness = deck.pd.staleness;
   in.prefetch_depth = deck.pd.prefetch_depth;
   in.fetch_thread = deck.pd.fetch_thread;

@@ -216,7 +216,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
-  EXPECT_EQ(d.parallel.order, "layer");
+  EXPECT_EQ(d.parallel.order, StageOrder::layer);
   EXPECT_EQ(d.parallel.comm, "nccl");
   EXPECT_TRUE(d.output.trace);
   EXPECT_EQ(d.output.trajectory_every, 25);
@@ -234,7 +234,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.pd.holder_threads, 2);
   EXPECT_EQ(d.pd.pushes_in_flight, 0);
   EXPECT_EQ(d.pd.fetch_path, "mpi");
-  EXPECT_EQ(d.train.precision, "bf16");
+  EXPECT_EQ(d.train.precision, Precision::bf16);
   EXPECT_EQ(d.checkpoint.codec, "xor");
   EXPECT_EQ(d.checkpoint.dir, "/scratch/ckpt");
   EXPECT_TRUE(d.checkpoint.async);

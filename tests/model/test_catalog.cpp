@@ -155,7 +155,7 @@ TEST(Catalog, ForwardNeedRankIsTheOrderTheForwardUsesTheBlocks) {
   const StageParams whole(cat, StageSpec{0, s.n_layer, true, true, 1, 0});
   std::vector<std::int64_t> first_use(static_cast<std::size_t>(cat.blocks().size()), -1);
   std::int64_t use = 0;
-  for (const std::vector<int>& units : GptStage::forward_uses(whole)) {
+  for (const std::vector<int>& units : StageProgram(whole).forward_uses()) {
     for (int u : units)
       for (int b : whole.unit_blocks(u))
         if (first_use[b] < 0) first_use[b] = use;

@@ -57,6 +57,42 @@ TEST(GptStage, InitialLossIsAboutLogVocab) {
   EXPECT_NEAR(loss, std::log(11.0), 0.1);
 }
 
+// What a parameter cache and a gradient streamer are told: every use the traversals announce,
+// in order, and the lists they plan from (the program's) must agree.
+struct UseRecorder final : UnitUser, GradUser {
+  std::vector<std::vector<int>> needs, grad_sections;
+  void need(const std::vector<int>& units) override { needs.push_back(units); }
+  void grads_begin(const std::vector<int>& units) override { grad_sections.push_back(units); }
+  void grads_end(const std::vector<int>& units) override {
+    ASSERT_FALSE(grad_sections.empty());
+    EXPECT_EQ(grad_sections.back(), units) << "a section ends other units than it began";
+  }
+};
+
+TEST(GptStage, TraversalsAnnounceTheProgramsUses) {
+  Tiny t;
+  UseRecorder uses;
+  t.params.set_unit_user(&uses);
+  t.params.set_grad_user(&uses);
+  NoTensorParallel tp;
+  GptStage stage(t.params, 2, t.shape.seq_len, tp);
+  stage.forward(0, t.tokens.data(), nullptr, t.targets.data());
+  EXPECT_EQ(uses.needs, stage.program().forward_uses());
+  uses.needs.clear();
+  stage.backward(0, 0.1f, nullptr);
+  EXPECT_EQ(uses.needs, stage.program().backward_uses());
+  EXPECT_EQ(uses.grad_sections, stage.program().backward_grad_uses());
+  t.params.set_unit_user(nullptr);
+  t.params.set_grad_user(nullptr);
+  // The embedding, each layer, the head; backward reads no parameters for the embedding.
+  const StageParams& p = t.params;
+  EXPECT_EQ(stage.program().forward_uses(),
+            (std::vector<std::vector<int>>{{p.wte_unit(), p.wpe_unit()}, {0}, {1},
+                                           {p.lnf_unit(), p.wte_unit()}}));
+  EXPECT_EQ(stage.program().backward_uses(),
+            (std::vector<std::vector<int>>{{p.lnf_unit(), p.wte_unit()}, {1}, {0}}));
+}
+
 TEST(GptStage, GradientMatchesFiniteDifferencesOfTheLoss) {
   Tiny t;
   NoTensorParallel tp;

@@ -158,7 +158,7 @@ void run_case(const Model& m, const Case& c, MPI_Comm comm, int dp) {
   // Shared: replica 0 copied every payload from the segment (the others got them relayed).
   const bool copies = c.shared && layout.dp_rank() == 0;
   EXPECT_EQ(client.bytes_from_shared_memory(), copies ? client.bytes_fetched() : 0) << c.name();
-  client.finish();
+  client.finish_and_checksum();
 }
 
 const std::vector<Case> kCases = {
@@ -236,7 +236,7 @@ TEST(FetchInPlace, ReplyAnsweredOutOfOrderMovesToItsFetch) {
             << "unit " << got.params.unit_name(u);
       EXPECT_EQ(n.sunk, 0);
       EXPECT_EQ(client.replies_out_of_order(), 1);  // the case above did happen
-      client.finish();
+      client.finish_and_checksum();
     }
   }
   MPI_Comm_free(&pair);

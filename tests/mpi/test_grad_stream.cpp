@@ -53,7 +53,7 @@ class RecordingService final : public ParameterService {
       steps.push_back(step);
     }
   }
-  std::uint32_t finish() override { return 0; }
+  std::uint32_t finish_and_checksum() override { return 0; }
   std::int64_t bytes_fetched() const override { return 0; }
   std::int64_t bytes_pushed() const override { return 0; }
 

@@ -42,7 +42,7 @@ class FakeService final : public ParameterService {
   }
   std::optional<UpdateInfo> update_info(std::int64_t) const override { return std::nullopt; }
   void push(std::int64_t, const std::vector<int>&, const float*) override {}
-  std::uint32_t finish() override { return 0; }
+  std::uint32_t finish_and_checksum() override { return 0; }
   std::int64_t bytes_fetched() const override { return 0; }
   std::int64_t bytes_pushed() const override { return 0; }
 

@@ -34,6 +34,7 @@
 #include <memory>
 #include <vector>
 
+#include "pdtrain/core/size_pool.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/io/trace.hpp"
@@ -134,11 +135,11 @@ class GradStreamer final : public GradUser {
   std::vector<int> written_;  // per unit: grads_end() calls so far this step
   std::vector<bool> final_;   // per unit: pushed this step
   PoolCounts pool_counts_, packed_counts_;
-  std::map<std::int64_t, std::vector<Mirrored<float>>> free_;  // by size
+  SizePool<Mirrored<float>> free_;                               // gradient memory
   std::vector<Mirrored<float>> bound_;                           // per unit, while bound
   Downloading downloading_;                                      // GPU: at most one
   std::deque<Push> pushes_;                                      // oldest first
-  std::vector<std::vector<float>> spare_packed_;
+  SizePool<std::vector<float>> spare_packed_;
   std::int64_t held_ = 0, peak_ = 0;
   double stream_seconds_ = 0.0;
 };

@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-#include "pdtrain/app/grad_stream.hpp"
+#include "pdtrain/app/parameter_step.hpp"
 #include "pdtrain/app/setup.hpp"
 #include "pdtrain/app/stage_cache.hpp"
 #include "pdtrain/app/train.hpp"
@@ -48,10 +48,8 @@ void report_step(MetricsWriter& metrics, const StepRecord& rec, const Deck& deck
 // cache's and the streamed gradients' lines (PD), and `final step=... loss=... params_crc32c=...`.
 // On a GPU also the most device memory the rank held.
 void print_run_summary(const Deck& deck, const TrainResult& result, std::int64_t start_step,
-                       const PhaseTimers& timers, const ParameterService& service,
-                       const StageCache* cache, std::int64_t train_fetched_bytes,
-                       std::int64_t stage_bytes, const GradStreamer* grads,
-                       const Device& device);
+                       const PhaseTimers& timers, const ParameterFigures& figures,
+                       std::int64_t stage_bytes, const Device& device);
 
 // `pdtrain eval`: the mean validation loss over `batches` batches and the parameters' CRC.
 void print_eval_result(const Deck& deck, std::int64_t batches, double loss, std::uint32_t crc);

@@ -64,9 +64,7 @@ WireCodec fetch_codec(const Deck& deck);
 // Bounded staleness as the deck sets it (pd.staleness, its warm-up and correction, and the
 // evaluation steps, whose versions are served exactly).
 StalenessPlan staleness_plan(const Deck& deck);
-Precision precision(const Deck& deck);
 Recompute recompute_mode(const Deck& deck);
-StageOrder stage_order(const Deck& deck);
 // Activation sets a stage keeps: the micro-batches in flight under the pipeline schedule, or
 // every micro-batch in layer-major order.
 int activation_slots(const Deck& deck, const LayoutShape& shape, int pp_rank);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "pdtrain/core/run_modes.hpp"
+
 namespace pdtrain {
 
 struct RunConfig {
@@ -52,7 +54,7 @@ struct ParallelConfig {
   std::int64_t pp = 1;
   std::int64_t micro_batches = 1;  // per replica and step; the pipeline fills with these
   std::string schedule = "1f1b";   // pipeline schedule: 1f1b | gpipe
-  std::string order = "micro_batch";  // micro_batch | layer (one stage: each unit once per pass)
+  StageOrder order = StageOrder::micro_batch;  // one stage: each unit once per pass
   std::string comm = "auto";  // compute-to-compute transport: auto | mpi | nccl
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
@@ -64,7 +66,7 @@ struct TrainConfig {
   std::int64_t sample_every = 0;   // > 0: print a short sample of the model every N steps
   std::int64_t eval_batches = 4;   // validation batches of batch_size sequences
   std::string recompute = "none";  // none | attention | full (activation recomputation)
-  std::string precision = "fp32";  // fp32 | bf16 (bf16 matmuls, fp32 master weights)
+  Precision precision = Precision::fp32;  // bf16: bf16 matmuls, fp32 master weights
   // The divergence guard (a loss or gradient norm that is not finite): stop (exit status 5),
   // or rewind to the last checkpoint before it with a lower learning rate, skipping its batch.
   std::string on_divergence = "stop";  // stop | rewind

@@ -20,6 +20,7 @@
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/model/stage_params.hpp"
+#include "pdtrain/model/stage_program.hpp"
 
 namespace pdtrain {
 
@@ -28,15 +29,6 @@ namespace pdtrain {
 // output and reruns the layer's forward before its backward. Kernels are deterministic, so the
 // gradients (and losses) are bit-identical to `none`.
 enum class Recompute { none, attention, full };
-
-// The order a step runs its micro-batches in. `micro_batch`: each micro-batch's forward and
-// backward through the whole stage in turn (what the pipeline schedules interleave). `layer`
-// (one stage only, as L2L does): every micro-batch through a unit before the next unit, forward
-// then backward, so a step uses each parameter unit once per direction (a bounded PD cache
-// fetches the stage twice per step, whatever the micro-batch count) and writes each unit's
-// gradient in one section (GradStreamer frees it before the next), for all micro-batches'
-// activations and residual gradients kept at once.
-enum class StageOrder { micro_batch, layer };
 
 class GptStage {
  public:
@@ -62,9 +54,10 @@ class GptStage {
   // each micro-batch's tokens into slots 0..n-1, then forward_layer_major(n) runs the embedding
   // of every micro-batch, then layer 0 of every micro-batch, ..., then the head (losses added to
   // the ledger in micro-batch order), and backward_layer_major(n) the reverse. Each unit is
-  // announced once (the same forward_uses()/backward_uses()/backward_grad_uses() lists as one
-  // micro-batch's pass). Every parameter's gradient adds its micro-batches in the same order as
+  // announced once (the same StageProgram use lists as one micro-batch's pass). Every parameter's gradient adds its micro-batches in the same order as
   // micro-batch-major, except the tied embedding's: all head parts, then all lookup parts.
+  // Both orders walk the stage's StageProgram, which announces every unit use (need(),
+  // grads_begin()/grads_end()) in the order its use lists say.
   void load(int slot, const std::int32_t* tokens, const std::int32_t* targets);
   void forward_layer_major(int n);
   void backward_layer_major(int n, float dloss);
@@ -73,13 +66,7 @@ class GptStage {
   // read. 0 on stages without the head.
   double take_loss_sum();
 
-  // The parameter units one forward / backward uses, in the order it announces them through
-  // StageParams::need().
-  static std::vector<std::vector<int>> forward_uses(const StageParams& p);
-  static std::vector<std::vector<int>> backward_uses(const StageParams& p);
-  // The units whose gradients each section of one backward adds into, in the order it announces
-  // them through StageParams::grads_begin()/grads_end().
-  static std::vector<std::vector<int>> backward_grad_uses(const StageParams& p);
+  const StageProgram& program() const { return program_; }
 
   // Device memory: the residual stream after the last layer [B*T*C], d(input) after backward.
   const float* output(int slot) const;
@@ -160,6 +147,14 @@ class GptStage {
   float* att_of(LayerActs& a) {
     return a.att.empty() ? acts_.att_scratch.data() : a.att.data();
   }
+  // The traversals: run the program's steps forward or backward, announcing each step's units
+  // around `body` (one step's arithmetic, for one micro-batch or all of them).
+  template <class Body>
+  void run_forward(Body&& body);
+  template <class Body>
+  void run_backward(Body&& body);
+  void forward_step(const StageStep& s, SlotActs& a);
+  void backward_step(const StageStep& s, int slot, float dloss);
   void embed(SlotActs& a);
   // Layer i (of the stage) of the micro-batch in `a`, keeping what its backward needs.
   void forward_kept(std::int64_t i, SlotActs& a);
@@ -185,6 +180,7 @@ class GptStage {
   void flush_ledger();
 
   StageParams& p_;
+  StageProgram program_;
   TensorParallelOps& tp_;
   kernels::KernelOps& k_;
   Device& dev_;

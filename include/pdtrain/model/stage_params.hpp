@@ -20,6 +20,7 @@
 
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/core/block_place.hpp"
+#include "pdtrain/core/run_modes.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 #include "pdtrain/model/catalog.hpp"
@@ -38,7 +39,7 @@ struct StageSpec {
 // last. The one split training (app's stage_spec) and `pdtrain plan` use.
 StageSpec split_stage(std::int64_t n_layer, int pp, int p, int tp, int t);
 
-// Told by the model before each use of a set of units (see GptStage::forward_uses()).
+// Told by the model before each use of a set of units (see StageProgram::forward_uses()).
 class UnitUser {
  public:
   virtual ~UnitUser() = default;
@@ -46,7 +47,7 @@ class UnitUser {
 };
 
 // Told by the model around each backward section that adds into units' gradients (see
-// GptStage::backward_grad_uses()): before, so their gradient memory can be bound (and zeroed) when
+// StageProgram::backward_grad_uses()): before, so their gradient memory can be bound (and zeroed) when
 // a step first writes it; after, so a unit whose last write of the step is done can be reduced
 // and pushed while backward goes on (Storage::streamed).
 class GradUser {
@@ -55,11 +56,6 @@ class GradUser {
   virtual void grads_begin(const std::vector<int>& units) = 0;
   virtual void grads_end(const std::vector<int>& units) = 0;
 };
-
-// fp32: parameters as the holders keep them. bf16 (mixed precision): compute ranks see every
-// parameter rounded to bf16 (the copies holders serve) and keep a bf16 copy beside the fp32
-// values for the matmuls; gradients stay fp32.
-enum class Precision { fp32, bf16 };
 
 class StageParams {
  public:

@@ -36,4 +36,8 @@ struct BlockTable {
 // thread count. GPT-2 124M's values: a normal deviate for each of 124 M parameters.
 void fill_initial_values(const BlockTable& table, const std::vector<std::pair<int, float*>>& blocks);
 
+// `blocks` grouped by their holder (owner[id], of `holders`), each group in the given order.
+std::vector<std::vector<int>> group_by_owner(const std::vector<int>& blocks,
+                                             const std::vector<int>& owner, int holders);
+
 }  // namespace pdtrain

@@ -31,7 +31,7 @@ class DeviceReplica final : public ParameterService {
   UpdateInfo fetch(std::int64_t version, const std::vector<int>& blocks,
                    const BlockSink& sink) override;
   void push(std::int64_t step, const std::vector<int>& blocks, const float* grads) override;
-  std::uint32_t finish() override;
+  std::uint32_t finish_and_checksum() override;
   std::optional<UpdateInfo> update_info(std::int64_t version) const override;
   std::int64_t bytes_fetched() const override { return 0; }
   std::int64_t bytes_pushed() const override { return 0; }

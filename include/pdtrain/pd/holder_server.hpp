@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "pdtrain/core/size_pool.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "pdtrain/io/trace.hpp"
 #include "pdtrain/layout/layout.hpp"
@@ -31,6 +32,7 @@
 #include "pdtrain/pd/parameter_service.hpp"
 #include "pdtrain/pd/shared_segments.hpp"
 #include "pdtrain/pd/staleness.hpp"
+#include "pdtrain/pd/wire.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
 namespace pdtrain {
@@ -122,10 +124,10 @@ class HolderServer {
 
   bool poll_once();  // receives and handles one message, if one is waiting
   void handle(int source, int tag, std::span<const char> msg);
-  void serve_fetch(int source, std::span<const char> msg);
-  bool ready(std::span<const char> fetch_request) const;
-  std::span<const char> receive_push_payload(int source, std::span<const char> header);
-  void take_push(int source, std::span<const char> header, std::span<const char> payload);
+  void serve_fetch(int source, const wire::RequestView& request);
+  bool ready(const wire::RequestView& request) const;
+  std::span<const char> receive_push_payload(int source, const wire::PushView& push);
+  void take_push(int source, const wire::PushView& push, std::span<const char> payload);
   void take_contribution(int id, int source, std::int64_t step, const char* data,
                          std::int64_t bytes, std::uint32_t crc);
   void finish_completed_steps();
@@ -168,7 +170,7 @@ class HolderServer {
   bool updating_ = false;                  // a step's update is running on the pool
   std::vector<char> inbox_;                // the message being handled (grows, never shrinks)
   std::vector<char> payload_;              // a push's payloads (grows, never shrinks)
-  std::multimap<std::size_t, std::vector<float>> spare_;  // gradient buffers for reuse, by size
+  SizePool<std::vector<float>> spare_;     // gradient buffers for reuse
   struct Sending {
     std::vector<char> bytes;            // the headers; the payloads are the blocks' encoded bytes
     std::vector<MPI_Request> requests;  // the header's send, then one per non-empty payload

@@ -86,7 +86,7 @@ class ParameterService {
   virtual bool push_done(PushTicket) { return true; }  // also frees it when done
   virtual void wait_push(PushTicket) {}
   // Ends the run. Returns the canonical parameter CRC32C on the reporting rank.
-  virtual std::uint32_t finish() = 0;
+  virtual std::uint32_t finish_and_checksum() = 0;
   // Training diverged at 1-based step `step` (its loss or gradient norm was not finite): the
   // parameters' owners write no final checkpoint when the run finishes.
   void mark_diverged(std::int64_t step) { diverged_step_ = step; }

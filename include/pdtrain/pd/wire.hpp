@@ -2,6 +2,12 @@
 // Message formats between compute ranks and holders. Every block travels with its id, version
 // and the CRC32C of its bytes; receivers check all three.
 #include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pdtrain/core/error.hpp"
 
 namespace pdtrain::wire {
 
@@ -58,6 +64,82 @@ struct BlockHeader {
   std::int64_t version;  // fetch: version of the data; push: the step it belongs to
   std::int64_t bytes;    // encoded payload size (see wire_codec.hpp)
   std::int64_t at;       // fetch reply with `shared`: offset in the holder's segment; else -1
+};
+
+// Messages as sent, laid out here only, the counterpart of the views below: kFetchRequest's
+// header and ids, and a header followed by its blocks' headers (kFetchReply, kPush).
+std::vector<char> request_message(const FetchRequest& head, const std::vector<int>& ids);
+template <class Head>
+std::vector<char> message_with_blocks(const Head& head, const std::vector<BlockHeader>& blocks) {
+  std::vector<char> m(sizeof(head) + blocks.size() * sizeof(BlockHeader));
+  std::memcpy(m.data(), &head, sizeof(head));
+  if (!blocks.empty())
+    std::memcpy(m.data() + sizeof(head), blocks.data(), blocks.size() * sizeof(BlockHeader));
+  return m;
+}
+
+// Views of received messages: a `Head` (whose `n` counts its entries) followed by n `Entry`s.
+// A view checks, when it is made, that the message holds them (exactly, or at least where more
+// follows), and is the only reader of the message's bytes as headers; a message that does not
+// fit ends the job naming `from`. The message must outlive the view.
+template <class Head, class Entry>
+class HeadedView {
+ public:
+  const Head& head() const { return head_; }
+  std::int64_t n() const { return head_.n; }
+  Entry entry(std::int64_t i) const {
+    Entry e;
+    std::memcpy(&e, msg_.data() + sizeof(Head) + static_cast<std::size_t>(i) * sizeof(Entry),
+                sizeof(Entry));
+    return e;
+  }
+  // Bytes of the head and the entries (where anything that follows them begins).
+  std::size_t header_bytes() const {
+    return sizeof(Head) + static_cast<std::size_t>(head_.n) * sizeof(Entry);
+  }
+
+ protected:
+  HeadedView(std::span<const char> msg, bool exactly, const std::string& what,
+             const std::string& from)
+      : msg_(msg) {
+    PDT_CHECK(msg.size() >= sizeof(Head), "short " + what + " from " + from);
+    std::memcpy(&head_, msg.data(), sizeof(Head));
+    const std::size_t room = (msg.size() - sizeof(Head)) / sizeof(Entry);
+    PDT_CHECK(head_.n >= 0 && static_cast<std::uint64_t>(head_.n) <= room &&
+                  (!exactly || header_bytes() == msg.size()),
+              "malformed " + what + " from " + from + ": " + std::to_string(head_.n) +
+                  " entries in " + std::to_string(msg.size()) + " bytes");
+  }
+  std::span<const char> msg_;
+
+ private:
+  Head head_;
+};
+
+// kFetchRequest: FetchRequest + int32 ids[n].
+class RequestView : public HeadedView<FetchRequest, std::int32_t> {
+ public:
+  RequestView(std::span<const char> msg, const std::string& from)
+      : HeadedView(msg, true, "fetch request", from) {}
+};
+
+// kPush: PushHeader + BlockHeader[n] (the payloads follow in their own message).
+class PushView : public HeadedView<PushHeader, BlockHeader> {
+ public:
+  PushView(std::span<const char> msg, const std::string& from);
+  // The payload message's size: every block's bytes (each checked to be >= 0).
+  std::int64_t payload_bytes() const { return payload_bytes_; }
+
+ private:
+  std::int64_t payload_bytes_ = 0;
+};
+
+// kFetchReply: ReplyHeader + BlockHeader[n], or (kRelay) the same followed by the payloads
+// back to back, each block's bytes >= 0 and all of them within the message.
+class ReplyView : public HeadedView<ReplyHeader, BlockHeader> {
+ public:
+  enum class Payloads { apart, following };  // kFetchReply / kRelay
+  ReplyView(std::span<const char> msg, Payloads payloads, const std::string& from);
 };
 
 }  // namespace pdtrain::wire
