@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev
   libisal-dev
+  libboost-context-dev  # the emulated CUDA target's fibers (tests only)
 )
 
 # --slurm: also Slurm and munge, for the test that runs pdtrain under a real Slurm.

@@ -131,18 +131,9 @@ cublasStatus_t gemm(const char* call, cublasHandle_t handle, cublasOperation_t t
   const cudaStream_t stream = handle->stream;
   const int device = cuda_emu::device_of(stream);
   const bool device_scalars = handle->pointer_mode == CUBLAS_POINTER_MODE_DEVICE;
-  if (device_scalars) {
-    for (const void* s : {alpha, beta}) {
-      const std::string why =
-          blas::check_device_span("alpha/beta (pointer mode device)", s, sizeof(float), device);
-      if (!why.empty()) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
-    }
-    g.alpha_device = static_cast<const float*>(alpha);
-    g.beta_device = static_cast<const float*>(beta);
-  } else {
-    g.alpha = *static_cast<const float*>(alpha);
-    g.beta = *static_cast<const float*>(beta);
-  }
+  if (const std::string why = blas::take_scalars(g, alpha, beta, device_scalars, device);
+      !why.empty())
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
   const bool reads_ab = (device_scalars || g.alpha != 0.0f) && k > 0;
   if (!blas::batches_disjoint(m, n, ldc, g.stride_d, batchCount)) {
     return refuse(

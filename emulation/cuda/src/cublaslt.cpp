@@ -745,20 +745,9 @@ const char* cublasLtGetStatusString(cublasStatus_t status) { return blas::status
 std::size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
 std::size_t cublasLtGetCudartVersion(void) { return CUDART_VERSION; }
 
+// cuBLASLt ships with cuBLAS: the same version.
 cublasStatus_t cublasLtGetProperty(libraryPropertyType type, int* value) {
-  if (value == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-  switch (type) {
-    case MAJOR_VERSION:
-      *value = CUBLAS_VER_MAJOR;
-      return CUBLAS_STATUS_SUCCESS;
-    case MINOR_VERSION:
-      *value = CUBLAS_VER_MINOR;
-      return CUBLAS_STATUS_SUCCESS;
-    case PATCH_LEVEL:
-      *value = CUBLAS_VER_PATCH;
-      return CUBLAS_STATUS_SUCCESS;
-  }
-  return CUBLAS_STATUS_INVALID_VALUE;
+  return cublasGetProperty(type, value);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1275,18 +1264,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   if (alpha == nullptr || beta == nullptr) {
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta is null");
   }
-  if (pr.device_scalars) {
-    for (const void* s : {alpha, beta}) {
-      const std::string why =
-          blas::check_device_span("alpha/beta (pointer mode device)", s, sizeof(float), device);
-      if (!why.empty()) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
-    }
-    g.alpha_device = static_cast<const float*>(alpha);
-    g.beta_device = static_cast<const float*>(beta);
-  } else {
-    g.alpha = *static_cast<const float*>(alpha);
-    g.beta = *static_cast<const float*>(beta);
-  }
+  if (const std::string why = blas::take_scalars(g, alpha, beta, pr.device_scalars, device);
+      !why.empty())
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
   const bool reads_c = pr.device_scalars || g.beta != 0.0f;
   const bool reads_ab = (pr.device_scalars || g.alpha != 0.0f) && g.k > 0;
 

@@ -340,6 +340,23 @@ std::string check_device_span(const char* what, const void* p, std::size_t bytes
   return {};
 }
 
+std::string take_scalars(Gemm& g, const void* alpha, const void* beta, bool device_scalars,
+                         int device) {
+  if (!device_scalars) {
+    g.alpha = *static_cast<const float*>(alpha);
+    g.beta = *static_cast<const float*>(beta);
+    return "";
+  }
+  for (const void* s : {alpha, beta}) {
+    const std::string why =
+        check_device_span("alpha/beta (pointer mode device)", s, sizeof(float), device);
+    if (!why.empty()) return why;
+  }
+  g.alpha_device = static_cast<const float*>(alpha);
+  g.beta_device = static_cast<const float*>(beta);
+  return "";
+}
+
 bool batches_disjoint(long long m, long long n, long long ld, long long stride, long long batch) {
   if (batch <= 1 || m <= 0 || n <= 0) return true;
   if (stride >= (n - 1) * ld + m) return true;

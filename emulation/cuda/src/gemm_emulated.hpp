@@ -144,6 +144,11 @@ std::size_t span_bytes(std::int64_t rows, std::int64_t cols, std::int64_t ld, st
 
 // Empty when [p, p + bytes) lies in device memory of `device`; else why not.
 std::string check_device_span(const char* what, const void* p, std::size_t bytes, int device);
+// alpha and beta into g: host values read now (the caller may reuse them at once), or, in
+// pointer mode device, pointers into `device`'s memory read when the work runs. "" when they
+// are usable, else why not.
+std::string take_scalars(Gemm& g, const void* alpha, const void* beta, bool device_scalars,
+                         int device);
 
 // Whether [p, p + a) and [q, q + b) share a byte.
 bool overlap(const void* p, std::size_t a, const void* q, std::size_t b);
