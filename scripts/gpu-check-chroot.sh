@@ -25,8 +25,9 @@ args=("$@"); [[ ${#args[@]} -gt 0 ]] || args=(run)
 
 if [[ ! -x $ROOT/usr/bin/apt-get ]]; then
   command -v debootstrap > /dev/null || apt-get install -y -qq debootstrap > /dev/null
+  # (a machine may have no /etc/apt/sources.list: grep's status 2 must not end the script)
   mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null |
-           awk '{print $2}' | head -1)
+           awk '{print $2}' | head -1 || true)
   echo "gpu-check-chroot: debootstrap --variant=minbase bookworm $ROOT ${mirror:-http://deb.debian.org/debian}"
   debootstrap --variant=minbase bookworm "$ROOT" "${mirror:-http://deb.debian.org/debian}" > /dev/null
 fi

@@ -31,16 +31,8 @@ namespace {
 namespace blas = cuda_emu::blas;
 using blas::Elem;
 
-template <class... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
-
-cublasStatus_t refuse(cublasStatus_t status, const char* call, const std::string& why) {
-  return blas::refuse(status, call, why);
-}
+using blas::cat;
+using blas::refuse;
 
 bool valid(cublasHandle_t h) { return h != nullptr && h->magic == blas::kCublasHandleMagic; }
 

@@ -166,16 +166,8 @@ Pref* pref_of(cublasLtMatmulPreference_t p) { return checked<Pref>(p, kPrefMagic
 
 bool valid_handle(cublasLtHandle_t h) { return h != nullptr && h->magic == blas::kLtHandleMagic; }
 
-template <class... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
-
-cublasStatus_t refuse(cublasStatus_t status, const char* call, const std::string& why) {
-  return blas::refuse(status, call, why);
-}
+using blas::cat;
+using blas::refuse;
 
 // SetAttribute / GetAttribute of a plain value: NVIDIA's size rules.
 template <class T>

@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
 #include <string>
 
 // The handles. A cublasHandle_t cast to cublasLtHandle_t is a valid cuBLASLt handle (NVIDIA
@@ -163,6 +164,14 @@ std::uint32_t alignment_of(const void* p);
 
 // Prints "cuda emulation: <call>: <why>" on stderr (one write) and returns `status`.
 cublasStatus_t refuse(cublasStatus_t status, const char* call, const std::string& why);
+
+// The arguments printed one after another: the text of a refusal.
+template <class... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
 
 const char* status_name(cublasStatus_t status);
 const char* status_string(cublasStatus_t status);

@@ -13,6 +13,10 @@
 // results is a fault: the kernel's result depends on the order its threads or blocks ran in (a
 // missing __syncthreads, a read of shared memory before its write, two threads writing one
 // element). PDTRAIN_CUDA_EMU_RACECHECK_SEED fixes the orders to repeat a run.
+//
+// Fast path: a kernel whose whole first launch made no __syncthreads or warp call (element-wise
+// kernels, the optimizer's) runs its threads one after another on the worker's own stack from
+// then on, without fibers; a later launch of it that synchronizes after all is a fault.
 #include <sys/mman.h>
 
 #include <algorithm>
