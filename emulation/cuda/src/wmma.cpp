@@ -71,11 +71,11 @@ void check_arguments(const char* call, Use use, const void* ptr, unsigned ldm,
   if (reinterpret_cast<std::uintptr_t>(ptr) % 32 != 0) {
     char p[32];
     std::snprintf(p, sizeof p, "%p", ptr);
-    thread_fault(std::string(call) + " of a " + use_name(use) + " fragment at " + p +
+    thread_fault(std::string(call) + " of the " + use_name(use) + " fragment at " + p +
                  ", which is not 256-bit (32-byte) aligned (a GPU requires it)");
   }
   if (ldm * element_bytes % 16 != 0 || ldm < kDim)
-    thread_fault(std::string(call) + " of a " + use_name(use) + " fragment with ldm " +
+    thread_fault(std::string(call) + " of the " + use_name(use) + " fragment with ldm " +
                  std::to_string(ldm) + " (a GPU requires a multiple of 16 bytes, at least 16 " +
                  "elements)");
 }
