@@ -100,9 +100,12 @@ void* dynamic_shared();  // the block's dynamic shared memory (the launch's shar
 
 void sync_threads();
 
-enum class WarpOp { shfl_idx, shfl_xor, shfl_down, shfl_up, ballot, sync };
+enum class WarpOp { shfl_idx, shfl_xor, shfl_down, shfl_up, ballot, sync, wmma_load, wmma_store,
+                    wmma_mma };
 // A warp-level call of the running lane: waits until every lane of `mask` made the same call,
-// then returns this lane's result (the value read for shuffles, the ballot's bits).
+// then returns this lane's result (the value read for shuffles, the ballot's bits). The wmma
+// calls (<mma.h>, emulation/cuda/src/wmma.cpp) pass their warp-uniform arguments as `value`
+// and `arg`: lanes that pass different ones are a fault.
 std::uint64_t warp_call(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width);
 
 template <class T>

@@ -45,6 +45,11 @@ cudaError_t fail(cudaError_t error, const std::string& call, const std::string& 
 // later call on the device returns `error`.
 void fault(int device, cudaError_t error, const std::string& message);
 
+// The running kernel thread's fault (kernels.cpp): what it did is one a GPU refuses or leaves
+// undefined (`why`, after the block and thread it names); the thread never runs again and the
+// launch faults as a barrier never reached does.
+[[noreturn]] void thread_fault(const std::string& why);
+
 // ---------------------------------------------------------------------------------------------
 // Streams (streams.cpp). Each stream is an in-order queue run by a worker thread of its own.
 

@@ -165,6 +165,9 @@ const char* op_name(WarpOp op) {
     case WarpOp::shfl_up: return "__shfl_up_sync";
     case WarpOp::ballot: return "__ballot_sync";
     case WarpOp::sync: return "__syncwarp";
+    case WarpOp::wmma_load: return "nvcuda::wmma::load_matrix_sync";
+    case WarpOp::wmma_store: return "nvcuda::wmma::store_matrix_sync";
+    case WarpOp::wmma_mma: return "nvcuda::wmma::mma_sync";
   }
   return "a warp call";
 }
@@ -228,6 +231,16 @@ class Block {
     running->state = State::barrier;
     yield();
   }
+  // The running thread did what a GPU refuses or leaves undefined (a wmma pointer that is not
+  // 256-bit aligned, ...): the block's fault, and the thread never runs again.
+  [[noreturn]] void fault_running(const std::string& why) {
+    fault = where(*running) + ": " + why;
+    if (direct_) throw ThreadFault{};
+    running->state = State::barrier;  // not done: the scheduler stops at the fault
+    yield();
+    std::abort();  // never resumed: a faulted block's fibers are buried
+  }
+
   std::uint64_t warp_call(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width) {
     synchronized_ = true;
     if (direct_) throw NotDirect{op_name(op)};
@@ -242,6 +255,7 @@ class Block {
   struct NotDirect {
     const char* call;
   };
+  struct ThreadFault {};
 
   std::vector<Thread> threads_;
   std::vector<std::vector<Collective>> collectives_;  // open warp calls, per warp (kept allocated)
@@ -265,6 +279,8 @@ class Block {
       fault = "thread " + coords(running->idx) + " calls " + e.call +
               ", which no thread of the kernel's first launch did: the emulation ran it without "
               "fibers (a kernel that synchronizes in some launches only is beyond its fast path)";
+    } catch (const ThreadFault&) {
+      // fault says why
     }
     running = nullptr;
   }
@@ -418,6 +434,7 @@ class Block {
   // Every lane of the call arrived: each gets its result and runs on.
   PDTRAIN_EMU_HOT void complete(int w, const Collective& c) {
     Thread* lanes = &threads_[static_cast<std::size_t>(32 * w)];
+    if (is_wmma(c.op) && !same_arguments(lanes, c)) return;
     std::uint64_t ballot = 0;
     for (int j = 0; j < 32; ++j)
       if ((c.mask >> j & 1u) && lanes[j].value != 0) ballot |= 1ull << j;
@@ -441,6 +458,33 @@ class Block {
     for (int k = 0; k < count; ++k)
       threads_[static_cast<std::size_t>(ready[k])].state = State::ready;
     make_runnable(ready, count);
+  }
+
+  static bool is_wmma(WarpOp op) {
+    return op == WarpOp::wmma_load || op == WarpOp::wmma_store || op == WarpOp::wmma_mma;
+  }
+
+  // A wmma call's pointer, leading dimension and layout (value, arg) must be the same in every
+  // lane (CUDA: "the same value in all threads of the warp"); else a fault naming two lanes.
+  bool same_arguments(const Thread* lanes, const Collective& c) {
+    int first = -1;
+    for (int j = 0; j < 32; ++j) {
+      if ((c.mask >> j & 1u) == 0) continue;
+      if (first < 0) {
+        first = j;
+        continue;
+      }
+      const Thread &a = lanes[first], &b = lanes[j];
+      if (a.value == b.value && a.arg == b.arg) continue;
+      char t[160];
+      std::snprintf(t, sizeof t, "lane %d passes 0x%llx, %d and lane %d passes 0x%llx, %d", first,
+                    static_cast<unsigned long long>(a.value), a.arg, j,
+                    static_cast<unsigned long long>(b.value), b.arg);
+      fault = where(b) + ": " + op_name(c.op) + " with arguments that differ between the lanes ("
+              + t + "; pointer, then leading dimension and layout): a GPU requires them uniform";
+      return false;
+    }
+    return true;
   }
 
   // The lane whose value lane j reads, as CUDA defines each shuffle (within segments of
@@ -636,5 +680,7 @@ void sync_threads() { current_block().wait_at_barrier(); }
 std::uint64_t warp_call(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width) {
   return current_block().warp_call(op, mask, value, arg, width);
 }
+
+void thread_fault(const std::string& why) { current_block().fault_running(why); }
 
 }  // namespace cuda_emu
