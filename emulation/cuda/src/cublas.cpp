@@ -169,6 +169,7 @@ cublasStatus_t gemm(const char* call, cublasHandle_t handle, cublasOperation_t t
   }
 
   const cudaError_t rc = cuda_emu::enqueue(stream, blas::describe(call, g), [g] { blas::run(g); });
+  if (rc == cudaSuccess) blas::count(call, g);
   if (rc == cudaErrorInvalidResourceHandle) {
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the handle's stream is not a live stream");
   }

@@ -1394,6 +1394,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
 
   if (!has_output) return CUBLAS_STATUS_SUCCESS;
   const cudaError_t rc = cuda_emu::enqueue(stream, blas::describe(call, g), [g] { blas::run(g); });
+  if (rc == cudaSuccess) blas::count(call, g);
   if (rc == cudaErrorInvalidResourceHandle) {
     return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the stream is not a live stream");
   }

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -63,5 +64,13 @@ cudaError_t enqueue(cudaStream_t stream, std::string what, std::function<void()>
 cudaError_t synchronize(cudaStream_t stream);
 // The host waits until everything queued on every stream of `device` has run.
 cudaError_t synchronize_device(int device);
+
+// ---------------------------------------------------------------------------------------------
+// Work counts (counters.cpp; PDTRAIN_CUDA_EMU_COUNTS=DIR): one queued piece of work of `kind`
+// ("kernel", "gemm", "copy", "memset") called `name`, with the threads it runs and the FLOPs and
+// bytes known for it (0 where unknown).
+bool counting();
+void count_work(const char* kind, const std::string& name, std::uint64_t threads,
+                std::uint64_t flops, std::uint64_t bytes);
 
 }  // namespace cuda_emu

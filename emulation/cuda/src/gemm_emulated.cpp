@@ -456,4 +456,21 @@ std::string describe(const char* call, const Gemm& g) {
   return buf;
 }
 
+void count(const char* call, const Gemm& g) {
+  if (!counting()) return;
+  const std::uint64_t mk = std::uint64_t(g.m) * g.k, kn = std::uint64_t(g.k) * g.n;
+  const std::uint64_t mn = std::uint64_t(g.m) * g.n, batch = std::uint64_t(g.batch);
+  std::uint64_t bytes = mk * elem_bytes(g.a.type) + kn * elem_bytes(g.b.type) +
+                        mn * elem_bytes(g.d_type);
+  if (g.beta != 0.0f || g.beta_device != nullptr) bytes += mn * elem_bytes(g.c.type);
+  if (g.aux != nullptr) bytes += mn * elem_bytes(g.aux_type);
+  char name[160];
+  std::snprintf(name, sizeof name, "%s %s %c%c m=%lld n=%lld k=%lld batch=%lld%s", call,
+                elem_name(g.a.type), g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N',
+                static_cast<long long>(g.m), static_cast<long long>(g.n),
+                static_cast<long long>(g.k), static_cast<long long>(g.batch),
+                g.gelu || g.dgelu || g.bias_add || g.bgrad_a || g.bgrad_b ? " +epilogue" : "");
+  count_work("gemm", name, 0, 2 * mk * std::uint64_t(g.n) * batch, bytes * batch);
+}
+
 }  // namespace cuda_emu::blas

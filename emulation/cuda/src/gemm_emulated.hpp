@@ -137,6 +137,9 @@ std::size_t workspace_bytes(const Gemm& g);
 
 // Runs the GEMM on the calling thread (from the queued work).
 void run(const Gemm& g);
+// Adds the GEMM, queued by `call`, to the work counts (emulator.hpp's count_work): 2 m n k
+// FLOPs per product, and the bytes of A, B, D (C when beta may be non-zero, AUX when used).
+void count(const char* call, const Gemm& g);
 
 // Bytes a column-major matrix spans: from its first element to one past its last, over all
 // batches (0 when it has no element).

@@ -661,6 +661,11 @@ cudaError_t check_config(const LaunchConfig& c) {
 void launch(const LaunchConfig& config, std::shared_ptr<const Kernel> kernel) {
   if (check_config(config) != cudaSuccess) return;  // the thread's last error says why
   const std::uint64_t id = g_launches++;
+  if (counting())
+    count_work("kernel", config.name,
+               std::uint64_t(config.grid.x) * config.grid.y * config.grid.z * config.block.x *
+                   config.block.y * config.block.z,
+               0, 0);
   enqueue(config.stream, std::string("kernel ") + config.name, [config, kernel, id] {
     if (race_check().on)
       run_checked_twice(config, *kernel, id);

@@ -171,6 +171,19 @@ cudaError_t check_copy(const char* call, void* dst, const void* src, std::size_t
   return check_bounds(call, "destination", dst, bytes);
 }
 
+// "device to host", "pinned host to device", ...: a copy's route for the work counts.
+std::string copy_route(const void* src, const void* dst) {
+  const auto side = [](const void* p) {
+    switch (kind_of(p)) {
+      case MemoryKind::device: return "device";
+      case MemoryKind::pinned: return "pinned host";
+      case MemoryKind::pageable: break;
+    }
+    return "pageable host";
+  };
+  return std::string(side(src)) + " to " + side(dst);
+}
+
 // Queues the copy as CUDA runs it: a pageable source is staged at the call (the caller may
 // reuse it on return), a pageable destination makes the call wait for the copy.
 cudaError_t queue_copy(const char* call, void* dst, const void* src, std::size_t bytes,
@@ -178,6 +191,7 @@ cudaError_t queue_copy(const char* call, void* dst, const void* src, std::size_t
   if (bytes == 0) return cudaSuccess;
   const bool src_pageable = kind_of(src) == MemoryKind::pageable;
   const bool dst_pageable = kind_of(dst) == MemoryKind::pageable;
+  if (counting()) count_work("copy", copy_route(src, dst), 0, 0, bytes);
   cudaError_t e = cudaSuccess;
   if (src_pageable && !dst_pageable) {
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
@@ -321,6 +335,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t 
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync",
                 describe(p, region_at(p)) + " is not device memory");
   if (const cudaError_t e = check_bounds("cudaMemsetAsync", "destination", p, bytes)) return e;
+  if (counting()) count_work("memset", "cudaMemset", 0, 0, bytes);
   return enqueue(stream, "cudaMemsetAsync", [p, value, bytes] { std::memset(p, value, bytes); });
 }
 
