@@ -1,7 +1,7 @@
 #pragma once
 // Host entry points of the CUDA kernels, one .cu per op family (forward beside backward), called
-// by CudaKernelOps (cuda_kernel_ops.cpp). Each queues its work on `stream` and returns at once;
-// pointers are device memory; shapes, accumulation (+=) and "may be null" are KernelOps's
+// by the CUDA op families (cuda_kernel_ops.cpp). Each queues its work on `stream` and returns at
+// once; pointers are device memory; shapes, accumulation (+=) and "may be null" are the op families'
 // (kernel_ops.hpp), the exact semantics gpt_kernels.hpp's. Zero-sized work queues nothing
 // (except sum_losses, which writes 0). No float atomics anywhere: every sum is in a fixed order,
 // so every op gives the same bits run to run.
