@@ -46,8 +46,9 @@ class CpuElementwise final : public ElementwiseOps {
     kernels::gelu_forward(exec_, out, inp, n);
     exec_.fence();
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) override {
-    kernels::gelu_backward(exec_, dinp, inp, dout, n);
+  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n,
+                     GradWrite write) override {
+    kernels::gelu_backward(exec_, dinp, inp, dout, n, write);
     exec_.fence();
   }
 
@@ -77,9 +78,9 @@ class CpuNorm final : public NormOps {
     exec_.fence();
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C) override {
-    kernels::layernorm_backward(exec_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+                          const float* w, const float* mean, const float* rstd, int N, int C,
+                          GradWrite dinp_write) override {
+    kernels::layernorm_backward(exec_, dinp, dw, db, dout, inp, w, mean, rstd, N, C, dinp_write);
     exec_.fence();
   }
 
@@ -100,13 +101,15 @@ class CpuGemm final : public GemmOps {
     exec_.fence();
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC) override {
-    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, inp, w, N, C, OC);
+                       const float* w, int N, int C, int OC, GradWrite dinp_write) override {
+    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, inp, w, N, C, OC, dinp_write);
     exec_.fence();
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
-                       const bf16* inp, const bf16* w, int N, int C, int OC) override {
-    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC);
+                       const bf16* inp, const bf16* w, int N, int C, int OC,
+                       GradWrite dinp_write) override {
+    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC,
+                             dinp_write);
     exec_.fence();
   }
 
@@ -159,8 +162,10 @@ class CpuLoss final : public LossOps {
     exec_.fence();
   }
   void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
-                             const float* dlosses, int N, int V, int v0) override {
-    kernels::softmax_crossentropy_backward(exec_, dlogits, probs, targets, dlosses, N, V, v0);
+                             const float* dlosses, int N, int V, int v0,
+                             GradWrite write) override {
+    kernels::softmax_crossentropy_backward(exec_, dlogits, probs, targets, dlosses, N, V, v0,
+                                           write);
     exec_.fence();
   }
   void sum_losses(double* sum, const float* losses, int n) override {

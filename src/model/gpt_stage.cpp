@@ -142,10 +142,12 @@ void GptStage::linear_backward(float* dx, float* dweight, float* dbias, const fl
   const int N = static_cast<int>(dims_.B * dims_.T);
   if (dims_.bf16)
     k_.gemm().matmul_backward(dx, dweight, dbias, dout, acts_.grads.dout_h.data(), x_h.data(),
-                              p_.param_bf16(w, l), N, static_cast<int>(C), static_cast<int>(OC));
+                              p_.param_bf16(w, l), N, static_cast<int>(C), static_cast<int>(OC),
+                              kernels::GradWrite::overwrite);
   else
     k_.gemm().matmul_backward(dx, dweight, dbias, dout, x.data(), p_.param(w, l), N,
-                              static_cast<int>(C), static_cast<int>(OC));
+                              static_cast<int>(C), static_cast<int>(OC),
+                              kernels::GradWrite::overwrite);
 }
 
 // In bf16 precision LayerNorm writes its (matmul input) output as bf16 directly.
@@ -363,40 +365,40 @@ void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, V = dims_.V;
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
   k_.elementwise().fill(g.dlosses.data(), N, dloss);
-  zero(g.dlogits);
+  // Input gradients written, not cleared and added to (GradWrite::overwrite: the same bits).
   k_.loss().crossentropy_backward(g.dlogits.data(), s.probs.data(), s.targets.data(),
                                   g.dlosses.data(), iN, static_cast<int>(V),
-                                  static_cast<int>(dims_.v0));
-  zero(g.dln);
+                                  static_cast<int>(dims_.v0), kernels::GradWrite::overwrite);
   if (V > 0)
     linear_backward(g.dln.data(), p_.grad(Tid::wte), nullptr, g.dlogits.data(), s.lnf, s.lnf_h,
                     Tid::wte, 0, C, V);
+  else
+    zero(g.dln);  // a shard of padding rows only: its part of the sum is 0
   tp_.allreduce_sum(g.dln.data(), N * C);  // partial over the vocabulary shards
-  zero(g.dresidual);
   k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::lnfw), p_.grad(Tid::lnfb),
                                g.dln.data(), residual, p_.param(Tid::lnfw), s.lnf_mean.data(),
-                               s.lnf_rstd.data(), iN, iC);
+                               s.lnf_rstd.data(), iN, iC, kernels::GradWrite::overwrite);
 }
 
 // On entry g.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
-// gradient flows through unchanged and each LayerNorm backward adds its branch into it.
+// gradient flows through unchanged and each LayerNorm backward adds its branch into it. The
+// branch gradients (dfch_gelu, dfch, dln, datty) are written by the op that makes them
+// (GradWrite::overwrite), never cleared first; dqkv is cleared (attention adds into it).
 void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& a) {
   GradScratch& g = acts_.grads;
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
-  zero(g.dfch_gelu);
   linear_backward(g.dfch_gelu.data(), p_.grad(Tid::fcprojw, l), p_.grad(Tid::fcprojb, l),
                   g.dresidual.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, 4 * Cl, C);
-  zero(g.dfch);
-  k_.elementwise().gelu_backward(g.dfch.data(), a.fch.data(), g.dfch_gelu.data(), N * 4 * Cl);
-  zero(g.dln);
+  k_.elementwise().gelu_backward(g.dfch.data(), a.fch.data(), g.dfch_gelu.data(), N * 4 * Cl,
+                                 kernels::GradWrite::overwrite);
   linear_backward(g.dln.data(), p_.grad(Tid::fcw, l), p_.grad(Tid::fcb, l), g.dfch.data(), a.ln2,
                   a.ln2_h, Tid::fcw, l, C, 4 * Cl);
   tp_.allreduce_sum(g.dln.data(), N * C);  // column-parallel input gradient
   k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln2w, l), p_.grad(Tid::ln2b, l),
                                g.dln.data(), a.residual2.data(), p_.param(Tid::ln2w, l),
-                               a.ln2_mean.data(), a.ln2_rstd.data(), iN, iC);
-  zero(g.datty);
+                               a.ln2_mean.data(), a.ln2_rstd.data(), iN, iC,
+                               kernels::GradWrite::accumulate);
   linear_backward(g.datty.data(), p_.grad(Tid::attprojw, l), p_.grad(Tid::attprojb, l),
                   g.dresidual.data(), a.atty, a.atty_h, Tid::attprojw, l, Cl, C);
   zero(g.dqkv);
@@ -407,13 +409,12 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
                            acts_.attn_scratch.data(), a.qkv.data(), dims_.attn);
   k_.attention().backward(g.dqkv.data(), acts_.attn_scratch.data(), g.datty.data(),
                           a.qkv.data(), a.atty.data(), attn_saved_of(a), dims_.attn);
-  zero(g.dln);
   linear_backward(g.dln.data(), p_.grad(Tid::qkvw, l), p_.grad(Tid::qkvb, l), g.dqkv.data(),
                   a.ln1, a.ln1_h, Tid::qkvw, l, C, 3 * Cl);
   tp_.allreduce_sum(g.dln.data(), N * C);
   k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln1w, l), p_.grad(Tid::ln1b, l),
                                g.dln.data(), residual, p_.param(Tid::ln1w, l), a.ln1_mean.data(),
-                               a.ln1_rstd.data(), iN, iC);
+                               a.ln1_rstd.data(), iN, iC, kernels::GradWrite::accumulate);
 }
 
 }  // namespace pdtrain

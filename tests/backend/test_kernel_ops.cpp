@@ -3,6 +3,9 @@
 // Inputs come from the counter RNG, move through the backend's Device, on small odd shapes and a
 // larger one that crosses block, warp and vector tails. Every op runs twice from the same inputs
 // and must give the same bits (determinism); gradient outputs start nonzero (accumulation).
+// GradWrite::overwrite starts from NaN (it must not read the buffer) and must give the bits of
+// accumulating onto zeros (elementwise ops on every backend, GEMMs on the CPU; a GPU's GEMM
+// with beta = 0 is held to the reference's bound instead).
 //
 // Tolerances (u = 2^-24, fp32's unit roundoff):
 //  * Exact: fill, to_bf16 (core/bf16.hpp's rounding), residual and bias_add (one fp32 addition),
@@ -100,6 +103,7 @@ class KernelOpsTest : public ::testing::TestWithParam<std::tuple<TestBackend, Sh
 constexpr double kTol = 1e-5;                  // non-linear ops, see the file comment
 constexpr double kGeluGradTol = 5e-5;          // see the file comment
 const double kBf16Half = std::ldexp(1.0, -8);  // half a bf16 ulp, relative (8 significant bits)
+const float kNaN = std::numeric_limits<float>::quiet_NaN();  // what overwrite must not read
 
 // fp32 tolerance plus bf16 rounding, against a double reference.
 void expect_bf16_close(const std::string& what, const std::vector<float>& actual,
@@ -309,14 +313,30 @@ TEST_P(KernelOpsTest, LayerNormBackward) {
     auto g = up(dout), dx_in = up(x), dw_in = up(w), m = up(mean), r = up(rstd);
     auto dx = up(dx0), dw = up(dw0), db = up(db0);
     norm_->layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(),
-                              m.data(), r.data(), N, C);
-    return Results{down(dx), down(dw), down(db)};
+                              m.data(), r.data(), N, C, GradWrite::accumulate);
+    // From zeros, and overwritten (dweight and dbias still accumulate: their own copies).
+    auto dxz = zeros<float>(N * std::int64_t(C)), dxn = up(std::vector<float>(x.size(), kNaN));
+    auto dw2 = up(dw0), db2 = up(db0), dw3 = up(dw0), db3 = up(db0);
+    norm_->layernorm_backward(dxz.data(), dw2.data(), db2.data(), g.data(), dx_in.data(),
+                              dw_in.data(), m.data(), r.data(), N, C, GradWrite::accumulate);
+    norm_->layernorm_backward(dxn.data(), dw3.data(), db3.data(), g.data(), dx_in.data(),
+                              dw_in.data(), m.data(), r.data(), N, C, GradWrite::overwrite);
+    return Results{down(dx), down(dw), down(db), down(dxz), down(dxn), down(dw3), down(db3)};
   });
   Vec dx = widen(dx0), dw = widen(dw0), db = widen(db0);
   const Vec gd = widen(dout), xd = widen(x), wd = widen(w), md = widen(mean), rd = widen(rstd);
   layernorm_backward(host(), dx.data(), dw.data(), db.data(), gd.data(), xd.data(), wd.data(),
                      md.data(), rd.data(), N, C);
   expect_close("dinp", got[0], dx, kTol);
+  EXPECT_TRUE(same_bits(got[4], got[3])) << "overwritten dinp differs from zeros'";
+  EXPECT_TRUE(same_bits(got[5], got[1]) && same_bits(got[6], got[2]))
+      << "dweight/dbias depend on how dinp is written";
+  {
+    Vec dxz(x.size(), 0.0), dwz = widen(dw0), dbz = widen(db0);
+    layernorm_backward(host(), dxz.data(), dwz.data(), dbz.data(), gd.data(), xd.data(), wd.data(),
+                       md.data(), rd.data(), N, C);
+    expect_close("dinp overwritten", got[4], dxz, kTol);
+  }
   // dweight and dbias are column sums of N terms (norm * dy, dy); norm itself is a few
   // roundings off in fp32 (1e-6 relative covers it).
   Vec mw = absolute(widen(dw0)), mb = absolute(widen(db0));
@@ -384,13 +404,25 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     auto dxh = up(dx0), dwh = up(dw0), dbh = up(db0);
     auto g_h = zeros<bf16>(std::int64_t(N) * OC);
     gemm_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(), N,
-                           C, OC);
+                           C, OC, GradWrite::accumulate);
     gemm_->matmul_backward(nullptr, dw_only.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
-                           N, C, OC);
+                           N, C, OC, GradWrite::accumulate);
     gemm_->matmul_backward(dxh.data(), dwh.data(), dbh.data(), g.data(), g_h.data(), dxh_in.data(),
-                           dwh_in.data(), N, C, OC);
-    return Results{down(dx),  down(dw),  down(db),  down(dw_only),
-                   down(dxh), down(dwh), down(dbh), down(g_h)};
+                           dwh_in.data(), N, C, OC, GradWrite::accumulate);
+    // dinp from zeros and overwritten, fp32 and bf16 (weight gradients into scratch copies).
+    const std::vector<float> nan_x(x.size(), kNaN);
+    auto dxz = zeros<float>(std::int64_t(N) * C), dxn = up(nan_x), dwt = up(dw0);
+    auto dxhz = zeros<float>(std::int64_t(N) * C), dxhn = up(nan_x);
+    gemm_->matmul_backward(dxz.data(), dwt.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
+                           N, C, OC, GradWrite::accumulate);
+    gemm_->matmul_backward(dxn.data(), dwt.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
+                           N, C, OC, GradWrite::overwrite);
+    gemm_->matmul_backward(dxhz.data(), dwt.data(), nullptr, g.data(), g_h.data(), dxh_in.data(),
+                           dwh_in.data(), N, C, OC, GradWrite::accumulate);
+    gemm_->matmul_backward(dxhn.data(), dwt.data(), nullptr, g.data(), g_h.data(), dxh_in.data(),
+                           dwh_in.data(), N, C, OC, GradWrite::overwrite);
+    return Results{down(dx),  down(dw),  down(db),  down(dw_only), down(dxh), down(dwh),
+                   down(dbh), down(g_h), down(dxz), down(dxn),     down(dxhz), down(dxhn)};
   });
   // dinp += g W, dweight += g^T x; dbias += column sums of the fp32 dout (bias_g) also when the
   // products use its bf16 rounding (g).
@@ -415,6 +447,16 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     expect_within(p + "dweight", got[k + 1], dw, sum_bounds(mw, N));
     expect_within(p + "dbias", got[k + 2], db, sum_bounds(mb, N));
     if (!half) expect_within("dweight without dinp and dbias", got[3], dw, sum_bounds(mw, N));
+    // Overwritten: the product alone, as accumulated onto zeros.
+    const Vec zero(x.size(), 0.0);
+    const auto [dxz, dwz, dbz] = reference(g, xd, wd, g32, zero, widen(dw0), widen(db0));
+    const auto [mxz, mwz, mbz] = reference(absolute(g), absolute(xd), absolute(wd), absolute(g32),
+                                           zero, absolute(widen(dw0)), absolute(widen(db0)));
+    const std::size_t z = half ? 10 : 8;
+    expect_within(p + "dinp from zeros", got[z], dxz, sum_bounds(mxz, OC));
+    expect_within(p + "dinp overwritten", got[z + 1], dxz, sum_bounds(mxz, OC));
+    if (device_->is_host())
+      EXPECT_TRUE(same_bits(got[z + 1], got[z])) << p << "overwritten dinp differs from zeros'";
   }
   expect_is_rounded("dout_bf16", got[7], dout);
 }
@@ -509,9 +551,13 @@ TEST_P(KernelOpsTest, GeluBackward) {
   const auto x = randn(sz(n + 1), 45, 2.0), dout = randn(sz(n + 1), 46), d0 = randn(sz(n + 1), 47);
   const auto got = deterministic([&] {
     auto in = up(x), g = up(dout), d = up(d0), d1 = up(d0);
-    elem_->gelu_backward(d.data(), in.data(), g.data(), n);
-    elem_->gelu_backward(d1.data() + 1, in.data() + 1, g.data() + 1, n);  // unaligned
-    return Results{down(d), down(d1)};
+    auto dz = zeros<float>(n + 1), dn = up(std::vector<float>(sz(n + 1), kNaN));
+    elem_->gelu_backward(d.data(), in.data(), g.data(), n, GradWrite::accumulate);
+    elem_->gelu_backward(d1.data() + 1, in.data() + 1, g.data() + 1, n,  // unaligned
+                         GradWrite::accumulate);
+    elem_->gelu_backward(dz.data(), in.data(), g.data(), n, GradWrite::accumulate);
+    elem_->gelu_backward(dn.data(), in.data(), g.data(), n, GradWrite::overwrite);
+    return Results{down(d), down(d1), down(dz), down(dn)};
   });
   Vec ref = widen(d0), ref1 = widen(d0);
   const Vec xd = widen(x), gd = widen(dout);
@@ -519,6 +565,13 @@ TEST_P(KernelOpsTest, GeluBackward) {
   gelu_backward(host(), ref1.data() + 1, xd.data() + 1, gd.data() + 1, n);
   expect_close("dinp", got[0], ref, kGeluGradTol);
   expect_close("dinp unaligned", got[1], ref1, kGeluGradTol);
+  // Overwritten: the bits of accumulating onto zeros, n elements and not the one past them.
+  const std::vector<float> overwritten(got[3].begin(), got[3].begin() + n);
+  EXPECT_TRUE(same_bits(overwritten, std::vector<float>(got[2].begin(), got[2].begin() + n)));
+  EXPECT_TRUE(std::isnan(got[3][sz(n)])) << "overwrote past the end";
+  Vec refz(sz(n), 0.0);
+  gelu_backward(host(), refz.data(), xd.data(), gd.data(), n);
+  expect_close("dinp overwritten", overwritten, refz, kGeluGradTol);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -553,15 +606,21 @@ TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
       auto zl = up(logits), dl = up(dlosses), p_in = up(probs_f);
       auto m = zeros<float>(N), st = zeros<float>(2 * std::int64_t(N));
       auto p = zeros<float>(std::int64_t(N) * V), l = zeros<float>(N), st_in = up(stats_f);
-      auto d = up(dlogits0);
+      auto d = up(dlogits0), dz = zeros<float>(std::int64_t(N) * V);
+      auto dn = up(std::vector<float>(logits.size(), kNaN));
       loss_->crossentropy_rowmax(m.data(), zl.data(), N, V);
       loss_->crossentropy_partials(st.data(), p.data(), zl.data(), m.data(), t.data(), sh.begin, N,
                                    V);
       const auto partial = down(st), unnorm = down(p);
       // Phase 3 from the reference's combined statistics, so each phase is checked alone.
       loss_->crossentropy_finish(l.data(), p.data(), st_in.data(), N, V);
-      loss_->crossentropy_backward(d.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin);
-      return Results{down(m), partial, unnorm, down(l), down(p), down(d)};
+      loss_->crossentropy_backward(d.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
+                                   GradWrite::accumulate);
+      loss_->crossentropy_backward(dz.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
+                                   GradWrite::accumulate);
+      loss_->crossentropy_backward(dn.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
+                                   GradWrite::overwrite);
+      return Results{down(m), partial, unnorm, down(l), down(p), down(d), down(dz), down(dn)};
     });
     for (int n = 0; n < N; ++n)  // the max is exact in any order; an empty shard gives lowest()
       ASSERT_EQ(got[0][sz(n)], V > 0 ? static_cast<float>(rowmax[sz(n)]) : -FLT_MAX) << n;
@@ -578,6 +637,11 @@ TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
     softmax_crossentropy_backward(host(), dlogits.data(), pd.data(), targets.data(), dld.data(), N,
                                   V, sh.begin);
     expect_close("dlogits", got[5], dlogits, kTol);
+    EXPECT_TRUE(same_bits(got[7], got[6])) << "overwritten dlogits differ from zeros'";
+    Vec dz(logits.size(), 0.0);
+    softmax_crossentropy_backward(host(), dz.data(), pd.data(), targets.data(), dld.data(), N, V,
+                                  sh.begin);
+    expect_close("dlogits overwritten", got[7], dz, kTol);
   }
 }
 

@@ -12,9 +12,11 @@
 // Conventions (those of gpt_kernels.hpp, which is the reference every backend is tested
 // against): row-major raw pointers in the backend's device memory, llm.c's shapes (B batch,
 // T sequence, C channels, NH heads, N = B*T rows, under tensor parallelism the LOCAL width and
-// head count); every backward ACCUMULATES (+=) into its gradient outputs; pointers documented
-// as "may be null" are skipped when null. Ops are queued on the device's compute queue in call
-// order: the host reads results only after Device::synchronize() (or a download).
+// head count); every backward ACCUMULATES (+=) into its gradient outputs, except an input
+// gradient given GradWrite::overwrite (grad_write.hpp: written as if zeroed just before, unread);
+// pointers documented as "may be null" are skipped when null. Ops are queued on the device's
+// compute queue in call order: the host reads results only after Device::synchronize() (or a
+// download).
 // Determinism: every op gives the same bits run to run (no float atomics; reductions in a fixed
 // order). Backends agree within stated tolerances (tests/backend/test_kernel_ops.cpp), not
 // bit for bit: a GPU sums in another order than the CPU.
@@ -27,6 +29,7 @@
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/device/device.hpp"
+#include "pdtrain/kernels/grad_write.hpp"
 #include "pdtrain/optim/adamw_math.hpp"
 
 namespace pdtrain::kernels {
@@ -50,10 +53,11 @@ class ElementwiseOps {
                                 const std::int32_t* tokens, int B, int T, int C, int vocab_begin,
                                 int vocab_end) = 0;
 
-  // GELU (tanh form): out = gelu(inp) as fp32 or bf16; dinp += gelu'(inp) dout.
+  // GELU (tanh form): out = gelu(inp) as fp32 or bf16; dinp += (or =) gelu'(inp) dout.
   virtual void gelu_forward(float* out, const float* inp, Index n) = 0;
   virtual void gelu_forward(bf16* out, const float* inp, Index n) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, Index n,
+                             GradWrite write) = 0;
 
   // Residual: out = a + b (its backward passes the gradient through unchanged).
   virtual void residual_forward(float* out, const float* a, const float* b, Index n) = 0;
@@ -62,7 +66,7 @@ class ElementwiseOps {
 };
 
 // LayerNorm (eps 1e-5): out[N,C] as fp32 or as bf16 (the input of a bf16 matmul); mean[N],
-// rstd[N] saved for backward.
+// rstd[N] saved for backward. Backward: dinp += (or =) ..., dweight += ..., dbias += ....
 class NormOps {
  public:
   virtual ~NormOps() = default;
@@ -72,7 +76,7 @@ class NormOps {
                                  const float* weight, const float* bias, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean,
-                                  const float* rstd, int N, int C) = 0;
+                                  const float* rstd, int N, int C, GradWrite dinp_write) = 0;
 };
 
 // Matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null). fp32, or bf16
@@ -84,14 +88,15 @@ class GemmOps {
                               const float* bias, int N, int C, int OC) = 0;
   virtual void matmul_forward(float* out, const bf16* inp, const bf16* weight, const float* bias,
                               int N, int C, int OC) = 0;
-  // dinp (may be null) += dout weight; dweight += dout^T inp; dbias (may be null) += column
-  // sums of dout. bf16: dout is rounded once into dout_bf16 [N*OC] for both products; the bias
-  // gradient uses the fp32 dout.
+  // dinp (may be null) += (or =, beta = 0) dout weight; dweight += dout^T inp; dbias (may be
+  // null) += column sums of dout. bf16: dout is rounded once into dout_bf16 [N*OC] for both
+  // products; the bias gradient uses the fp32 dout.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, int N, int C, int OC) = 0;
+                               const float* inp, const float* weight, int N, int C, int OC,
+                               GradWrite dinp_write) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                bf16* dout_bf16, const bf16* inp, const bf16* weight, int N, int C,
-                               int OC) = 0;
+                               int OC, GradWrite dinp_write) = 0;
 };
 
 // One call's shape: C and NH are the local (tensor-parallel) width and head count. bf16_inputs:
@@ -139,10 +144,10 @@ class LossOps {
   // losses[n] = log(sum) - (target logit - max); probs normalized in place.
   virtual void crossentropy_finish(float* losses, float* probs, const float* stats, int N,
                                    int V) = 0;
-  // dlogits += (probs - onehot(target)) * dlosses[n] (target counted on its shard only).
+  // dlogits += (or =) (probs - onehot(target)) * dlosses[n] (target counted on its shard only).
   virtual void crossentropy_backward(float* dlogits, const float* probs,
                                      const std::int32_t* targets, const float* dlosses, int N,
-                                     int V, int vocab_begin) = 0;
+                                     int V, int vocab_begin, GradWrite write) = 0;
   // *sum = losses[0] + losses[1] + ... + losses[n-1], in double, in that order (one micro-batch's
   // loss, bit-identical on every backend).
   virtual void sum_losses(double* sum, const float* losses, int n) = 0;

@@ -143,7 +143,8 @@ class GptStage {
   static void allocate_layer(const Dims& d, LayerActs& l, bool keep_saved, Alloc&& alloc);
 
   // A matmul of this stage's precision: out = x W^T (+ b), x given in fp32 and in bf16 (the
-  // one of the precision in use is read), and its backward.
+  // one of the precision in use is read), and its backward (dx overwritten, the parameter
+  // gradients added to).
   void linear_forward(float* out, const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
                       std::int64_t l, const float* bias, std::int64_t C, std::int64_t OC);
   void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,

@@ -100,8 +100,9 @@ class CudaElementwise final : public ElementwiseOps {
   void gelu_forward(bf16* out, const float* inp, Index n) override {
     cuda::gelu_forward(stream_, out, inp, n);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) override {
-    cuda::gelu_backward(stream_, dinp, inp, dout, n);
+  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n,
+                     GradWrite write) override {
+    cuda::gelu_backward(stream_, dinp, inp, dout, n, write == GradWrite::overwrite);
   }
 
   void residual_forward(float* out, const float* a, const float* b, Index n) override {
@@ -129,10 +130,11 @@ class CudaNorm final : public NormOps {
     cuda::layernorm_forward(stream_, out, mean, rstd, inp, w, b, N, C);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C) override {
+                          const float* w, const float* mean, const float* rstd, int N, int C,
+                          GradWrite dinp_write) override {
     cuda::layernorm_backward(stream_, ctx_->scratch(cuda::layernorm_backward_scratch(N, C)), dinp,
-                             dw, db, dout, inp, w, mean, rstd, N, C);
+                             dw, db, dout, inp, w, mean, rstd, N, C,
+                             dinp_write == GradWrite::overwrite);
   }
 
  private:
@@ -153,13 +155,14 @@ class CudaGemm final : public GemmOps {
     forward(out, inp, w, bias, N, C, OC, GemmInput::bf16);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC) override {
-    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, GemmInput::f32);
+                       const float* w, int N, int C, int OC, GradWrite dinp_write) override {
+    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, GemmInput::f32, dinp_write);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
-                       const bf16* inp, const bf16* w, int N, int C, int OC) override {
+                       const bf16* inp, const bf16* w, int N, int C, int OC,
+                       GradWrite dinp_write) override {
     cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * OC);
-    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, GemmInput::bf16);
+    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, GemmInput::bf16, dinp_write);
   }
 
  private:
@@ -174,15 +177,16 @@ class CudaGemm final : public GemmOps {
                       .input = input});
   }
 
-  // dinp += dout weight, dweight += dout^T inp (dout_gemm: dout itself or its bf16 copy);
-  // dbias += column sums of the fp32 dout.
+  // dinp += (or =, beta = 0) dout weight, dweight += dout^T inp (dout_gemm: dout itself or its
+  // bf16 copy); dbias += column sums of the fp32 dout.
   void backward(float* dinp, float* dweight, float* dbias, const float* dout,
                 const void* dout_gemm, const void* inp, const void* weight, int N, int C, int OC,
-                GemmInput input) {
+                GemmInput input, GradWrite dinp_write) {
     if (dinp != nullptr)
       ctx_->gemm().run({.M = N, .N = C, .K = OC,
                         .A = dout_gemm, .lda = OC, .B = weight, .ldb = C,
-                        .beta = 1.0f, .C = dinp, .ldc = C, .input = input});
+                        .beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f, .C = dinp,
+                        .ldc = C, .input = input});
     ctx_->gemm().run({.trans_a = true, .M = OC, .N = C, .K = N,
                       .A = dout_gemm, .lda = OC, .B = inp, .ldb = C,
                       .beta = 1.0f, .C = dweight, .ldc = C, .input = input});
@@ -239,8 +243,10 @@ class CudaLoss final : public LossOps {
     cuda::crossentropy_finish(stream_, losses, probs, stats, N, V);
   }
   void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
-                             const float* dlosses, int N, int V, int v0) override {
-    cuda::crossentropy_backward(stream_, dlogits, probs, targets, dlosses, N, V, v0);
+                             const float* dlosses, int N, int V, int v0,
+                             GradWrite write) override {
+    cuda::crossentropy_backward(stream_, dlogits, probs, targets, dlosses, N, V, v0,
+                                write == GradWrite::overwrite);
   }
   void sum_losses(double* sum, const float* losses, int n) override {
     cuda::sum_losses(stream_, sum, losses, n);
