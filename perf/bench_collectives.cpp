@@ -27,6 +27,7 @@
 #include "pdtrain/core/mpi_collectives.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/device/nccl_collectives.hpp"
+#include "pdtrain/kernels/backend_registry.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 
 namespace {
@@ -110,7 +111,8 @@ int node_local_rank() {
 
 std::unique_ptr<Collectives> make_transport(const Options& o, Memory& mem) {
   if (o.transport == "mpi") return std::make_unique<MpiCollectives>(MPI_COMM_WORLD);
-  mem.backend = kernels::make_cuda_backend(node_local_rank() % std::max(1, kernels::cuda_device_count()));
+  mem.backend =
+      kernels::make_backend("cuda", node_local_rank() % std::max(1, kernels::cuda_device_count()));
   NcclId id{};
   if (comm_rank(MPI_COMM_WORLD) == 0) id = make_nccl_id();
   MPI_CHECK(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD));

@@ -1,6 +1,7 @@
 #include "pdtrain/app/compute_device.hpp"
 
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/kernels/backend_registry.hpp"
 
 namespace pdtrain {
 
@@ -14,7 +15,7 @@ int node_local_compute_index(const Setup& setup, int rank) {
 
 kernels::ComputeBackend make_compute_backend(const Deck& deck, const Setup& setup,
                                              const Layout& layout) {
-  if (deck.compute.device == "cpu") return kernels::make_cpu_backend();
+  if (deck.compute.device == "cpu") return kernels::make_backend("cpu");
   if (!kernels::cuda_backend_built())
     throw Error(ExitCode::deck, deck.where("compute.device") +
                                     ": cuda, but this pdtrain was built without the CUDA backend "
@@ -30,7 +31,7 @@ kernels::ComputeBackend make_compute_backend(const Deck& deck, const Setup& setu
                                        "; check the driver, CUDA_VISIBLE_DEVICES and the job's "
                                        "GPU request)");
   try {
-    return kernels::make_cuda_backend(node_local_compute_index(setup, rank) % gpus);
+    return kernels::make_backend("cuda", node_local_compute_index(setup, rank) % gpus);
   } catch (const Error& e) {
     throw Error(e.code(), "rank " + std::to_string(rank) + ": " + e.what());
   }

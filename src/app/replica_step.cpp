@@ -73,8 +73,8 @@ double ReplicaStep::use_version(std::int64_t version) {
   PDT_CHECK(version == replica_->version(),
             "replica at version " + std::to_string(replica_->version()) + ", asked for " +
                 std::to_string(version));
-  ops_.scatter_tiles(stage_.params_device(), stage_.params_bf16_device(), replica_->params(),
-                     tiles_);
+  ops_.optimizer().scatter_tiles(stage_.params_device(), stage_.params_bf16_device(),
+                                 replica_->params(), tiles_);
   have_version_ = version;
   return now_seconds() - t0;
 }
@@ -90,7 +90,7 @@ void ReplicaStep::gradients_out(std::int64_t step, StepRecord& rec) {
 // replica's optimizer step runs there.
 void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
-  ops_.gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
+  ops_.optimizer().gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
   const double t1 = now_seconds();
   phases_.record(rec.reduce_ms, "reduce", t0, t1, nullptr, nullptr);
   replica_->update(step, replica_->grads());

@@ -1,10 +1,13 @@
-// The CPU backend's kernels: the Kokkos kernels of gpt_kernels.hpp on the default execution
+// The CPU backend's op families: the Kokkos kernels of gpt_kernels.hpp on the default execution
 // space (Serial with Debian's Kokkos, OpenMP with a standalone Kokkos built so) and the GEMM
 // layer. Each op fences before returning, so host memory is consistent when it returns (the
 // CPU device has no queue to synchronize).
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <memory>
+#include <utility>
 
+#include "pdtrain/kernels/backend_registry.hpp"
 #include "pdtrain/kernels/gemm.hpp"
 #include "pdtrain/kernels/gpt_kernels.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
@@ -16,12 +19,8 @@ namespace {
 using Exec = Kokkos::DefaultExecutionSpace;
 using I32 = std::int32_t;
 
-class CpuKernelOps final : public KernelOps {
+class CpuElementwise final : public ElementwiseOps {
  public:
-  std::string describe() const override {
-    return std::string("cpu: Kokkos ") + Exec::name() + ", GEMM " + gemm_backend_description();
-  }
-
   void fill(float* p, Index n, float value) override {
     fill_value(exec_, p, n, value);
     exec_.fence();
@@ -39,6 +38,35 @@ class CpuKernelOps final : public KernelOps {
     exec_.fence();
   }
 
+  void gelu_forward(float* out, const float* inp, Index n) override {
+    kernels::gelu_forward(exec_, out, inp, n);
+    exec_.fence();
+  }
+  void gelu_forward(bf16* out, const float* inp, Index n) override {
+    kernels::gelu_forward(exec_, out, inp, n);
+    exec_.fence();
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n,
+                     GradWrite write) override {
+    kernels::gelu_backward(exec_, dinp, inp, dout, n, write);
+    exec_.fence();
+  }
+
+  void residual_forward(float* out, const float* a, const float* b, Index n) override {
+    kernels::residual_forward(exec_, out, a, b, n);
+    exec_.fence();
+  }
+  void bias_add_forward(float* out, const float* bias, int N, int OC) override {
+    kernels::bias_add_forward(exec_, out, bias, N, OC);
+    exec_.fence();
+  }
+
+ private:
+  Exec exec_;
+};
+
+class CpuNorm final : public NormOps {
+ public:
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int N, int C) override {
     kernels::layernorm_forward(exec_, out, mean, rstd, inp, w, b, N, C);
@@ -50,12 +78,18 @@ class CpuKernelOps final : public KernelOps {
     exec_.fence();
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C) override {
-    kernels::layernorm_backward(exec_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+                          const float* w, const float* mean, const float* rstd, int N, int C,
+                          GradWrite dinp_write) override {
+    kernels::layernorm_backward(exec_, dinp, dw, db, dout, inp, w, mean, rstd, N, C, dinp_write);
     exec_.fence();
   }
 
+ private:
+  Exec exec_;
+};
+
+class CpuGemm final : public GemmOps {
+ public:
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int C, int OC) override {
     kernels::matmul_forward(exec_, out, inp, w, bias, N, C, OC);
@@ -67,50 +101,52 @@ class CpuKernelOps final : public KernelOps {
     exec_.fence();
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC) override {
-    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, inp, w, N, C, OC);
+                       const float* w, int N, int C, int OC, GradWrite dinp_write) override {
+    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, inp, w, N, C, OC, dinp_write);
     exec_.fence();
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
-                       const bf16* inp, const bf16* w, int N, int C, int OC) override {
-    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC);
-    exec_.fence();
-  }
-  void bias_add_forward(float* out, const float* bias, int N, int OC) override {
-    kernels::bias_add_forward(exec_, out, bias, N, OC);
-    exec_.fence();
-  }
-
-  void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T,
-                         int C, int NH) override {
-    kernels::attention_forward(exec_, out, preatt, att, qkv, B, T, C, NH);
-    exec_.fence();
-  }
-  void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout,
-                          const float* qkv, const float* att, int B, int T, int C,
-                          int NH) override {
-    kernels::attention_backward(exec_, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+                       const bf16* inp, const bf16* w, int N, int C, int OC,
+                       GradWrite dinp_write) override {
+    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC,
+                             dinp_write);
     exec_.fence();
   }
 
-  void gelu_forward(float* out, const float* inp, Index n) override {
-    kernels::gelu_forward(exec_, out, inp, n);
-    exec_.fence();
+ private:
+  Exec exec_;
+};
+
+// gpt_kernels.hpp's attention: saved = the probabilities att [B,NH,T,T]; scratch = the scores
+// preatt in forward, dpreatt then datt in backward (each [B,NH,T,T]). The execution space is
+// made per call: cpu_attention() sizes buffers where Kokkos may not be initialized.
+class CpuAttention final : public AttentionOps {
+ public:
+  std::string describe() const override {
+    return "T x T probabilities saved, Kokkos softmax between GEMMs";
   }
-  void gelu_forward(bf16* out, const float* inp, Index n) override {
-    kernels::gelu_forward(exec_, out, inp, n);
-    exec_.fence();
+  Index saved_floats(const AttentionShape& s) const override { return square(s); }
+  Index scratch_floats(const AttentionShape& s) const override { return 2 * square(s); }
+  void forward(float* out, float* saved, float* scratch, const float* qkv,
+               const AttentionShape& s) override {
+    const Exec exec;
+    kernels::attention_forward(exec, out, scratch, saved, qkv, s.B, s.T, s.C, s.NH);
+    exec.fence();
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) override {
-    kernels::gelu_backward(exec_, dinp, inp, dout, n);
-    exec_.fence();
+  void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                const float* /*out*/, const float* saved, const AttentionShape& s) override {
+    const Exec exec;
+    kernels::attention_backward(exec, dqkv, scratch, scratch + square(s), dout, qkv, saved, s.B,
+                                s.T, s.C, s.NH);
+    exec.fence();
   }
 
-  void residual_forward(float* out, const float* a, const float* b, Index n) override {
-    kernels::residual_forward(exec_, out, a, b, n);
-    exec_.fence();
-  }
+ private:
+  static Index square(const AttentionShape& s) { return Index(s.B) * s.NH * s.T * s.T; }
+};
 
+class CpuLoss final : public LossOps {
+ public:
   void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) override {
     kernels::crossentropy_rowmax(exec_, rowmax, logits, N, V);
     exec_.fence();
@@ -126,9 +162,10 @@ class CpuKernelOps final : public KernelOps {
     exec_.fence();
   }
   void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
-                             const float* dlosses, int N, int V, int v0) override {
-    kernels::softmax_crossentropy_backward(exec_, dlogits, probs, targets, dlosses, N, V,
-                                                v0);
+                             const float* dlosses, int N, int V, int v0,
+                             GradWrite write) override {
+    kernels::softmax_crossentropy_backward(exec_, dlogits, probs, targets, dlosses, N, V, v0,
+                                           write);
     exec_.fence();
   }
   void sum_losses(double* sum, const float* losses, int n) override {
@@ -137,6 +174,12 @@ class CpuKernelOps final : public KernelOps {
     *sum = s;
   }
 
+ private:
+  Exec exec_;
+};
+
+class CpuOptimizer final : public OptimizerOps {
+ public:
   void gather_tiles(float* packed, const float* src, const std::vector<Tile>& tiles) override {
     for (const Tile& t : tiles)
       for (Index r = 0; r < t.rows; ++r, packed += t.cols)
@@ -167,23 +210,42 @@ class CpuKernelOps final : public KernelOps {
              const AdamWStep& step) override {
     adamw_elements(step, grad, param, m, v, n);
   }
-
- private:
-  Exec exec_;
 };
+
+std::unique_ptr<KernelOps> make_cpu_kernel_ops() {
+  OpFamilies f;
+  f.elementwise = std::make_unique<CpuElementwise>();
+  f.norm = std::make_unique<CpuNorm>();
+  f.gemm = std::make_unique<CpuGemm>();
+  f.attention = std::make_unique<CpuAttention>();
+  f.loss = std::make_unique<CpuLoss>();
+  f.optimizer = std::make_unique<CpuOptimizer>();
+  return std::make_unique<KernelOps>(
+      std::string("cpu: Kokkos ") + Exec::name() + ", GEMM " + gemm_backend_description(),
+      std::move(f));
+}
+
+ComputeBackend make_cpu_backend(int /*gpu*/) {
+  ComputeBackend b;
+  b.device = &cpu_device();
+  b.ops = make_cpu_kernel_ops();
+  return b;
+}
 
 }  // namespace
 
 KernelOps& cpu_kernel_ops() {
-  static CpuKernelOps ops;
-  return ops;
+  static const std::unique_ptr<KernelOps> ops = make_cpu_kernel_ops();
+  return *ops;
 }
 
-ComputeBackend make_cpu_backend() {
-  ComputeBackend b;
-  b.device = &cpu_device();
-  b.ops = std::make_unique<CpuKernelOps>();
-  return b;
+const AttentionOps& cpu_attention() {
+  static const CpuAttention attention;
+  return attention;
+}
+
+void register_cpu_backend(std::vector<BackendEntry>& registry) {
+  registry.push_back({"cpu", "cpu", make_cpu_backend});
 }
 
 }  // namespace pdtrain::kernels

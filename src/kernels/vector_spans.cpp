@@ -78,8 +78,8 @@ void exp_shifted(float* out, const float* in, float shift, Index n) {
 
 void gelu_span(float* out, const float* in, Index n) { PDTRAIN_DISPATCH(gelu_span(out, in, n)); }
 
-void gelu_grad_span(float* dinp, const float* inp, const float* dout, Index n) {
-  PDTRAIN_DISPATCH(gelu_grad_span(dinp, inp, dout, n));
+void gelu_grad_span(float* dinp, const float* inp, const float* dout, Index n, bool overwrite) {
+  PDTRAIN_DISPATCH(gelu_grad_span(dinp, inp, dout, n, overwrite));
 }
 
 #undef PDTRAIN_DISPATCH

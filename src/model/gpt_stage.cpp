@@ -14,7 +14,7 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
                    StageOrder order)
     : p_(params), program_(params), tp_(tp), k_(ops), dev_(params.device()),
       dims_(dims_of(params.catalog().shape(), params.spec(), micro_batch, seq_len, slots,
-                    recompute, params.bf16(), order)) {
+                    recompute, params.bf16(), order, ops.attention())) {
   PDT_CHECK(!dims_.layer_major || (dims_.embedding && dims_.head),
             "layer-major order needs the whole model on one stage");
   // This rank's vocabulary shard as StageParams places it (dims_of derives the same bounds
@@ -30,7 +30,7 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
 
 GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                                  std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
-                                 StageOrder order) {
+                                 StageOrder order, const kernels::AttentionOps& attention) {
   Dims d;
   d.layer_major = order == StageOrder::layer;
   d.B = micro_batch;
@@ -49,11 +49,15 @@ GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::i
   d.bf16 = bf16;
   d.slots = slots;
   d.recompute = recompute;
+  d.attn = {.B = static_cast<int>(d.B), .T = static_cast<int>(d.T), .C = static_cast<int>(d.Cl),
+            .NH = static_cast<int>(d.NHl), .bf16_inputs = bf16};
+  d.attn_saved = attention.saved_floats(d.attn);
+  d.attn_scratch = attention.scratch_floats(d.attn);
   return d;
 }
 
 template <class Alloc>
-void GptStage::allocate_layer(const Dims& d, LayerActs& l, bool keep_att, Alloc&& alloc) {
+void GptStage::allocate_layer(const Dims& d, LayerActs& l, bool keep_saved, Alloc&& alloc) {
   const std::int64_t N = d.B * d.T, C = d.C, Cl = d.Cl;
   if (d.bf16) {
     alloc(l.ln1_h, N * C), alloc(l.atty_h, N * Cl), alloc(l.ln2_h, N * C);
@@ -63,7 +67,7 @@ void GptStage::allocate_layer(const Dims& d, LayerActs& l, bool keep_att, Alloc&
   }
   alloc(l.ln1_mean, N), alloc(l.ln1_rstd, N);
   alloc(l.qkv, N * 3 * Cl), alloc(l.atty, N * Cl);
-  if (keep_att) alloc(l.att, d.B * d.NHl * d.T * d.T);
+  if (keep_saved) alloc(l.attn_saved, d.attn_saved);
   alloc(l.attproj, N * C), alloc(l.residual2, N * C);
   alloc(l.ln2_mean, N), alloc(l.ln2_rstd, N);
   alloc(l.fch, N * 4 * Cl);
@@ -73,7 +77,6 @@ void GptStage::allocate_layer(const Dims& d, LayerActs& l, bool keep_att, Alloc&
 template <class Alloc>
 void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
   const std::int64_t N = d.B * d.T, C = d.C, Cl = d.Cl, V = d.V;
-  const std::int64_t att = d.B * d.NHl * d.T * d.T;
   a.slots.resize(static_cast<std::size_t>(d.slots));
   for (SlotActs& s : a.slots) {
     alloc(s.tokens, N), alloc(s.targets, N), alloc(s.input, N * C);
@@ -95,12 +98,13 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
     }
     if (d.layer_major) alloc(s.dresidual, N * C);
   }
-  alloc(a.preatt, att);
+  alloc(a.attn_scratch, d.attn_scratch);
   if (d.recompute == Recompute::full) allocate_layer(d, a.recompute_layer, true, alloc);
-  if (d.recompute == Recompute::attention) alloc(a.att_scratch, att), alloc(a.atty_scratch, N * Cl);
+  if (d.recompute == Recompute::attention)
+    alloc(a.attn_saved_scratch, d.attn_saved), alloc(a.atty_scratch, N * Cl);
   GradScratch& g = a.grads;
   alloc(g.dresidual, N * C), alloc(g.dln, N * C), alloc(g.dqkv, N * 3 * Cl);
-  alloc(g.datty, N * Cl), alloc(g.dpreatt, att), alloc(g.datt, att);
+  alloc(g.datty, N * Cl);
   alloc(g.dfch, N * 4 * Cl), alloc(g.dfch_gelu, N * 4 * Cl);
   if (d.head) alloc(g.dlogits, N * V), alloc(g.dlosses, N), alloc(a.loss_ledger, kLedgerSize);
   if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head ? V : 0}));
@@ -109,9 +113,9 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
 std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
                                     std::int64_t micro_batch, std::int64_t seq_len, int slots,
                                     Recompute recompute, Precision precision,
-                                    StageOrder order) {
+                                    StageOrder order, const kernels::AttentionOps& attention) {
   const Dims d = dims_of(m, s, micro_batch, seq_len, slots, recompute,
-                         precision == Precision::bf16, order);
+                         precision == Precision::bf16, order, attention);
   Activations plan;  // buffers stay empty: only their sizes are counted
   std::int64_t bytes = 0;
   allocate(d, plan, [&bytes](auto& buffer, std::int64_t n) {
@@ -125,11 +129,11 @@ void GptStage::linear_forward(float* out, const Buf<float>& x, const Buf<bf16>& 
                               std::int64_t OC) {
   const int N = static_cast<int>(dims_.B * dims_.T);
   if (dims_.bf16)
-    k_.matmul_forward(out, x_h.data(), p_.param_bf16(w, l), bias, N, static_cast<int>(C),
-                      static_cast<int>(OC));
+    k_.gemm().matmul_forward(out, x_h.data(), p_.param_bf16(w, l), bias, N, static_cast<int>(C),
+                             static_cast<int>(OC));
   else
-    k_.matmul_forward(out, x.data(), p_.param(w, l), bias, N, static_cast<int>(C),
-                      static_cast<int>(OC));
+    k_.gemm().matmul_forward(out, x.data(), p_.param(w, l), bias, N, static_cast<int>(C),
+                             static_cast<int>(OC));
 }
 
 void GptStage::linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
@@ -137,11 +141,13 @@ void GptStage::linear_backward(float* dx, float* dweight, float* dbias, const fl
                                std::int64_t l, std::int64_t C, std::int64_t OC) {
   const int N = static_cast<int>(dims_.B * dims_.T);
   if (dims_.bf16)
-    k_.matmul_backward(dx, dweight, dbias, dout, acts_.grads.dout_h.data(), x_h.data(),
-                       p_.param_bf16(w, l), N, static_cast<int>(C), static_cast<int>(OC));
+    k_.gemm().matmul_backward(dx, dweight, dbias, dout, acts_.grads.dout_h.data(), x_h.data(),
+                              p_.param_bf16(w, l), N, static_cast<int>(C), static_cast<int>(OC),
+                              kernels::GradWrite::overwrite);
   else
-    k_.matmul_backward(dx, dweight, dbias, dout, x.data(), p_.param(w, l), N,
-                       static_cast<int>(C), static_cast<int>(OC));
+    k_.gemm().matmul_backward(dx, dweight, dbias, dout, x.data(), p_.param(w, l), N,
+                              static_cast<int>(C), static_cast<int>(OC),
+                              kernels::GradWrite::overwrite);
 }
 
 // In bf16 precision LayerNorm writes its (matmul input) output as bf16 directly.
@@ -150,11 +156,11 @@ void GptStage::layernorm_forward(Buf<float>& out, Buf<bf16>& out_h, Buf<float>& 
                                  std::int64_t l) {
   const int N = static_cast<int>(dims_.B * dims_.T), C = static_cast<int>(dims_.C);
   if (dims_.bf16)
-    k_.layernorm_forward(out_h.data(), mean.data(), rstd.data(), inp, p_.param(w, l),
-                         p_.param(b, l), N, C);
+    k_.norm().layernorm_forward(out_h.data(), mean.data(), rstd.data(), inp, p_.param(w, l),
+                                p_.param(b, l), N, C);
   else
-    k_.layernorm_forward(out.data(), mean.data(), rstd.data(), inp, p_.param(w, l),
-                         p_.param(b, l), N, C);
+    k_.norm().layernorm_forward(out.data(), mean.data(), rstd.data(), inp, p_.param(w, l),
+                                p_.param(b, l), N, C);
 }
 
 const float* GptStage::output(int slot) const {
@@ -231,9 +237,10 @@ void GptStage::forward_layer_major(int n) {
 void GptStage::embed(SlotActs& a) {
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C;
   const float* wpe = tp_.rank() == 0 ? p_.param(Tid::wpe) : nullptr;
-  k_.encoder_forward(a.input.data(), a.tokens.data(), p_.param(Tid::wte), wpe,
-                     static_cast<int>(dims_.B), static_cast<int>(dims_.T), static_cast<int>(C),
-                     static_cast<int>(dims_.v0), static_cast<int>(dims_.v1));
+  k_.elementwise().encoder_forward(a.input.data(), a.tokens.data(), p_.param(Tid::wte), wpe,
+                                   static_cast<int>(dims_.B), static_cast<int>(dims_.T),
+                                   static_cast<int>(C), static_cast<int>(dims_.v0),
+                                   static_cast<int>(dims_.v1));
   tp_.allreduce_sum(a.input.data(), N * C);
 }
 
@@ -252,8 +259,8 @@ void GptStage::forward_kept(std::int64_t i, SlotActs& a) {
 void GptStage::head_and_loss(SlotActs& a) {
   head_forward(a, dims_.layers > 0 ? a.layers.back().residual3.data() : a.input.data());
   if (ledger_count_ == kLedgerSize) flush_ledger();
-  k_.sum_losses(acts_.loss_ledger.data() + ledger_count_++, a.losses.data(),
-                static_cast<int>(dims_.B * dims_.T));
+  k_.loss().sum_losses(acts_.loss_ledger.data() + ledger_count_++, a.losses.data(),
+                       static_cast<int>(dims_.B * dims_.T));
 }
 
 void GptStage::flush_ledger() {
@@ -276,30 +283,29 @@ double GptStage::take_loss_sum() {
 
 void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a) {
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
-  const int B = static_cast<int>(dims_.B), T = static_cast<int>(dims_.T);
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
   layernorm_forward(a.ln1, a.ln1_h, a.ln1_mean, a.ln1_rstd, residual, Tid::ln1w, Tid::ln1b, l);
   linear_forward(a.qkv.data(), a.ln1, a.ln1_h, Tid::qkvw, l, p_.param(Tid::qkvb, l), C, 3 * Cl);
-  k_.attention_forward(a.atty.data(), acts_.preatt.data(), att_of(a), a.qkv.data(), B, T,
-                       static_cast<int>(Cl), static_cast<int>(dims_.NHl));
-  if (dims_.bf16) k_.to_bf16(a.atty_h.data(), a.atty.data(), N * Cl);
+  k_.attention().forward(a.atty.data(), attn_saved_of(a), acts_.attn_scratch.data(),
+                         a.qkv.data(), dims_.attn);
+  if (dims_.bf16) k_.elementwise().to_bf16(a.atty_h.data(), a.atty.data(), N * Cl);
   // Row-parallel projection: partial sums over this shard's heads, summed across the tp group.
   // Its bias is added once, after the sum.
   linear_forward(a.attproj.data(), a.atty, a.atty_h, Tid::attprojw, l, nullptr, Cl, C);
   tp_.allreduce_sum(a.attproj.data(), N * C);
-  k_.bias_add_forward(a.attproj.data(), p_.param(Tid::attprojb, l), iN, iC);
-  k_.residual_forward(a.residual2.data(), residual, a.attproj.data(), N * C);
+  k_.elementwise().bias_add_forward(a.attproj.data(), p_.param(Tid::attprojb, l), iN, iC);
+  k_.elementwise().residual_forward(a.residual2.data(), residual, a.attproj.data(), N * C);
   layernorm_forward(a.ln2, a.ln2_h, a.ln2_mean, a.ln2_rstd, a.residual2.data(), Tid::ln2w,
                     Tid::ln2b, l);
   linear_forward(a.fch.data(), a.ln2, a.ln2_h, Tid::fcw, l, p_.param(Tid::fcb, l), C, 4 * Cl);
   if (dims_.bf16)
-    k_.gelu_forward(a.fch_gelu_h.data(), a.fch.data(), N * 4 * Cl);
+    k_.elementwise().gelu_forward(a.fch_gelu_h.data(), a.fch.data(), N * 4 * Cl);
   else
-    k_.gelu_forward(a.fch_gelu.data(), a.fch.data(), N * 4 * Cl);
+    k_.elementwise().gelu_forward(a.fch_gelu.data(), a.fch.data(), N * 4 * Cl);
   linear_forward(a.fcproj.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, nullptr, 4 * Cl, C);
   tp_.allreduce_sum(a.fcproj.data(), N * C);
-  k_.bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
-  k_.residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C);
+  k_.elementwise().bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
+  k_.elementwise().residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C);
 }
 
 void GptStage::head_forward(SlotActs& s, const float* residual) {
@@ -310,12 +316,13 @@ void GptStage::head_forward(SlotActs& s, const float* residual) {
   // (llm.c masks them out of the softmax; skipping them is the same and cheaper).
   if (V > 0) linear_forward(s.logits.data(), s.lnf, s.lnf_h, Tid::wte, 0, nullptr, dims_.C, V);
   // Parallel cross-entropy: only per-row statistics cross the group, never logits.
-  k_.crossentropy_rowmax(s.rowmax.data(), s.logits.data(), iN, iV);
+  k_.loss().crossentropy_rowmax(s.rowmax.data(), s.logits.data(), iN, iV);
   tp_.allreduce_max(s.rowmax.data(), N);
-  k_.crossentropy_partials(s.ce_stats.data(), s.probs.data(), s.logits.data(), s.rowmax.data(),
-                           s.targets.data(), static_cast<int>(dims_.v0), iN, iV);
+  k_.loss().crossentropy_partials(s.ce_stats.data(), s.probs.data(), s.logits.data(),
+                                  s.rowmax.data(), s.targets.data(), static_cast<int>(dims_.v0), iN,
+                                  iV);
   tp_.allreduce_sum(s.ce_stats.data(), 2 * N);
-  k_.crossentropy_finish(s.losses.data(), s.probs.data(), s.ce_stats.data(), iN, iV);
+  k_.loss().crossentropy_finish(s.losses.data(), s.probs.data(), s.ce_stats.data(), iN, iV);
 }
 
 // The head's backward leaves d(last residual) in the scratch's dresidual; a stage without the
@@ -347,69 +354,67 @@ void GptStage::backward_kept(std::int64_t i, SlotActs& a) {
 }
 
 void GptStage::encoder_backward(SlotActs& a) {
-  k_.encoder_backward(p_.grad(Tid::wte), p_.grad(Tid::wpe), acts_.grads.dresidual.data(),
-                      a.tokens.data(), static_cast<int>(dims_.B), static_cast<int>(dims_.T),
-                      static_cast<int>(dims_.C), static_cast<int>(dims_.v0),
-                      static_cast<int>(dims_.v1));
+  k_.elementwise().encoder_backward(
+      p_.grad(Tid::wte), p_.grad(Tid::wpe), acts_.grads.dresidual.data(), a.tokens.data(),
+      static_cast<int>(dims_.B), static_cast<int>(dims_.T), static_cast<int>(dims_.C),
+      static_cast<int>(dims_.v0), static_cast<int>(dims_.v1));
 }
 
 void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
   GradScratch& g = acts_.grads;
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, V = dims_.V;
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
-  k_.fill(g.dlosses.data(), N, dloss);
-  zero(g.dlogits);
-  k_.crossentropy_backward(g.dlogits.data(), s.probs.data(), s.targets.data(), g.dlosses.data(),
-                           iN, static_cast<int>(V), static_cast<int>(dims_.v0));
-  zero(g.dln);
+  k_.elementwise().fill(g.dlosses.data(), N, dloss);
+  // Input gradients written, not cleared and added to (GradWrite::overwrite: the same bits).
+  k_.loss().crossentropy_backward(g.dlogits.data(), s.probs.data(), s.targets.data(),
+                                  g.dlosses.data(), iN, static_cast<int>(V),
+                                  static_cast<int>(dims_.v0), kernels::GradWrite::overwrite);
   if (V > 0)
     linear_backward(g.dln.data(), p_.grad(Tid::wte), nullptr, g.dlogits.data(), s.lnf, s.lnf_h,
                     Tid::wte, 0, C, V);
+  else
+    zero(g.dln);  // a shard of padding rows only: its part of the sum is 0
   tp_.allreduce_sum(g.dln.data(), N * C);  // partial over the vocabulary shards
-  zero(g.dresidual);
-  k_.layernorm_backward(g.dresidual.data(), p_.grad(Tid::lnfw), p_.grad(Tid::lnfb), g.dln.data(),
-                        residual, p_.param(Tid::lnfw), s.lnf_mean.data(), s.lnf_rstd.data(), iN,
-                        iC);
+  k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::lnfw), p_.grad(Tid::lnfb),
+                               g.dln.data(), residual, p_.param(Tid::lnfw), s.lnf_mean.data(),
+                               s.lnf_rstd.data(), iN, iC, kernels::GradWrite::overwrite);
 }
 
 // On entry g.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
-// gradient flows through unchanged and each LayerNorm backward adds its branch into it.
+// gradient flows through unchanged and each LayerNorm backward adds its branch into it. The
+// branch gradients (dfch_gelu, dfch, dln, datty) are written by the op that makes them
+// (GradWrite::overwrite), never cleared first; dqkv is cleared (attention adds into it).
 void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& a) {
   GradScratch& g = acts_.grads;
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
-  const int B = static_cast<int>(dims_.B), T = static_cast<int>(dims_.T);
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
-  const int iCl = static_cast<int>(Cl), NHl = static_cast<int>(dims_.NHl);
-  zero(g.dfch_gelu);
   linear_backward(g.dfch_gelu.data(), p_.grad(Tid::fcprojw, l), p_.grad(Tid::fcprojb, l),
                   g.dresidual.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, 4 * Cl, C);
-  zero(g.dfch);
-  k_.gelu_backward(g.dfch.data(), a.fch.data(), g.dfch_gelu.data(), N * 4 * Cl);
-  zero(g.dln);
+  k_.elementwise().gelu_backward(g.dfch.data(), a.fch.data(), g.dfch_gelu.data(), N * 4 * Cl,
+                                 kernels::GradWrite::overwrite);
   linear_backward(g.dln.data(), p_.grad(Tid::fcw, l), p_.grad(Tid::fcb, l), g.dfch.data(), a.ln2,
                   a.ln2_h, Tid::fcw, l, C, 4 * Cl);
   tp_.allreduce_sum(g.dln.data(), N * C);  // column-parallel input gradient
-  k_.layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln2w, l), p_.grad(Tid::ln2b, l),
-                        g.dln.data(), a.residual2.data(), p_.param(Tid::ln2w, l),
-                        a.ln2_mean.data(), a.ln2_rstd.data(), iN, iC);
-  zero(g.datty);
+  k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln2w, l), p_.grad(Tid::ln2b, l),
+                               g.dln.data(), a.residual2.data(), p_.param(Tid::ln2w, l),
+                               a.ln2_mean.data(), a.ln2_rstd.data(), iN, iC,
+                               kernels::GradWrite::accumulate);
   linear_backward(g.datty.data(), p_.grad(Tid::attprojw, l), p_.grad(Tid::attprojb, l),
                   g.dresidual.data(), a.atty, a.atty_h, Tid::attprojw, l, Cl, C);
   zero(g.dqkv);
-  zero(g.dpreatt);
-  zero(g.datt);
-  if (a.att.empty())  // recompute the attention probabilities this layer did not keep
-    k_.attention_forward(acts_.atty_scratch.data(), acts_.preatt.data(),
-                         acts_.att_scratch.data(), a.qkv.data(), B, T, iCl, NHl);
-  k_.attention_backward(g.dqkv.data(), g.dpreatt.data(), g.datt.data(), g.datty.data(),
-                        a.qkv.data(), att_of(a), B, T, iCl, NHl);
-  zero(g.dln);
+  // Recompute what the attention saves where this layer did not keep it (its output, the same
+  // bits as a.atty, goes to scratch). The backend owns its scratch: nothing to clear.
+  if (a.attn_saved.empty())
+    k_.attention().forward(acts_.atty_scratch.data(), acts_.attn_saved_scratch.data(),
+                           acts_.attn_scratch.data(), a.qkv.data(), dims_.attn);
+  k_.attention().backward(g.dqkv.data(), acts_.attn_scratch.data(), g.datty.data(),
+                          a.qkv.data(), a.atty.data(), attn_saved_of(a), dims_.attn);
   linear_backward(g.dln.data(), p_.grad(Tid::qkvw, l), p_.grad(Tid::qkvb, l), g.dqkv.data(),
                   a.ln1, a.ln1_h, Tid::qkvw, l, C, 3 * Cl);
   tp_.allreduce_sum(g.dln.data(), N * C);
-  k_.layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln1w, l), p_.grad(Tid::ln1b, l),
-                        g.dln.data(), residual, p_.param(Tid::ln1w, l), a.ln1_mean.data(),
-                        a.ln1_rstd.data(), iN, iC);
+  k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln1w, l), p_.grad(Tid::ln1b, l),
+                               g.dln.data(), residual, p_.param(Tid::ln1w, l), a.ln1_mean.data(),
+                               a.ln1_rstd.data(), iN, iC, kernels::GradWrite::accumulate);
 }
 
 }  // namespace pdtrain

@@ -57,7 +57,7 @@ void DeviceReplica::push(std::int64_t step, const std::vector<int>& blocks, cons
 UpdateInfo DeviceReplica::update(std::int64_t step, const float* g) {
   PDT_CHECK(step == last_.version + 1, "replica update of step " + std::to_string(step) +
                                            " at version " + std::to_string(last_.version));
-  ops_.block_sums_of_squares(sumsq_.device(), g, sizes_);
+  ops_.optimizer().block_sums_of_squares(sumsq_.device(), g, sizes_);
   sumsq_.download();
   device_.synchronize();
   const double* s = sumsq_.host();
@@ -70,8 +70,8 @@ UpdateInfo DeviceReplica::update(std::int64_t step, const float* g) {
   if (diverged(step, norm, by_block)) return last_;  // the version advances, nothing changes
   for (const DecayRun& r : runs_) {
     const std::int64_t at = offsets_[r.first], n = offsets_[r.last] - at;
-    ops_.adamw(params_.device() + at, m_.device() + at, v_.device() + at, g + at, n,
-               adamw_step(opt_, step, lr, scale, r.decay));
+    ops_.optimizer().adamw(params_.device() + at, m_.device() + at, v_.device() + at, g + at,
+                           n, adamw_step(opt_, step, lr, scale, r.decay));
   }
   if (hooks_.after_update) hooks_.after_update(step, [this] { return owned_blocks(); });
   return last_;

@@ -16,6 +16,7 @@
 #include "pdtrain/core/bf16.hpp"
 #include "pdtrain/core/rng.hpp"
 #include "pdtrain/device/device.hpp"
+#include "pdtrain/kernels/backend_registry.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 
 namespace pdtrain::kernels::testing {

@@ -4,6 +4,6 @@
 
 namespace pdtrain::kernels::testing {
 
-std::vector<TestBackend> test_backends() { return {{"cpu", make_cpu_backend}}; }
+std::vector<TestBackend> test_backends() { return {{"cpu", [] { return make_backend("cpu"); }}}; }
 
 }  // namespace pdtrain::kernels::testing

@@ -68,7 +68,7 @@ TEST_P(DeviceTest, EventOrdersAnUploadBeforeTheKernelThatReadsIt) {
   auto uploaded = d.make_event();
   d.record(*uploaded, Queue::copy);
   d.wait(Queue::compute, *uploaded);
-  ops().residual_forward(y.data(), x.data(), x.data(), n);
+  ops().elementwise().residual_forward(y.data(), x.data(), x.data(), n);
   auto done = d.make_event();
   d.record(*done, Queue::compute);
   d.wait_host(*done);
@@ -85,7 +85,7 @@ TEST_P(DeviceTest, MirroredMovesOnlyWhatItIsAskedTo) {
   EXPECT_EQ(m.host() == m.device(), d.is_host());  // the CPU makes no copy at all
   for (std::int64_t i = 0; i < n; ++i) m.host()[i] = static_cast<float>(i);
   m.upload(100, 50);  // only elements [100, 150) reach the device
-  ops().residual_forward(m.device(), m.device(), m.device(), n);
+  ops().elementwise().residual_forward(m.device(), m.device(), m.device(), n);
   m.download();
   d.synchronize();
   for (std::int64_t i = 0; i < n; ++i) {
@@ -93,7 +93,7 @@ TEST_P(DeviceTest, MirroredMovesOnlyWhatItIsAskedTo) {
     ASSERT_EQ(m.host()[i], 2.0f * uploaded) << i;
   }
   m.upload();
-  ops().residual_forward(m.device(), m.device(), m.device(), n);
+  ops().elementwise().residual_forward(m.device(), m.device(), m.device(), n);
   m.download();
   d.synchronize();
   for (std::int64_t i = 0; i < n; ++i) {

@@ -3,6 +3,9 @@
 // Inputs come from the counter RNG, move through the backend's Device, on small odd shapes and a
 // larger one that crosses block, warp and vector tails. Every op runs twice from the same inputs
 // and must give the same bits (determinism); gradient outputs start nonzero (accumulation).
+// GradWrite::overwrite starts from NaN (it must not read the buffer) and must give the bits of
+// accumulating onto zeros (elementwise ops on every backend, GEMMs on the CPU; a GPU's GEMM
+// with beta = 0 is held to the reference's bound instead).
 //
 // Tolerances (u = 2^-24, fp32's unit roundoff):
 //  * Exact: fill, to_bf16 (core/bf16.hpp's rounding), residual and bias_add (one fp32 addition),
@@ -60,6 +63,10 @@ class KernelOpsTest : public ::testing::TestWithParam<std::tuple<TestBackend, Sh
     backend_ = std::get<0>(GetParam()).make();
     device_ = backend_.device;
     ops_ = backend_.ops.get();
+    elem_ = &ops_->elementwise();
+    norm_ = &ops_->norm();
+    gemm_ = &ops_->gemm();
+    loss_ = &ops_->loss();
   }
   const Shape& shape() const { return std::get<1>(GetParam()); }
 
@@ -87,11 +94,16 @@ class KernelOpsTest : public ::testing::TestWithParam<std::tuple<TestBackend, Sh
   ComputeBackend backend_;
   Device* device_ = nullptr;
   KernelOps* ops_ = nullptr;
+  ElementwiseOps* elem_ = nullptr;  // ops_'s families
+  NormOps* norm_ = nullptr;
+  GemmOps* gemm_ = nullptr;
+  LossOps* loss_ = nullptr;
 };
 
 constexpr double kTol = 1e-5;                  // non-linear ops, see the file comment
 constexpr double kGeluGradTol = 5e-5;          // see the file comment
 const double kBf16Half = std::ldexp(1.0, -8);  // half a bf16 ulp, relative (8 significant bits)
+const float kNaN = std::numeric_limits<float>::quiet_NaN();  // what overwrite must not read
 
 // fp32 tolerance plus bf16 rounding, against a double reference.
 void expect_bf16_close(const std::string& what, const std::vector<float>& actual,
@@ -123,8 +135,8 @@ TEST_P(KernelOpsTest, FillSetsExactlyTheRange) {
       std::int64_t(shape().B) * shape().T * shape().C + 3;  // not a multiple of 4
   const auto got = deterministic([&] {
     auto a = up(std::vector<float>(sz(n + 1), -1.0f)), b = up(std::vector<float>(sz(n + 1), -1.0f));
-    ops_->fill(a.data(), n, 0.375f);      // aligned: vector stores
-    ops_->fill(b.data() + 1, n, 0.375f);  // 4 bytes off: element by element
+    elem_->fill(a.data(), n, 0.375f);      // aligned: vector stores
+    elem_->fill(b.data() + 1, n, 0.375f);  // 4 bytes off: element by element
     return Results{down(a), down(b)};
   });
   for (std::int64_t i = 0; i < n; ++i) {
@@ -153,10 +165,10 @@ TEST_P(KernelOpsTest, ToBf16IsCoreRounding) {
   for (int run = 0; run < 2; ++run) {
     auto in = up(x);
     auto out = zeros<bf16>(n + 1);
-    ops_->to_bf16(out.data(), in.data(), n);  // aligned
+    elem_->to_bf16(out.data(), in.data(), n);  // aligned
     got[run] = to_host(*device_, out);
     auto out1 = zeros<bf16>(n + 1);
-    ops_->to_bf16(out1.data() + 1, in.data(), n);  // 2 bytes off: element by element
+    elem_->to_bf16(out1.data() + 1, in.data(), n);  // 2 bytes off: element by element
     const auto shifted = to_host(*device_, out1);
     for (std::int64_t i = 0; i < n; ++i)
       ASSERT_EQ(shifted[sz(i + 1)].bits, got[run][sz(i)].bits) << i;
@@ -170,10 +182,10 @@ TEST_P(KernelOpsTest, ResidualIsTheFp32Sum) {
   const auto a = randn(sz(n + 1), 12), b = randn(sz(n + 1), 13, 3.0);
   const auto got = deterministic([&] {
     auto da = up(a), db = up(b), out = zeros<float>(n + 1), in_place = up(a);
-    ops_->residual_forward(out.data(), da.data(), db.data(), n);
+    elem_->residual_forward(out.data(), da.data(), db.data(), n);
     auto out1 = zeros<float>(n + 1);
-    ops_->residual_forward(out1.data() + 1, da.data() + 1, db.data() + 1, n);  // unaligned
-    ops_->residual_forward(in_place.data(), in_place.data(), db.data(), n);    // out == a
+    elem_->residual_forward(out1.data() + 1, da.data() + 1, db.data() + 1, n);  // unaligned
+    elem_->residual_forward(in_place.data(), in_place.data(), db.data(), n);    // out == a
     return Results{down(out), down(out1), down(in_place)};
   });
   for (std::int64_t i = 0; i < n; ++i) {
@@ -189,7 +201,7 @@ TEST_P(KernelOpsTest, BiasAddIsTheFp32Sum) {
   const auto out0 = randn(sz(std::int64_t(N) * OC), 14), bias = randn(sz(OC), 15);
   const auto got = deterministic([&] {
     auto out = up(out0), b = up(bias);
-    ops_->bias_add_forward(out.data(), b.data(), N, OC);
+    elem_->bias_add_forward(out.data(), b.data(), N, OC);
     return Results{down(out)};
   });
   for (int n = 0; n < N; ++n)
@@ -224,10 +236,10 @@ TEST_P(KernelOpsTest, EncoderForwardAndBackward) {
       auto w = up(wte), p = up(wpe), g = up(dout);
       auto out = zeros<float>(std::int64_t(N) * s.C);
       auto dw = up(dwte0), dp = up(dwpe0);
-      ops_->encoder_forward(out.data(), t.data(), w.data(), e.use_wpe ? p.data() : nullptr, s.B,
-                            s.T, s.C, e.v0, e.v1);
-      ops_->encoder_backward(dw.data(), e.use_wpe ? dp.data() : nullptr, g.data(), t.data(), s.B,
+      elem_->encoder_forward(out.data(), t.data(), w.data(), e.use_wpe ? p.data() : nullptr, s.B,
                              s.T, s.C, e.v0, e.v1);
+      elem_->encoder_backward(dw.data(), e.use_wpe ? dp.data() : nullptr, g.data(), t.data(), s.B,
+                              s.T, s.C, e.v0, e.v1);
       return Results{down(out), down(dw), down(dp)};
     });
     Vec out(sz(std::int64_t(N) * s.C)), dw = widen(dwte0), dp = widen(dwpe0);
@@ -260,10 +272,10 @@ TEST_P(KernelOpsTest, LayerNormForwardFp32AndBf16) {
     auto out = zeros<float>(std::int64_t(N) * C), mean = zeros<float>(N), rstd = zeros<float>(N);
     auto out_h = zeros<bf16>(std::int64_t(N) * C);
     auto mean_h = zeros<float>(N), rstd_h = zeros<float>(N);
-    ops_->layernorm_forward(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(),
-                            N, C);
-    ops_->layernorm_forward(out_h.data(), mean_h.data(), rstd_h.data(), dx.data(), dw.data(),
-                            db.data(), N, C);
+    norm_->layernorm_forward(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(),
+                             N, C);
+    norm_->layernorm_forward(out_h.data(), mean_h.data(), rstd_h.data(), dx.data(), dw.data(),
+                             db.data(), N, C);
     return Results{down(out), down(mean), down(rstd), down(out_h), down(mean_h), down(rstd_h)};
   });
   Vec out(sz(std::int64_t(N) * C)), mean(sz(N)), rstd(sz(N));
@@ -300,15 +312,31 @@ TEST_P(KernelOpsTest, LayerNormBackward) {
   const auto got = deterministic([&] {
     auto g = up(dout), dx_in = up(x), dw_in = up(w), m = up(mean), r = up(rstd);
     auto dx = up(dx0), dw = up(dw0), db = up(db0);
-    ops_->layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(),
-                             m.data(), r.data(), N, C);
-    return Results{down(dx), down(dw), down(db)};
+    norm_->layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(),
+                              m.data(), r.data(), N, C, GradWrite::accumulate);
+    // From zeros, and overwritten (dweight and dbias still accumulate: their own copies).
+    auto dxz = zeros<float>(N * std::int64_t(C)), dxn = up(std::vector<float>(x.size(), kNaN));
+    auto dw2 = up(dw0), db2 = up(db0), dw3 = up(dw0), db3 = up(db0);
+    norm_->layernorm_backward(dxz.data(), dw2.data(), db2.data(), g.data(), dx_in.data(),
+                              dw_in.data(), m.data(), r.data(), N, C, GradWrite::accumulate);
+    norm_->layernorm_backward(dxn.data(), dw3.data(), db3.data(), g.data(), dx_in.data(),
+                              dw_in.data(), m.data(), r.data(), N, C, GradWrite::overwrite);
+    return Results{down(dx), down(dw), down(db), down(dxz), down(dxn), down(dw3), down(db3)};
   });
   Vec dx = widen(dx0), dw = widen(dw0), db = widen(db0);
   const Vec gd = widen(dout), xd = widen(x), wd = widen(w), md = widen(mean), rd = widen(rstd);
   layernorm_backward(host(), dx.data(), dw.data(), db.data(), gd.data(), xd.data(), wd.data(),
                      md.data(), rd.data(), N, C);
   expect_close("dinp", got[0], dx, kTol);
+  EXPECT_TRUE(same_bits(got[4], got[3])) << "overwritten dinp differs from zeros'";
+  EXPECT_TRUE(same_bits(got[5], got[1]) && same_bits(got[6], got[2]))
+      << "dweight/dbias depend on how dinp is written";
+  {
+    Vec dxz(x.size(), 0.0), dwz = widen(dw0), dbz = widen(db0);
+    layernorm_backward(host(), dxz.data(), dwz.data(), dbz.data(), gd.data(), xd.data(), wd.data(),
+                       md.data(), rd.data(), N, C);
+    expect_close("dinp overwritten", got[4], dxz, kTol);
+  }
   // dweight and dbias are column sums of N terms (norm * dy, dy); norm itself is a few
   // roundings off in fp32 (1e-6 relative covers it).
   Vec mw = absolute(widen(dw0)), mb = absolute(widen(db0));
@@ -338,10 +366,10 @@ TEST_P(KernelOpsTest, MatmulForwardFp32AndBf16) {
     auto dx = up(x), dw = up(w), db = up(bias);
     auto dxh = up(xh), dwh = up(wh);
     auto y = up(garbage), y_nb = up(garbage), yh = up(garbage), yh_nb = up(garbage);
-    ops_->matmul_forward(y.data(), dx.data(), dw.data(), db.data(), N, C, OC);
-    ops_->matmul_forward(y_nb.data(), dx.data(), dw.data(), nullptr, N, C, OC);
-    ops_->matmul_forward(yh.data(), dxh.data(), dwh.data(), db.data(), N, C, OC);
-    ops_->matmul_forward(yh_nb.data(), dxh.data(), dwh.data(), nullptr, N, C, OC);
+    gemm_->matmul_forward(y.data(), dx.data(), dw.data(), db.data(), N, C, OC);
+    gemm_->matmul_forward(y_nb.data(), dx.data(), dw.data(), nullptr, N, C, OC);
+    gemm_->matmul_forward(yh.data(), dxh.data(), dwh.data(), db.data(), N, C, OC);
+    gemm_->matmul_forward(yh_nb.data(), dxh.data(), dwh.data(), nullptr, N, C, OC);
     return Results{down(y), down(y_nb), down(yh), down(yh_nb)};
   });
   const auto reference = [&](const Vec& xd, const Vec& wd, const Vec* bd) {
@@ -375,14 +403,26 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     auto dx = up(dx0), dw = up(dw0), db = up(db0), dw_only = up(dw0);
     auto dxh = up(dx0), dwh = up(dw0), dbh = up(db0);
     auto g_h = zeros<bf16>(std::int64_t(N) * OC);
-    ops_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(), N,
-                          C, OC);
-    ops_->matmul_backward(nullptr, dw_only.data(), nullptr, g.data(), dx_in.data(), dw_in.data(), N,
-                          C, OC);
-    ops_->matmul_backward(dxh.data(), dwh.data(), dbh.data(), g.data(), g_h.data(), dxh_in.data(),
-                          dwh_in.data(), N, C, OC);
-    return Results{down(dx),  down(dw),  down(db),  down(dw_only),
-                   down(dxh), down(dwh), down(dbh), down(g_h)};
+    gemm_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(), N,
+                           C, OC, GradWrite::accumulate);
+    gemm_->matmul_backward(nullptr, dw_only.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
+                           N, C, OC, GradWrite::accumulate);
+    gemm_->matmul_backward(dxh.data(), dwh.data(), dbh.data(), g.data(), g_h.data(), dxh_in.data(),
+                           dwh_in.data(), N, C, OC, GradWrite::accumulate);
+    // dinp from zeros and overwritten, fp32 and bf16 (weight gradients into scratch copies).
+    const std::vector<float> nan_x(x.size(), kNaN);
+    auto dxz = zeros<float>(std::int64_t(N) * C), dxn = up(nan_x), dwt = up(dw0);
+    auto dxhz = zeros<float>(std::int64_t(N) * C), dxhn = up(nan_x);
+    gemm_->matmul_backward(dxz.data(), dwt.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
+                           N, C, OC, GradWrite::accumulate);
+    gemm_->matmul_backward(dxn.data(), dwt.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
+                           N, C, OC, GradWrite::overwrite);
+    gemm_->matmul_backward(dxhz.data(), dwt.data(), nullptr, g.data(), g_h.data(), dxh_in.data(),
+                           dwh_in.data(), N, C, OC, GradWrite::accumulate);
+    gemm_->matmul_backward(dxhn.data(), dwt.data(), nullptr, g.data(), g_h.data(), dxh_in.data(),
+                           dwh_in.data(), N, C, OC, GradWrite::overwrite);
+    return Results{down(dx),  down(dw),  down(db),  down(dw_only), down(dxh), down(dwh),
+                   down(dbh), down(g_h), down(dxz), down(dxn),     down(dxhz), down(dxhn)};
   });
   // dinp += g W, dweight += g^T x; dbias += column sums of the fp32 dout (bias_g) also when the
   // products use its bf16 rounding (g).
@@ -407,6 +447,16 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     expect_within(p + "dweight", got[k + 1], dw, sum_bounds(mw, N));
     expect_within(p + "dbias", got[k + 2], db, sum_bounds(mb, N));
     if (!half) expect_within("dweight without dinp and dbias", got[3], dw, sum_bounds(mw, N));
+    // Overwritten: the product alone, as accumulated onto zeros.
+    const Vec zero(x.size(), 0.0);
+    const auto [dxz, dwz, dbz] = reference(g, xd, wd, g32, zero, widen(dw0), widen(db0));
+    const auto [mxz, mwz, mbz] = reference(absolute(g), absolute(xd), absolute(wd), absolute(g32),
+                                           zero, absolute(widen(dw0)), absolute(widen(db0)));
+    const std::size_t z = half ? 10 : 8;
+    expect_within(p + "dinp from zeros", got[z], dxz, sum_bounds(mxz, OC));
+    expect_within(p + "dinp overwritten", got[z + 1], dxz, sum_bounds(mxz, OC));
+    if (device_->is_host())
+      EXPECT_TRUE(same_bits(got[z + 1], got[z])) << p << "overwritten dinp differs from zeros'";
   }
   expect_is_rounded("dout_bf16", got[7], dout);
 }
@@ -414,61 +464,60 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
 // ---------------------------------------------------------------------------------------------
 // Attention
 
+// The attention family is opaque: what it saves and its scratch are the backend's (filled with
+// garbage first: forward and backward must not read them before writing). Only the output and
+// the input gradient are compared, against the double reference of gpt_kernels.hpp.
+AttentionShape attention_shape(const Shape& s) { return {s.B, s.T, s.C, s.NH, false}; }
+
 TEST_P(KernelOpsTest, AttentionForward) {
   const Shape s = shape();
-  const int HS = s.C / s.NH;
+  const AttentionShape as = attention_shape(s);
+  AttentionOps& attention = ops_->attention();
   const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C,
                      n_out = std::int64_t(s.B) * s.T * s.C;
   const std::int64_t n_att = std::int64_t(s.B) * s.NH * s.T * s.T;
   const auto qkv = randn(sz(n_qkv), 40);
-  const std::vector<float> garbage(sz(n_att), 7.0f);  // both are overwritten everywhere
+  const std::vector<float> saved0(sz(attention.saved_floats(as)), 7.0f),
+      scratch0(sz(attention.scratch_floats(as)), 7.0f);
   const auto got = deterministic([&] {
-    auto in = up(qkv), out = zeros<float>(n_out), preatt = up(garbage), att = up(garbage);
-    ops_->attention_forward(out.data(), preatt.data(), att.data(), in.data(), s.B, s.T, s.C, s.NH);
-    return Results{down(out), down(preatt), down(att)};
+    auto in = up(qkv), out = up(std::vector<float>(sz(n_out), 7.0f)), saved = up(saved0),
+         scratch = up(scratch0);
+    attention.forward(out.data(), saved.data(), scratch.data(), in.data(), as);
+    return Results{down(out), down(saved)};  // saved: its bits too are the same run to run
   });
-  const auto reference = [&](const Vec& q) {
-    Vec out(sz(n_out)), preatt(sz(n_att)), att(sz(n_att));
-    attention_forward(host(), out.data(), preatt.data(), att.data(), q.data(), s.B, s.T, s.C, s.NH);
-    return std::tuple(out, preatt, att);
-  };
-  const auto [out, preatt, att] = reference(widen(qkv));
-  const Vec mag_preatt = std::get<1>(reference(absolute(widen(qkv))));  // scale sum |q k|
+  Vec out(sz(n_out)), preatt(sz(n_att)), att(sz(n_att));
+  const Vec q = widen(qkv);
+  attention_forward(host(), out.data(), preatt.data(), att.data(), q.data(), s.B, s.T, s.C, s.NH);
   expect_close("out", got[0], out, kTol);
-  expect_within("preatt", got[1], preatt, sum_bounds(mag_preatt, HS));  // masked: exactly 0
-  expect_close("att", got[2], att, kTol);
 }
 
+// dqkv accumulates onto a nonzero start, from the backend's own forward (its saved floats).
 TEST_P(KernelOpsTest, AttentionBackward) {
   const Shape s = shape();
+  const AttentionShape as = attention_shape(s);
+  AttentionOps& attention = ops_->attention();
   const std::int64_t n_qkv = std::int64_t(s.B) * s.T * 3 * s.C,
                      n_out = std::int64_t(s.B) * s.T * s.C;
   const std::int64_t n_att = std::int64_t(s.B) * s.NH * s.T * s.T;
   const auto qkv = randn(sz(n_qkv), 41), dout = randn(sz(n_out), 42);
   const auto dqkv0 = randn(sz(n_qkv), 43);
-  // att: the double forward's probabilities as floats, the same input for both sides.
-  std::vector<float> att(sz(n_att));
-  {
-    Vec out(sz(n_out)), pre(sz(n_att)), a(sz(n_att));
-    const Vec q = widen(qkv);
-    attention_forward(host(), out.data(), pre.data(), a.data(), q.data(), s.B, s.T, s.C, s.NH);
-    for (std::size_t i = 0; i < a.size(); ++i) att[i] = static_cast<float>(a[i]);
-  }
-  const std::vector<float> garbage(sz(n_att), 7.0f);  // scratch, overwritten
+  const std::vector<float> saved0(sz(attention.saved_floats(as)), 7.0f),
+      scratch0(sz(attention.scratch_floats(as)), 7.0f);
   const auto got = deterministic([&] {
-    auto in = up(qkv), g = up(dout), a = up(att), dqkv = up(dqkv0);
-    auto dpreatt = up(garbage), datt = up(garbage);
-    ops_->attention_backward(dqkv.data(), dpreatt.data(), datt.data(), g.data(), in.data(),
-                             a.data(), s.B, s.T, s.C, s.NH);
-    return Results{down(dqkv), down(dpreatt), down(datt)};
+    auto in = up(qkv), out = zeros<float>(n_out), saved = up(saved0), scratch = up(scratch0);
+    auto g = up(dout), dqkv = up(dqkv0), scratch_b = up(scratch0);
+    attention.forward(out.data(), saved.data(), scratch.data(), in.data(), as);
+    attention.backward(dqkv.data(), scratch_b.data(), g.data(), in.data(), out.data(),
+                       saved.data(), as);
+    return Results{down(dqkv)};
   });
+  const Vec q = widen(qkv), gd = widen(dout);
+  Vec out(sz(n_out)), preatt(sz(n_att)), att(sz(n_att));
+  attention_forward(host(), out.data(), preatt.data(), att.data(), q.data(), s.B, s.T, s.C, s.NH);
   Vec dqkv = widen(dqkv0), dpreatt(sz(n_att)), datt(sz(n_att));
-  const Vec q = widen(qkv), gd = widen(dout), ad = widen(att);
   attention_backward(host(), dqkv.data(), dpreatt.data(), datt.data(), gd.data(), q.data(),
-                     ad.data(), s.B, s.T, s.C, s.NH);
+                     att.data(), s.B, s.T, s.C, s.NH);
   expect_close("dqkv", got[0], dqkv, kTol);
-  expect_close("dpreatt", got[1], dpreatt, kTol);
-  expect_close("datt", got[2], datt, kTol);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -480,10 +529,10 @@ TEST_P(KernelOpsTest, GeluForwardFp32AndBf16) {
   const auto got = deterministic([&] {
     auto in = up(x), out = zeros<float>(n + 1), out1 = zeros<float>(n + 1);
     auto out_h = zeros<bf16>(n + 1), out1_h = zeros<bf16>(n + 1);
-    ops_->gelu_forward(out.data(), in.data(), n);
-    ops_->gelu_forward(out_h.data(), in.data(), n);
-    ops_->gelu_forward(out1.data(), in.data() + 1, n);  // unaligned input: element by element
-    ops_->gelu_forward(out1_h.data(), in.data() + 1, n);
+    elem_->gelu_forward(out.data(), in.data(), n);
+    elem_->gelu_forward(out_h.data(), in.data(), n);
+    elem_->gelu_forward(out1.data(), in.data() + 1, n);  // unaligned input: element by element
+    elem_->gelu_forward(out1_h.data(), in.data() + 1, n);
     return Results{down(out), down(out_h), down(out1), down(out1_h)};
   });
   Vec ref(sz(n + 1), 0.0), ref1(sz(n + 1), 0.0);
@@ -502,9 +551,13 @@ TEST_P(KernelOpsTest, GeluBackward) {
   const auto x = randn(sz(n + 1), 45, 2.0), dout = randn(sz(n + 1), 46), d0 = randn(sz(n + 1), 47);
   const auto got = deterministic([&] {
     auto in = up(x), g = up(dout), d = up(d0), d1 = up(d0);
-    ops_->gelu_backward(d.data(), in.data(), g.data(), n);
-    ops_->gelu_backward(d1.data() + 1, in.data() + 1, g.data() + 1, n);  // unaligned
-    return Results{down(d), down(d1)};
+    auto dz = zeros<float>(n + 1), dn = up(std::vector<float>(sz(n + 1), kNaN));
+    elem_->gelu_backward(d.data(), in.data(), g.data(), n, GradWrite::accumulate);
+    elem_->gelu_backward(d1.data() + 1, in.data() + 1, g.data() + 1, n,  // unaligned
+                         GradWrite::accumulate);
+    elem_->gelu_backward(dz.data(), in.data(), g.data(), n, GradWrite::accumulate);
+    elem_->gelu_backward(dn.data(), in.data(), g.data(), n, GradWrite::overwrite);
+    return Results{down(d), down(d1), down(dz), down(dn)};
   });
   Vec ref = widen(d0), ref1 = widen(d0);
   const Vec xd = widen(x), gd = widen(dout);
@@ -512,6 +565,13 @@ TEST_P(KernelOpsTest, GeluBackward) {
   gelu_backward(host(), ref1.data() + 1, xd.data() + 1, gd.data() + 1, n);
   expect_close("dinp", got[0], ref, kGeluGradTol);
   expect_close("dinp unaligned", got[1], ref1, kGeluGradTol);
+  // Overwritten: the bits of accumulating onto zeros, n elements and not the one past them.
+  const std::vector<float> overwritten(got[3].begin(), got[3].begin() + n);
+  EXPECT_TRUE(same_bits(overwritten, std::vector<float>(got[2].begin(), got[2].begin() + n)));
+  EXPECT_TRUE(std::isnan(got[3][sz(n)])) << "overwrote past the end";
+  Vec refz(sz(n), 0.0);
+  gelu_backward(host(), refz.data(), xd.data(), gd.data(), n);
+  expect_close("dinp overwritten", overwritten, refz, kGeluGradTol);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -546,15 +606,21 @@ TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
       auto zl = up(logits), dl = up(dlosses), p_in = up(probs_f);
       auto m = zeros<float>(N), st = zeros<float>(2 * std::int64_t(N));
       auto p = zeros<float>(std::int64_t(N) * V), l = zeros<float>(N), st_in = up(stats_f);
-      auto d = up(dlogits0);
-      ops_->crossentropy_rowmax(m.data(), zl.data(), N, V);
-      ops_->crossentropy_partials(st.data(), p.data(), zl.data(), m.data(), t.data(), sh.begin, N,
-                                  V);
+      auto d = up(dlogits0), dz = zeros<float>(std::int64_t(N) * V);
+      auto dn = up(std::vector<float>(logits.size(), kNaN));
+      loss_->crossentropy_rowmax(m.data(), zl.data(), N, V);
+      loss_->crossentropy_partials(st.data(), p.data(), zl.data(), m.data(), t.data(), sh.begin, N,
+                                   V);
       const auto partial = down(st), unnorm = down(p);
       // Phase 3 from the reference's combined statistics, so each phase is checked alone.
-      ops_->crossentropy_finish(l.data(), p.data(), st_in.data(), N, V);
-      ops_->crossentropy_backward(d.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin);
-      return Results{down(m), partial, unnorm, down(l), down(p), down(d)};
+      loss_->crossentropy_finish(l.data(), p.data(), st_in.data(), N, V);
+      loss_->crossentropy_backward(d.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
+                                   GradWrite::accumulate);
+      loss_->crossentropy_backward(dz.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
+                                   GradWrite::accumulate);
+      loss_->crossentropy_backward(dn.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
+                                   GradWrite::overwrite);
+      return Results{down(m), partial, unnorm, down(l), down(p), down(d), down(dz), down(dn)};
     });
     for (int n = 0; n < N; ++n)  // the max is exact in any order; an empty shard gives lowest()
       ASSERT_EQ(got[0][sz(n)], V > 0 ? static_cast<float>(rowmax[sz(n)]) : -FLT_MAX) << n;
@@ -571,6 +637,11 @@ TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
     softmax_crossentropy_backward(host(), dlogits.data(), pd.data(), targets.data(), dld.data(), N,
                                   V, sh.begin);
     expect_close("dlogits", got[5], dlogits, kTol);
+    EXPECT_TRUE(same_bits(got[7], got[6])) << "overwritten dlogits differ from zeros'";
+    Vec dz(logits.size(), 0.0);
+    softmax_crossentropy_backward(host(), dz.data(), pd.data(), targets.data(), dld.data(), N, V,
+                                  sh.begin);
+    expect_close("dlogits overwritten", got[7], dz, kTol);
   }
 }
 
@@ -582,7 +653,7 @@ TEST_P(KernelOpsTest, SumLossesIsTheCpuLoopBitForBit) {
   for (const int count : {n, 1, 0}) {
     auto l = up(losses);
     auto sum = up(std::vector<double>{-1.0});
-    ops_->sum_losses(sum.data(), l.data(), count);
+    loss_->sum_losses(sum.data(), l.data(), count);
     double want = 0.0;
     for (int i = 0; i < count; ++i) want += losses[sz(i)];
     const double got = to_host(*device_, sum)[0];

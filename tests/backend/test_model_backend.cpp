@@ -131,9 +131,10 @@ TEST_P(ModelOnBackend, CacheUnitsReachDeviceMemoryBeforeTheirUse) {
     for (const auto& use : plan) {
       cache.acquire(use);
       // A device op queued right after the use: it must see the unit's values of `version`.
-      ops().fill(sums.data() + use[0], 1, 0.0f);
-      ops().residual_forward(sums.data() + use[0], store.device_ptr.at(use[0]) + numel - 1,
-                             sums.data() + use[0], 1);
+      ops().elementwise().fill(sums.data() + use[0], 1, 0.0f);
+      ops().elementwise().residual_forward(sums.data() + use[0],
+                                           store.device_ptr.at(use[0]) + numel - 1,
+                                           sums.data() + use[0], 1);
       const auto got = to_host(device(), sums);
       ASSERT_EQ(got[static_cast<std::size_t>(use[0])], fake_block_value(version, use[0], numel - 1))
           << "unit " << use[0] << " version " << version;
@@ -162,7 +163,7 @@ TEST_P(ModelOnBackend, TilesPackAndUnpackBlocksLikeTheHost) {
     host.upload_params();
     const auto tiles = host.tiles(host.needed_blocks());
     Buffer<float> gathered(device(), static_cast<std::int64_t>(packed.size()));
-    ops().gather_tiles(gathered.data(), host.params_device(), tiles);
+    ops().optimizer().gather_tiles(gathered.data(), host.params_device(), tiles);
     EXPECT_TRUE(same_bits(to_host(device(), gathered), packed)) << "gather";
     // Unrounded values scattered with rounding give the host's bf16 view, and its bf16 copy.
     std::vector<float> raw;
@@ -173,8 +174,9 @@ TEST_P(ModelOnBackend, TilesPackAndUnpackBlocksLikeTheHost) {
       raw.insert(raw.end(), block.begin(), block.end());
     }
     const Buffer<float> source = to_device(device(), raw);
-    ops().scatter_tiles(dev.params_device(), dev.params_bf16_device(), source.data(), tiles);
-    ops().gather_tiles(gathered.data(), dev.params_device(), tiles);
+    ops().optimizer().scatter_tiles(dev.params_device(), dev.params_bf16_device(), source.data(),
+                                    tiles);
+    ops().optimizer().gather_tiles(gathered.data(), dev.params_device(), tiles);
     EXPECT_TRUE(same_bits(to_host(device(), gathered), packed)) << "scatter";
   }
 }

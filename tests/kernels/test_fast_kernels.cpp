@@ -78,15 +78,19 @@ void check_spans_against_scalar() {
   for (int off = 0; off < 8; ++off)
     for (int n = 0; off + n <= 64; n += 5) {
       std::vector<float> e(64, -1.0f), g(64, -1.0f), dg(64, 0.5f);
+      std::vector<float> dw(64, std::numeric_limits<float>::quiet_NaN());  // overwritten: unread
       detail::exp_shifted(e.data() + off, x.data() + off, 1.25f, n);
       detail::gelu_span(g.data() + off, x.data() + off, n);
-      detail::gelu_grad_span(dg.data() + off, x.data() + off, d.data() + off, n);
+      detail::gelu_grad_span(dg.data() + off, x.data() + off, d.data() + off, n, false);
+      detail::gelu_grad_span(dw.data() + off, x.data() + off, d.data() + off, n, true);
       for (int i = 0; i < 64; ++i) {
         const bool in = i >= off && i < off + n;
         EXPECT_EQ(bits(e[i]), bits(in ? detail::vexp(x[i] - 1.25f) : -1.0f)) << off << " " << i;
         EXPECT_EQ(bits(g[i]), bits(in ? detail::gelu_value(x[i]) : -1.0f)) << off << " " << i;
         EXPECT_EQ(bits(dg[i]), bits(in ? 0.5f + detail::gelu_grad(x[i]) * d[i] : 0.5f))
             << off << " " << i;
+        if (in)  // the bits of accumulating onto +0
+          EXPECT_EQ(bits(dw[i]), bits(0.0f + detail::gelu_grad(x[i]) * d[i])) << off << " " << i;
       }
     }
 }

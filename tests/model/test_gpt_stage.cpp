@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <numeric>
+#include <utility>
 
 #include "pdtrain/core/rng.hpp"
+#include "pdtrain/kernels/backend_registry.hpp"
 #include "pdtrain/model/gpt_stage.hpp"
 
 namespace pdtrain {
@@ -166,6 +170,98 @@ TEST(GptStage, RecomputationGivesIdenticalLossAndGradients) {
     EXPECT_EQ(r.first, none.first);
     EXPECT_EQ(r.second, none.second);
   }
+}
+
+}  // namespace
+}  // namespace pdtrain
+
+namespace pdtrain {
+namespace {
+
+// An attention family of another layout behind the same model code: the CPU reference with
+// more saved floats and scratch than it needs. Forward stamps the extra saved floats with a
+// number of its own and remembers which qkv it saved for; backward checks that it gets the
+// saved floats of the forward of the same qkv, stamp intact (another buffer or an overlap
+// would break it), and writes the last of its scratch (a short buffer fails under ASan).
+class PaddedAttention final : public kernels::AttentionOps {
+ public:
+  static constexpr kernels::Index kExtraSaved = 3, kExtraScratch = 5;
+  std::string describe() const override { return "padded reference"; }
+  kernels::Index saved_floats(const kernels::AttentionShape& s) const override {
+    return ref().saved_floats(s) + kExtraSaved;
+  }
+  kernels::Index scratch_floats(const kernels::AttentionShape& s) const override {
+    return ref().scratch_floats(s) + kExtraScratch;
+  }
+  void forward(float* out, float* saved, float* scratch, const float* qkv,
+               const kernels::AttentionShape& s) override {
+    ref().forward(out, saved, scratch, qkv, s);
+    scratch[scratch_floats(s) - 1] = 1.0f;
+    const float stamp = static_cast<float>(++forwards);
+    std::fill_n(saved + ref().saved_floats(s), kExtraSaved, stamp);
+    saved_for[saved] = {qkv, stamp};
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                const float* out, const float* saved, const kernels::AttentionShape& s) override {
+    const auto it = saved_for.find(saved);
+    ASSERT_NE(it, saved_for.end()) << "backward got saved floats no forward wrote";
+    EXPECT_EQ(it->second.first, qkv) << "backward got the saved floats of another forward";
+    for (kernels::Index i = 0; i < kExtraSaved; ++i)
+      EXPECT_EQ(saved[ref().saved_floats(s) + i], it->second.second) << "saved floats overwritten";
+    scratch[scratch_floats(s) - 1] = 2.0f;
+    ref().backward(dqkv, scratch, dout, qkv, out, saved, s);
+    ++backwards;
+  }
+  int forwards = 0, backwards = 0;
+
+ private:
+  static kernels::AttentionOps& ref() { return kernels::cpu_kernel_ops().attention(); }
+  std::map<const float*, std::pair<const float*, float>> saved_for;
+};
+
+// The model sizes the attention's buffers by the family's answers and hands them over as the
+// interface says: a replaced family of another layout gives the reference's loss and gradients
+// bit for bit, in every recomputation mode, and memory_bytes counts its buffers.
+TEST(GptStage, AReplacedAttentionGetsTheBuffersItAsksFor) {
+  auto run = [](Recompute mode, kernels::KernelOps& ops) {
+    Tiny t;
+    NoTensorParallel tp;
+    GptStage stage(t.params, 2, t.shape.seq_len, tp, 1, mode, ops);
+    t.params.zero_grads();
+    stage.forward(0, t.tokens.data(), nullptr, t.targets.data());
+    const double loss = stage.take_loss_sum();
+    stage.backward(0, 0.1f, nullptr);
+    t.params.download_grads();
+    const float* g = t.params.grads_host();
+    return std::make_pair(loss, std::vector<float>(g, g + t.params.numel()));
+  };
+  for (Recompute mode : {Recompute::none, Recompute::attention, Recompute::full}) {
+    kernels::ComputeBackend cpu = kernels::make_backend("cpu");
+    auto padded = std::make_unique<PaddedAttention>();
+    PaddedAttention& attention = *padded;
+    cpu.ops->replace_attention(std::move(padded));
+    const auto reference = run(mode, kernels::cpu_kernel_ops());
+    const auto got = run(mode, *cpu.ops);
+    EXPECT_EQ(got.first, reference.first);
+    EXPECT_EQ(got.second, reference.second);
+    EXPECT_EQ(attention.backwards, 2);  // one per layer
+    EXPECT_EQ(attention.forwards, mode == Recompute::none ? 2 : 4);
+  }
+  const ModelShape shape = Tiny::make_shape();
+  const StageSpec whole{0, 2, true, true, 1, 0};
+  PaddedAttention padded;
+  const auto extra = [&](Recompute mode) {
+    return GptStage::memory_bytes(shape, whole, 2, shape.seq_len, 1, mode, Precision::fp32,
+                                  StageOrder::micro_batch, padded) -
+           GptStage::memory_bytes(shape, whole, 2, shape.seq_len, 1, mode);
+  };
+  // Bytes: saved floats per kept layer (none: both; attention: one recomputed copy; full: the
+  // one recomputed layer's) and one scratch.
+  const std::int64_t saved = PaddedAttention::kExtraSaved * 4,
+                     scratch = PaddedAttention::kExtraScratch * 4;
+  EXPECT_EQ(extra(Recompute::none), 2 * saved + scratch);
+  EXPECT_EQ(extra(Recompute::attention), saved + scratch);
+  EXPECT_EQ(extra(Recompute::full), saved + scratch);
 }
 
 }  // namespace

@@ -15,7 +15,9 @@
 //    number of interleaved partial sums (detail::kLanes), so the order depends on the length
 //    only, never on threads or chunking.
 //  * Every backward ACCUMULATES (+=) into its gradient outputs, like llm.c, so the caller
-//    zeroes gradients once per step. Scratch buffers (attention's dpreatt/datt) are overwritten.
+//    zeroes gradients once per step; where an input gradient's buffer would be zeroed just
+//    before, a GradWrite::overwrite argument writes it instead (grad_write.hpp: the same bits,
+//    no clear). Scratch buffers (attention's dpreatt/datt) are overwritten.
 //  * Pointers documented as "may be null" are skipped when null; all others are required.
 #include <Kokkos_Core.hpp>
 #include <cstdint>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "pdtrain/kernels/gemm.hpp"
+#include "pdtrain/kernels/grad_write.hpp"
 
 namespace pdtrain::kernels {
 
@@ -203,11 +206,12 @@ template <class Real>
 KOKKOS_INLINE_FUNCTION void gelu_span(Real* out, const Real* in, Index n) {
   for (Index i = 0; i < n; ++i) out[i] = gelu_value(in[i]);
 }
-// dinp[i] += gelu'(inp[i]) * dout[i]
+// dinp[i] += gelu'(inp[i]) * dout[i] (overwrite: dinp[i] = 0 + ..., dinp not read)
 template <class Real>
 KOKKOS_INLINE_FUNCTION void gelu_grad_span(Real* dinp, const Real* inp, const Real* dout,
-                                           Index n) {
-  for (Index i = 0; i < n; ++i) dinp[i] += gelu_grad(inp[i]) * dout[i];
+                                           Index n, bool overwrite) {
+  for (Index i = 0; i < n; ++i)
+    dinp[i] = (overwrite ? Real(0) : dinp[i]) + gelu_grad(inp[i]) * dout[i];
 }
 
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && \
@@ -219,7 +223,7 @@ KOKKOS_INLINE_FUNCTION void gelu_grad_span(Real* dinp, const Real* inp, const Re
 // scalar functions, so each element gets exactly the scalar functions' bits, on any CPU.
 void exp_shifted(float* out, const float* in, float shift, Index n);
 void gelu_span(float* out, const float* in, Index n);
-void gelu_grad_span(float* dinp, const float* inp, const float* dout, Index n);
+void gelu_grad_span(float* dinp, const float* inp, const float* dout, Index n, bool overwrite);
 // The lane count the float spans use now (8 or 4). For tests: set_vector_lanes(4) forces the
 // 4-lane code, 8 the 8-lane code where the CPU supports it, 0 the automatic choice; it returns
 // the lane count in use afterwards.
@@ -333,13 +337,14 @@ void layernorm_forward(const Exec& exec, Out* out, Real* mean, Real* rstd, const
       });
 }
 
-// dinp[N,C] += ..., dweight[C] += ..., dbias[C] += ...
+// dinp[N,C] += ... (or = with GradWrite::overwrite), dweight[C] += ..., dbias[C] += ...
 // dinp is parallel over rows; dweight/dbias are parallel over channel panels, sequential over
 // rows.
 template <class Exec, class Real>
 void layernorm_backward(const Exec& exec, Real* dinp, Real* dweight, Real* dbias, const Real* dout,
                         const Real* inp, const Real* weight, const Real* mean, const Real* rstd,
-                        int N, int C) {
+                        int N, int C, GradWrite dinp_write = GradWrite::accumulate) {
+  const bool overwrite = dinp_write == GradWrite::overwrite;
   detail::for_each(
       "pdtrain::layernorm_backward_inp", exec, N, KOKKOS_LAMBDA(const Index n) {
         const Real* x = inp + n * C;
@@ -364,7 +369,8 @@ void layernorm_backward(const Exec& exec, Real* dinp, Real* dweight, Real* dbias
         Real* dx = dinp + n * C;
         for (int i = 0; i < C; ++i) {
           const Real norm = (x[i] - m) * s;
-          dx[i] += (weight[i] * dy[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
+          dx[i] = (overwrite ? Real(0) : dx[i]) +
+                  (weight[i] * dy[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
       });
   constexpr int P = detail::kPanel;
@@ -424,15 +430,17 @@ void column_sums_add(const Exec& exec, Real* dbias, const Real* dout, int N, int
       });
 }
 
-// dinp[N,C] += dout * weight   (may be null: the first layer needs no input gradient)
+// dinp[N,C] += dout * weight   (may be null: the first layer needs no input gradient; with
+//                               GradWrite::overwrite: =, beta = 0)
 // dweight[OC,C] += dout^T * inp
 // dbias[OC] += column sums of dout (may be null), parallel over OC, sequential over rows.
 template <class Exec, class Real>
 void matmul_backward(const Exec& exec, NotDeduced<Real>* dinp, Real* dweight,
                      NotDeduced<Real>* dbias, const Real* dout, const Real* inp, const Real* weight,
-                     int N, int C, int OC) {
+                     int N, int C, int OC, GradWrite dinp_write = GradWrite::accumulate) {
   exec.fence();  // dout may still be being written on exec; BLAS reads it on the host
-  if (dinp != nullptr) gemm(false, false, N, C, OC, Real(1), dout, OC, weight, C, Real(1), dinp, C);
+  const Real beta = dinp_write == GradWrite::overwrite ? Real(0) : Real(1);
+  if (dinp != nullptr) gemm(false, false, N, C, OC, Real(1), dout, OC, weight, C, beta, dinp, C);
   gemm(true, false, OC, C, N, Real(1), dout, OC, inp, C, Real(1), dweight, C);
   if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC);
 }
@@ -457,10 +465,11 @@ void matmul_forward(const Exec& exec, float* out, const bf16* inp, const bf16* w
 template <class Exec>
 void matmul_backward(const Exec& exec, float* dinp, float* dweight, float* dbias,
                      const float* dout, bf16* dout_bf16, const bf16* inp, const bf16* weight,
-                     int N, int C, int OC) {
+                     int N, int C, int OC, GradWrite dinp_write = GradWrite::accumulate) {
   exec.fence();
   to_bf16(dout, dout_bf16, static_cast<std::int64_t>(N) * OC);
-  if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout_bf16, OC, weight, C, 1.0f, dinp, C);
+  const float beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f;
+  if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout_bf16, OC, weight, C, beta, dinp, C);
   gemm(true, false, OC, C, N, 1.0f, dout_bf16, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC);
 }
@@ -586,13 +595,15 @@ void gelu_forward(const Exec& exec, bf16* out, const float* inp, Index n) {
       });
 }
 
-// dinp += gelu'(inp) * dout, gelu'(x) = s + 2 x s (1 - s) du/dx with s = sigmoid(2u)
-// (= 0.5 (1 + tanh u) + 0.5 x sech^2(u) du/dx).
+// dinp += gelu'(inp) * dout (or = with GradWrite::overwrite), gelu'(x) = s + 2 x s (1 - s)
+// du/dx with s = sigmoid(2u) (= 0.5 (1 + tanh u) + 0.5 x sech^2(u) du/dx).
 template <class Exec, class Real>
-void gelu_backward(const Exec& exec, Real* dinp, const Real* inp, const Real* dout, Index n) {
+void gelu_backward(const Exec& exec, Real* dinp, const Real* inp, const Real* dout, Index n,
+                   GradWrite write = GradWrite::accumulate) {
+  const bool overwrite = write == GradWrite::overwrite;
   detail::for_each_chunk(
       "pdtrain::gelu_backward", exec, n, KOKKOS_LAMBDA(const Index begin, const Index end) {
-        detail::gelu_grad_span(dinp + begin, inp + begin, dout + begin, end - begin);
+        detail::gelu_grad_span(dinp + begin, inp + begin, dout + begin, end - begin, overwrite);
       });
 }
 
@@ -658,12 +669,13 @@ void crossentropy_finish(const Exec& exec, Real* losses, Real* probs, const Real
 }
 
 
-// dlogits[N,V] += (probs - onehot(target)) * dlosses[n], with the target's column counted only
-// on the shard that holds it. Parallel over rows.
+// dlogits[N,V] += (probs - onehot(target)) * dlosses[n] (or = with GradWrite::overwrite), with
+// the target's column counted only on the shard that holds it. Parallel over rows.
 template <class Exec, class Real>
 void softmax_crossentropy_backward(const Exec& exec, Real* dlogits, const Real* probs,
                                    const std::int32_t* targets, const Real* dlosses, int N, int V,
-                                   int vocab_begin = 0) {
+                                   int vocab_begin = 0, GradWrite write = GradWrite::accumulate) {
+  const bool overwrite = write == GradWrite::overwrite;
   detail::for_each(
       "pdtrain::softmax_crossentropy_backward", exec, N, KOKKOS_LAMBDA(const Index n) {
         const Real dl = dlosses[n];
@@ -671,8 +683,8 @@ void softmax_crossentropy_backward(const Exec& exec, Real* dlogits, const Real* 
         Real* d = dlogits + n * V;
         const int t = targets[n] - vocab_begin;
         const bool here = t >= 0 && t < V;
-        const Real keep = here ? d[t] : Real(0);
-        for (int v = 0; v < V; ++v) d[v] += p[v] * dl;
+        const Real keep = here && !overwrite ? d[t] : Real(0);
+        for (int v = 0; v < V; ++v) d[v] = (overwrite ? Real(0) : d[v]) + p[v] * dl;
         if (here) d[t] = keep + (p[t] - Real(1)) * dl;
       });
 }

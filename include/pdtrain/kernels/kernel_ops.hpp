@@ -1,45 +1,49 @@
 #pragma once
-// The GPT-2 step's kernels as one interface, implemented once per backend:
-//   CpuKernelOps  (src/kernels/cpu_kernel_ops.cpp): the Kokkos kernels of gpt_kernels.hpp and
-//                 the GEMM layer (oneDNN or CBLAS) on host memory;
-//   CudaKernelOps (src/kernels/cuda/): CUDA kernels, one file per op with its forward beside
-//                 its backward, and cuBLASLt GEMMs, on one GPU's compute stream.
-// The model (GptStage) calls only these, so the same model code runs on either.
+// The GPT-2 step's kernels as op families, each an abstract class implemented once per backend,
+// and KernelOps, the composition of one implementation of each:
+//   CPU  (src/kernels/cpu_kernel_ops.cpp): the Kokkos kernels of gpt_kernels.hpp and the GEMM
+//        layer (oneDNN or CBLAS) on host memory;
+//   CUDA (src/kernels/cuda/): CUDA kernels, one file per op with its forward beside its
+//        backward, and cuBLASLt GEMMs, on one GPU's compute stream.
+// The model (GptStage) calls only these, so the same model code runs on either. A backend may
+// replace one family of another's (KernelOps::replace_attention: e.g. a fused attention kernel
+// behind the same model code); backends are chosen by name (backend_registry.hpp).
 //
 // Conventions (those of gpt_kernels.hpp, which is the reference every backend is tested
 // against): row-major raw pointers in the backend's device memory, llm.c's shapes (B batch,
 // T sequence, C channels, NH heads, N = B*T rows, under tensor parallelism the LOCAL width and
-// head count); every backward ACCUMULATES (+=) into its gradient outputs; pointers documented
-// as "may be null" are skipped when null. Ops are queued on the device's compute queue in call
-// order: the host reads results only after Device::synchronize() (or a download).
+// head count); every backward ACCUMULATES (+=) into its gradient outputs, except an input
+// gradient given GradWrite::overwrite (grad_write.hpp: written as if zeroed just before, unread);
+// pointers documented as "may be null" are skipped when null. Ops are queued on the device's
+// compute queue in call order: the host reads results only after Device::synchronize() (or a
+// download).
 // Determinism: every op gives the same bits run to run (no float atomics; reductions in a fixed
 // order). Backends agree within stated tolerances (tests/backend/test_kernel_ops.cpp), not
 // bit for bit: a GPU sums in another order than the CPU.
 #include <cstdint>
 #include <memory>
 #include <string>
-
+#include <utility>
 #include <vector>
 
 #include "pdtrain/core/bf16.hpp"
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/device/device.hpp"
+#include "pdtrain/kernels/grad_write.hpp"
 #include "pdtrain/optim/adamw_math.hpp"
 
 namespace pdtrain::kernels {
 
 using Index = std::int64_t;
 
-class KernelOps {
+// Fill, conversion, the embedding, GELU, the residual sum and the row-parallel bias.
+class ElementwiseOps {
  public:
-  virtual ~KernelOps() = default;
-  // "cpu: Kokkos Serial, oneDNN 2.7 ..." or "cuda: cuBLASLt 13.0, fp32 without TF32".
-  virtual std::string describe() const = 0;
-
-  // --- Fill and conversion
+  virtual ~ElementwiseOps() = default;
   virtual void fill(float* p, Index n, float value) = 0;
   virtual void to_bf16(bf16* out, const float* in, Index n) = 0;
 
-  // --- Encoder: out[b,t,:] = wte[tokens[b,t] - vocab_begin,:] + wpe[t,:] (vocabulary shard
+  // out[b,t,:] = wte[tokens[b,t] - vocab_begin,:] + wpe[t,:] (vocabulary shard
   // [vocab_begin, vocab_end): other tokens contribute 0; wpe may be null).
   virtual void encoder_forward(float* out, const std::int32_t* tokens, const float* wte,
                                const float* wpe, int B, int T, int C, int vocab_begin,
@@ -49,52 +53,89 @@ class KernelOps {
                                 const std::int32_t* tokens, int B, int T, int C, int vocab_begin,
                                 int vocab_end) = 0;
 
-  // --- LayerNorm (eps 1e-5): out[N,C] as fp32 or as bf16 (the input of a bf16 matmul);
-  // mean[N], rstd[N] saved for backward.
+  // GELU (tanh form): out = gelu(inp) as fp32 or bf16; dinp += (or =) gelu'(inp) dout.
+  virtual void gelu_forward(float* out, const float* inp, Index n) = 0;
+  virtual void gelu_forward(bf16* out, const float* inp, Index n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, Index n,
+                             GradWrite write) = 0;
+
+  // Residual: out = a + b (its backward passes the gradient through unchanged).
+  virtual void residual_forward(float* out, const float* a, const float* b, Index n) = 0;
+  // out[N,OC] += bias[OC] (a row-parallel layer's bias, added after the tensor-parallel sum).
+  virtual void bias_add_forward(float* out, const float* bias, int N, int OC) = 0;
+};
+
+// LayerNorm (eps 1e-5): out[N,C] as fp32 or as bf16 (the input of a bf16 matmul); mean[N],
+// rstd[N] saved for backward. Backward: dinp += (or =) ..., dweight += ..., dbias += ....
+class NormOps {
+ public:
+  virtual ~NormOps() = default;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                  const float* weight, const float* bias, int N, int C) = 0;
   virtual void layernorm_forward(bf16* out, float* mean, float* rstd, const float* inp,
                                  const float* weight, const float* bias, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean,
-                                  const float* rstd, int N, int C) = 0;
+                                  const float* rstd, int N, int C, GradWrite dinp_write) = 0;
+};
 
-  // --- Matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null).
-  // fp32, or bf16 inputs and weights with fp32 accumulation and output.
+// Matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null). fp32, or bf16
+// inputs and weights with fp32 accumulation and output.
+class GemmOps {
+ public:
+  virtual ~GemmOps() = default;
   virtual void matmul_forward(float* out, const float* inp, const float* weight,
                               const float* bias, int N, int C, int OC) = 0;
   virtual void matmul_forward(float* out, const bf16* inp, const bf16* weight, const float* bias,
                               int N, int C, int OC) = 0;
-  // dinp (may be null) += dout weight; dweight += dout^T inp; dbias (may be null) += column
-  // sums of dout. bf16: dout is rounded once into dout_bf16 [N*OC] for both products; the bias
-  // gradient uses the fp32 dout.
+  // dinp (may be null) += (or =, beta = 0) dout weight; dweight += dout^T inp; dbias (may be
+  // null) += column sums of dout. bf16: dout is rounded once into dout_bf16 [N*OC] for both
+  // products; the bias gradient uses the fp32 dout.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, int N, int C, int OC) = 0;
+                               const float* inp, const float* weight, int N, int C, int OC,
+                               GradWrite dinp_write) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                bf16* dout_bf16, const bf16* inp, const bf16* weight, int N, int C,
-                               int OC) = 0;
-  // out[N,OC] += bias[OC] (a row-parallel layer's bias, added after the tensor-parallel sum).
-  virtual void bias_add_forward(float* out, const float* bias, int N, int OC) = 0;
+                               int OC, GradWrite dinp_write) = 0;
+};
 
-  // --- Causal self-attention over qkv[B,T,3C] (per token: q of all heads | k | v, head h at
-  // h*HS): out[B,T,C]; preatt/att [B,NH,T,T] (att saved for backward; masked entries 0).
-  virtual void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B,
-                                 int T, int C, int NH) = 0;
-  // dqkv += ...; dpreatt/datt [B,NH,T,T] are scratch, overwritten.
-  virtual void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout,
-                                  const float* qkv, const float* att, int B, int T, int C,
-                                  int NH) = 0;
+// One call's shape: C and NH are the local (tensor-parallel) width and head count. bf16_inputs:
+// the run's precision is bf16, so a backend may round q, k, v and the probabilities to bf16 for
+// tensor cores (the CPU computes in fp32 either way).
+struct AttentionShape {
+  int B = 0, T = 0, C = 0, NH = 0;
+  bool bf16_inputs = false;
+};
 
-  // --- GELU (tanh form): out = gelu(inp) as fp32 or bf16; dinp += gelu'(inp) dout.
-  virtual void gelu_forward(float* out, const float* inp, Index n) = 0;
-  virtual void gelu_forward(bf16* out, const float* inp, Index n) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) = 0;
+// Causal multi-head self-attention over qkv[B,T,3C] (per token: q of all heads | k | v, head h
+// at h*HS) into out[B,T,C]. How it computes is the backend's: what forward keeps for backward
+// (`saved`) and the scratch it works in are opaque floats whose counts the family states, so a
+// fused kernel (saving only a log-sum-exp per row) and the reference (saving the T x T
+// probabilities) sit behind the same model code. Tests compare out and dqkv only.
+class AttentionOps {
+ public:
+  virtual ~AttentionOps() = default;
+  // e.g. "T x T probabilities, Kokkos softmax and GEMMs".
+  virtual std::string describe() const = 0;
+  // Floats kept from a forward to its backward (the reference: the B*NH*T*T probabilities).
+  virtual Index saved_floats(const AttentionShape& s) const = 0;
+  // Floats of scratch one forward or one backward needs, not kept between calls (the
+  // reference: the scores in forward, their and the probabilities' gradients in backward).
+  virtual Index scratch_floats(const AttentionShape& s) const = 0;
+  // out and saved are overwritten; scratch need not be initialized.
+  virtual void forward(float* out, float* saved, float* scratch, const float* qkv,
+                       const AttentionShape& s) = 0;
+  // dqkv += d(loss)/d(qkv) given dout = d(loss)/d(out); out and saved are the forward's (out:
+  // a fused backward needs rowsum(dout * out)); scratch need not be initialized.
+  virtual void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* out, const float* saved, const AttentionShape& s) = 0;
+};
 
-  // --- Residual: out = a + b (its backward passes the gradient through unchanged).
-  virtual void residual_forward(float* out, const float* a, const float* b, Index n) = 0;
-
-  // --- Softmax cross-entropy over a vocabulary shard of V columns starting at vocab_begin, in
-  // three phases; the caller combines rowmax (max) and stats (sum) over the shards between them.
+// Softmax cross-entropy over a vocabulary shard of V columns starting at vocab_begin, in three
+// phases; the caller combines rowmax (max) and stats (sum) over the shards between them.
+class LossOps {
+ public:
+  virtual ~LossOps() = default;
   virtual void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) = 0;
   // probs = exp(logits - rowmax); stats[n] = shard sum, stats[N+n] = target logit - max here.
   virtual void crossentropy_partials(float* stats, float* probs, const float* logits,
@@ -103,21 +144,28 @@ class KernelOps {
   // losses[n] = log(sum) - (target logit - max); probs normalized in place.
   virtual void crossentropy_finish(float* losses, float* probs, const float* stats, int N,
                                    int V) = 0;
-  // dlogits += (probs - onehot(target)) * dlosses[n] (target counted on its shard only).
+  // dlogits += (or =) (probs - onehot(target)) * dlosses[n] (target counted on its shard only).
   virtual void crossentropy_backward(float* dlogits, const float* probs,
                                      const std::int32_t* targets, const float* dlosses, int N,
-                                     int V, int vocab_begin) = 0;
+                                     int V, int vocab_begin, GradWrite write) = 0;
   // *sum = losses[0] + losses[1] + ... + losses[n-1], in double, in that order (one micro-batch's
   // loss, bit-identical on every backend).
   virtual void sum_losses(double* sum, const float* losses, int n) = 0;
+};
 
-  // --- Blocks and the optimizer: the replicated baseline keeps parameters and AdamW state on
-  // its device, packed block after block like the holders' (each block a row-major tile of
-  // a stage tensor). Every backend computes these to the same bits as the holders' CPU code
-  // (adamw_math.hpp; no FMA contraction), so a GPU baseline equals PD with CPU holders.
-  struct Tile {
-    Index offset = 0, rows = 0, cols = 0, ld = 0;  // rows x cols at data + offset, row stride ld
-  };
+// A rows x cols block at data + offset, row stride ld (a row-major tile of a stage tensor).
+struct Tile {
+  Index offset = 0, rows = 0, cols = 0, ld = 0;
+};
+
+// Blocks and the optimizer: the replicated baseline keeps parameters and AdamW state on its
+// device, packed block after block like the holders' (each block a row-major tile of a stage
+// tensor). Every backend computes these to the same bits as the holders' CPU code
+// (adamw_math.hpp; no FMA contraction), so a GPU baseline equals PD with CPU holders.
+class OptimizerOps {
+ public:
+  using Tile = kernels::Tile;
+  virtual ~OptimizerOps() = default;
   // packed (the tiles back to back, each row-major) <- src's tiles.
   virtual void gather_tiles(float* packed, const float* src, const std::vector<Tile>& tiles) = 0;
   // dst's tiles <- packed. With dst_bf16 (same layout as dst; may be null) the values are
@@ -133,7 +181,54 @@ class KernelOps {
                      const AdamWStep& step) = 0;
 };
 
-// A compute rank's device and the kernels that run on it.
+// One implementation of every family, all on the same device (and queue).
+struct OpFamilies {
+  std::unique_ptr<ElementwiseOps> elementwise;
+  std::unique_ptr<NormOps> norm;
+  std::unique_ptr<GemmOps> gemm;
+  std::unique_ptr<AttentionOps> attention;
+  std::unique_ptr<LossOps> loss;
+  std::unique_ptr<OptimizerOps> optimizer;
+};
+
+// A backend's kernels: its families, and what they are. Header-only (the CUDA kernels' library
+// builds one without linking this part's objects).
+class KernelOps {
+ public:
+  using Tile = kernels::Tile;
+  // `description`: the backend's, e.g. "cpu: Kokkos Serial, GEMM oneDNN 2.7" or
+  // "cuda: <device>, cuBLASLt 13.0 (...)". Every family must be given.
+  KernelOps(std::string description, OpFamilies families)
+      : description_(std::move(description)), f_(std::move(families)) {
+    PDT_CHECK(f_.elementwise && f_.norm && f_.gemm && f_.attention && f_.loss && f_.optimizer,
+              "KernelOps of \"" + description_ + "\": every op family must be given");
+  }
+
+  // The backend's description and its attention's: "<description>; attention: <describe()>".
+  std::string describe() const { return description_ + "; attention: " + f_.attention->describe(); }
+
+  ElementwiseOps& elementwise() const { return *f_.elementwise; }
+  NormOps& norm() const { return *f_.norm; }
+  GemmOps& gemm() const { return *f_.gemm; }
+  AttentionOps& attention() const { return *f_.attention; }
+  LossOps& loss() const { return *f_.loss; }
+  OptimizerOps& optimizer() const { return *f_.optimizer; }
+
+  // Another attention on the same device and queue (e.g. a fused kernel in place of the
+  // reference algorithm). Before any model sizes its buffers from attention(): they follow the
+  // family's saved_floats/scratch_floats.
+  void replace_attention(std::unique_ptr<AttentionOps> attention) {
+    PDT_CHECK(attention != nullptr, "KernelOps::replace_attention: no attention family given");
+    f_.attention = std::move(attention);
+  }
+
+ private:
+  std::string description_;
+  OpFamilies f_;
+};
+
+// A compute rank's device and the kernels that run on it (made by a backend_registry.hpp
+// factory).
 struct ComputeBackend {
   std::unique_ptr<Device> owned_device;  // null for the CPU (cpu_device() is process-wide)
   Device* device = nullptr;
@@ -141,13 +236,13 @@ struct ComputeBackend {
   std::string gpu_uuid;  // the CUDA device's UUID ("GPU-..."); empty on the CPU
 };
 
-// The CPU backend (always built), and its kernels alone (process-wide; for code that runs on
-// the CPU device without choosing a backend: tests, tools, the dry run).
-ComputeBackend make_cpu_backend();
+// The CPU backend's kernels, process-wide, for code that runs on the CPU device without choosing
+// a backend (tests, tools); and its attention family alone, which sizes a stage's attention
+// buffers where no backend is given (the dry run, `pdtrain plan`). Neither needs Kokkos to be
+// initialized until an op runs.
 KernelOps& cpu_kernel_ops();
-// The CUDA backend on GPU `gpu` of this node. Throws pdtrain::Error(runtime) when this build
-// has no CUDA backend or the GPU cannot be used.
-ComputeBackend make_cuda_backend(int gpu);
+const AttentionOps& cpu_attention();
+
 // Whether this binary was built with the CUDA backend, and how many GPUs this process sees
 // (0 when there is no driver or no device: "no GPU", never an error; `why_none` then gets
 // CUDA's reason, e.g. "cudaErrorInsufficientDriver: CUDA driver version is insufficient ...").

@@ -4,9 +4,10 @@
 //
 // The stage runs on its parameters' Device through a KernelOps of that device (the CPU's
 // Kokkos kernels, or CUDA kernels on a GPU): activations, gradients and losses live in device
-// memory; inputs (tokens, a previous stage's activations, a next stage's gradient) may come
-// from host memory and are copied in. Losses stay on the device until take_loss_sum(), one
-// read per step.
+// memory, attention's sized by the backend's attention family (what it saves per layer, the
+// scratch it works in); inputs (tokens, a previous stage's activations, a next stage's
+// gradient) may come from host memory and are copied in. Losses stay on the device until
+// take_loss_sum(), one read per step.
 //
 // Tensor parallelism is inside the stage, at Megatron's points: one all-reduce after each
 // row-parallel layer in forward, one before each column-parallel layer's input gradient in
@@ -24,8 +25,9 @@
 
 namespace pdtrain {
 
-// Activation recomputation (gradient checkpointing): `attention` drops the T x T attention
-// probabilities of every layer and recomputes them in backward; `full` keeps only each layer's
+// Activation recomputation (gradient checkpointing): `attention` drops what the attention
+// saves for backward (the reference's T x T probabilities) of every layer and recomputes it in
+// backward; `full` keeps only each layer's
 // output and reruns the layer's forward before its backward. Kernels are deterministic, so the
 // gradients (and losses) are bit-identical to `none`.
 enum class Recompute { none, attention, full };
@@ -76,20 +78,24 @@ class GptStage {
   const float* logits(int slot) const { return acts_.slots[slot].logits.data(); }
   std::int64_t activation_numel() const { return dims_.B * dims_.T * dims_.C; }
   // Bytes of activations (all slots), backward scratch and loss ledger a stage allocates: the
-  // same allocation plan the constructor follows (for --dry-run).
+  // same allocation plan the constructor follows (for --dry-run and `pdtrain plan`), with the
+  // attention buffers `attention` asks for (by default the CPU reference's).
   static std::int64_t memory_bytes(const ModelShape& m, const StageSpec& s,
                                    std::int64_t micro_batch, std::int64_t seq_len, int slots,
                                    Recompute recompute = Recompute::none,
                                    Precision precision = Precision::fp32,
-                                   StageOrder order = StageOrder::micro_batch);
+                                   StageOrder order = StageOrder::micro_batch,
+                                   const kernels::AttentionOps& attention =
+                                       kernels::cpu_attention());
 
  private:
   template <class T>
   using Buf = Buffer<T>;
   // In bf16 precision the matmul inputs are kept as bf16 only (ln1, ln2, fch_gelu, lnf are
   // then empty; atty is kept in both: attention writes it in fp32).
+  // attn_saved: what the attention keeps for its backward (empty when recomputed).
   struct LayerActs {
-    Buf<float> ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2;
+    Buf<float> ln1, ln1_mean, ln1_rstd, qkv, atty, attn_saved, attproj, residual2;
     Buf<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3;
     Buf<bf16> ln1_h, atty_h, ln2_h, fch_gelu_h;
   };
@@ -103,21 +109,23 @@ class GptStage {
     Buf<float> dresidual;  // layer-major: this micro-batch's residual gradient between units
   };
   struct GradScratch {
-    Buf<float> dresidual, dln, dqkv, datty, dpreatt, datt, dfch, dfch_gelu, dlogits, dlosses;
+    Buf<float> dresidual, dln, dqkv, datty, dfch, dfch_gelu, dlogits, dlosses;
     Buf<bf16> dout_h;  // bf16 precision: a matmul's output gradient, rounded
   };
   // Everything the stage allocates, sized by allocate() from the stage's dimensions.
   struct Activations {
     std::vector<SlotActs> slots;
-    Buf<float> preatt;  // scratch: attention scores before softmax
-    LayerActs recompute_layer;                  // full: the one layer being recomputed
-    Buf<float> att_scratch, atty_scratch;       // attention: recomputed probabilities
+    Buf<float> attn_scratch;  // the attention's scratch (one forward or backward at a time)
+    LayerActs recompute_layer;  // full: the one layer being recomputed
+    Buf<float> attn_saved_scratch, atty_scratch;  // attention: its recomputed forward
     GradScratch grads;
     Buf<double> loss_ledger;  // one loss sum per forward since take_loss_sum()
   };
   struct Dims {
     std::int64_t B = 0, T = 0, C = 0, Cl = 0, NHl = 0, layers = 0;
     std::int64_t v0 = 0, v1 = 0, V = 0;  // vocabulary shard rows, real-token logits here
+    kernels::AttentionShape attn;         // one layer's attention call
+    std::int64_t attn_saved = 0, attn_scratch = 0;  // its floats (the attention family's)
     bool embedding = false, head = false, bf16 = false, layer_major = false;
     int slots = 1;
     Recompute recompute = Recompute::none;
@@ -126,16 +134,17 @@ class GptStage {
 
   static Dims dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                       std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
-                      StageOrder order);
+                      StageOrder order, const kernels::AttentionOps& attention);
   // Sizes every buffer of `a` with alloc(buffer, elements): the constructor allocates,
   // memory_bytes() counts.
   template <class Alloc>
   static void allocate(const Dims& d, Activations& a, Alloc&& alloc);
   template <class Alloc>
-  static void allocate_layer(const Dims& d, LayerActs& l, bool keep_att, Alloc&& alloc);
+  static void allocate_layer(const Dims& d, LayerActs& l, bool keep_saved, Alloc&& alloc);
 
   // A matmul of this stage's precision: out = x W^T (+ b), x given in fp32 and in bf16 (the
-  // one of the precision in use is read), and its backward.
+  // one of the precision in use is read), and its backward (dx overwritten, the parameter
+  // gradients added to).
   void linear_forward(float* out, const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
                       std::int64_t l, const float* bias, std::int64_t C, std::int64_t OC);
   void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
@@ -144,8 +153,8 @@ class GptStage {
   void layernorm_forward(Buf<float>& out, Buf<bf16>& out_h, Buf<float>& mean, Buf<float>& rstd,
                          const float* inp, TensorId w, TensorId b, std::int64_t l);
 
-  float* att_of(LayerActs& a) {
-    return a.att.empty() ? acts_.att_scratch.data() : a.att.data();
+  float* attn_saved_of(LayerActs& a) {
+    return a.attn_saved.empty() ? acts_.attn_saved_scratch.data() : a.attn_saved.data();
   }
   // The traversals: run the program's steps forward or backward, announcing each step's units
   // around `body` (one step's arithmetic, for one micro-batch or all of them).

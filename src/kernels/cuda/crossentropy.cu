@@ -59,17 +59,18 @@ __global__ void finish_kernel(float* __restrict__ losses, float* __restrict__ pr
   if (threadIdx.x == 0) losses[n] = logf(stats[n]) - stats[N + n];
 }
 
-// dlogits[n,v] += (probs - onehot(target)) * dlosses[n], the target counted on its shard only.
+// dlogits[n,v] += (or =) (probs - onehot(target)) * dlosses[n], the target counted on its shard
+// only.
 __global__ void backward_kernel(float* __restrict__ dlogits, const float* __restrict__ probs,
                                 const I32* __restrict__ targets, const float* __restrict__ dlosses,
-                                int V, int vocab_begin) {
+                                int V, int vocab_begin, bool overwrite) {
   const Index n = blockIdx.x;
   const float dl = dlosses[n];
   const float* p = probs + n * V;
   float* d = dlogits + n * V;
   const I32 t = targets[n] - vocab_begin;  // a column of this shard when 0 <= t < V
   for (int v = static_cast<int>(threadIdx.x); v < V; v += kCeBlock)
-    d[v] += (v == t ? p[v] - 1.0f : p[v]) * dl;
+    d[v] = (overwrite ? 0.0f : d[v]) + (v == t ? p[v] - 1.0f : p[v]) * dl;
 }
 
 // One thread, in order, in double: the CPU's loop, bit for bit.
@@ -106,10 +107,10 @@ void crossentropy_finish(cudaStream_t stream, float* losses, float* probs, const
 
 void crossentropy_backward(cudaStream_t stream, float* dlogits, const float* probs,
                            const I32* targets, const float* dlosses, int N, int V,
-                           int vocab_begin) {
+                           int vocab_begin, bool overwrite) {
   if (N <= 0 || V <= 0) return;
   PDTRAIN_LAUNCH(backward_kernel, static_cast<unsigned>(N), kCeBlock, 0, stream)(
-      dlogits, probs, targets, dlosses, V, vocab_begin);
+      dlogits, probs, targets, dlosses, V, vocab_begin, overwrite);
   CUDA_CHECK_LAUNCH();
 }
 

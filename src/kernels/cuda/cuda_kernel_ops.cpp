@@ -1,6 +1,7 @@
-// The CUDA backend: CudaKernelOps (KernelOps on one GPU's compute stream, calling the kernels
-// of this directory and cuBLASLt) and the backend entry points of kernel_ops.hpp for CUDA
-// builds (src/kernels/no_cuda/cuda_absent.cpp stands in for this file otherwise).
+// The CUDA backend: its op families (on one GPU's compute stream, calling the kernels of this
+// directory and cuBLASLt), its registration as "cuda" (backend_registry.hpp) and the CUDA
+// entry points of kernel_ops.hpp for CUDA builds (src/kernels/no_cuda/cuda_absent.cpp stands in
+// for this file otherwise).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -8,11 +9,13 @@
 #include <vector>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "cuda_check.hpp"
 #include "launch.hpp"
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/device/cuda_device.hpp"
+#include "pdtrain/kernels/backend_registry.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 
 namespace pdtrain::kernels {
@@ -29,18 +32,55 @@ std::string cublaslt_version() {
          std::to_string(v % 100);
 }
 
-class CudaKernelOps final : public KernelOps {
+// What the CUDA families share: the device, its compute stream (every op is queued there, in
+// call order), cuBLASLt with its workspace, and device scratch. Each family holds it; the last
+// one destroyed frees it (before the device: ComputeBackend destroys its ops first).
+class CudaContext {
  public:
-  explicit CudaKernelOps(CudaDevice& device)
+  explicit CudaContext(CudaDevice& device)
       : device_(device),
         stream_(device.compute_stream()),
         gemm_workspace_(device, static_cast<Index>(kGemmWorkspaceBytes)),
         gemm_(stream_, gemm_workspace_.data(), gemm_workspace_.bytes()) {}
 
-  std::string describe() const override {
-    return "cuda: " + device_.describe() + ", cuBLASLt " + cublaslt_version() +
-           " (fp32 without TF32; bf16 inputs with fp32 accumulation)";
+  CudaDevice& device() { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cuda::Gemm& gemm() { return gemm_; }
+
+  // At least `floats` floats of device scratch, valid until the next call. Growing it frees the
+  // old buffer (the device waits for queued work first), so the shapes' maximum is kept.
+  float* scratch(Index floats) {
+    if (scratch_.size() < floats) {
+      scratch_ = Buffer<float>();
+      scratch_ = Buffer<float>(device_, floats);
+    }
+    return scratch_.data();
   }
+
+  // Device memory for the optimizer kernels' descriptors and partial sums (grown, never shrunk:
+  // the stage's block list is fixed).
+  void* descriptors(std::size_t bytes) {
+    if (descriptors_.bytes() < bytes) {
+      descriptors_ = Buffer<std::byte>();
+      descriptors_ = Buffer<std::byte>(device_, static_cast<Index>(bytes));
+    }
+    return descriptors_.data();
+  }
+
+ private:
+  CudaDevice& device_;
+  cudaStream_t stream_;
+  Buffer<std::byte> gemm_workspace_;
+  cuda::Gemm gemm_;
+  Buffer<float> scratch_;
+  Buffer<std::byte> descriptors_;
+};
+
+using Context = std::shared_ptr<CudaContext>;
+
+class CudaElementwise final : public ElementwiseOps {
+ public:
+  explicit CudaElementwise(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
 
   void fill(float* p, Index n, float value) override { cuda::fill(stream_, p, n, value); }
   void to_bf16(bf16* out, const float* in, Index n) override { cuda::to_bf16(stream_, out, in, n); }
@@ -54,6 +94,33 @@ class CudaKernelOps final : public KernelOps {
     cuda::encoder_backward(stream_, dwte, dwpe, dout, tokens, B, T, C, v0, v1);
   }
 
+  void gelu_forward(float* out, const float* inp, Index n) override {
+    cuda::gelu_forward(stream_, out, inp, n);
+  }
+  void gelu_forward(bf16* out, const float* inp, Index n) override {
+    cuda::gelu_forward(stream_, out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n,
+                     GradWrite write) override {
+    cuda::gelu_backward(stream_, dinp, inp, dout, n, write == GradWrite::overwrite);
+  }
+
+  void residual_forward(float* out, const float* a, const float* b, Index n) override {
+    cuda::residual_forward(stream_, out, a, b, n);
+  }
+  void bias_add_forward(float* out, const float* bias, int N, int OC) override {
+    cuda::bias_add(stream_, out, bias, N, OC);
+  }
+
+ private:
+  Context ctx_;
+  cudaStream_t stream_;
+};
+
+class CudaNorm final : public NormOps {
+ public:
+  explicit CudaNorm(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
+
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int N, int C) override {
     cuda::layernorm_forward(stream_, out, mean, rstd, inp, w, b, N, C);
@@ -63,11 +130,21 @@ class CudaKernelOps final : public KernelOps {
     cuda::layernorm_forward(stream_, out, mean, rstd, inp, w, b, N, C);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C) override {
-    cuda::layernorm_backward(stream_, scratch(cuda::layernorm_backward_scratch(N, C)), dinp, dw,
-                             db, dout, inp, w, mean, rstd, N, C);
+                          const float* w, const float* mean, const float* rstd, int N, int C,
+                          GradWrite dinp_write) override {
+    cuda::layernorm_backward(stream_, ctx_->scratch(cuda::layernorm_backward_scratch(N, C)), dinp,
+                             dw, db, dout, inp, w, mean, rstd, N, C,
+                             dinp_write == GradWrite::overwrite);
   }
+
+ private:
+  Context ctx_;
+  cudaStream_t stream_;
+};
+
+class CudaGemm final : public GemmOps {
+ public:
+  explicit CudaGemm(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
 
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int C, int OC) override {
@@ -78,41 +155,81 @@ class CudaKernelOps final : public KernelOps {
     forward(out, inp, w, bias, N, C, OC, GemmInput::bf16);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC) override {
-    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, GemmInput::f32);
+                       const float* w, int N, int C, int OC, GradWrite dinp_write) override {
+    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, GemmInput::f32, dinp_write);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
-                       const bf16* inp, const bf16* w, int N, int C, int OC) override {
+                       const bf16* inp, const bf16* w, int N, int C, int OC,
+                       GradWrite dinp_write) override {
     cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * OC);
-    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, GemmInput::bf16);
-  }
-  void bias_add_forward(float* out, const float* bias, int N, int OC) override {
-    cuda::bias_add(stream_, out, bias, N, OC);
+    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, GemmInput::bf16, dinp_write);
   }
 
-  void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T,
-                         int C, int NH) override {
-    cuda::attention_forward(gemm_, stream_, out, preatt, att, qkv, B, T, C, NH);
-  }
-  void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout,
-                          const float* qkv, const float* att, int B, int T, int C,
-                          int NH) override {
-    cuda::attention_backward(gemm_, stream_, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
-  }
-
-  void gelu_forward(float* out, const float* inp, Index n) override {
-    cuda::gelu_forward(stream_, out, inp, n);
-  }
-  void gelu_forward(bf16* out, const float* inp, Index n) override {
-    cuda::gelu_forward(stream_, out, inp, n);
-  }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, Index n) override {
-    cuda::gelu_backward(stream_, dinp, inp, dout, n);
+ private:
+  // out[N,OC] = inp[N,C] weight[OC,C]^T (+ bias: out is seeded with it and the GEMM adds onto
+  // it, beta = 1, as the CPU does).
+  void forward(float* out, const void* inp, const void* weight, const float* bias, int N, int C,
+               int OC, GemmInput input) {
+    if (bias != nullptr) cuda::bias_fill(stream_, out, bias, N, OC);
+    ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
+                      .A = inp, .lda = C, .B = weight, .ldb = C,
+                      .beta = bias != nullptr ? 1.0f : 0.0f, .C = out, .ldc = OC,
+                      .input = input});
   }
 
-  void residual_forward(float* out, const float* a, const float* b, Index n) override {
-    cuda::residual_forward(stream_, out, a, b, n);
+  // dinp += (or =, beta = 0) dout weight, dweight += dout^T inp (dout_gemm: dout itself or its
+  // bf16 copy); dbias += column sums of the fp32 dout.
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                const void* dout_gemm, const void* inp, const void* weight, int N, int C, int OC,
+                GemmInput input, GradWrite dinp_write) {
+    if (dinp != nullptr)
+      ctx_->gemm().run({.M = N, .N = C, .K = OC,
+                        .A = dout_gemm, .lda = OC, .B = weight, .ldb = C,
+                        .beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f, .C = dinp,
+                        .ldc = C, .input = input});
+    ctx_->gemm().run({.trans_a = true, .M = OC, .N = C, .K = N,
+                      .A = dout_gemm, .lda = OC, .B = inp, .ldb = C,
+                      .beta = 1.0f, .C = dweight, .ldc = C, .input = input});
+    if (dbias != nullptr)
+      cuda::bias_backward(stream_, ctx_->scratch(cuda::bias_backward_scratch(N, OC)), dbias, dout,
+                          N, OC);
   }
+
+  Context ctx_;
+  cudaStream_t stream_;
+};
+
+// The reference algorithm on the GPU (attention.cu): saved = the probabilities att
+// [B,NH,T,T]; scratch = the scores preatt in forward, dpreatt then datt in backward.
+class CudaAttention final : public AttentionOps {
+ public:
+  explicit CudaAttention(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
+
+  std::string describe() const override {
+    return "T x T probabilities saved, fp32 cuBLASLt GEMMs around a warp-per-row softmax";
+  }
+  Index saved_floats(const AttentionShape& s) const override { return square(s); }
+  Index scratch_floats(const AttentionShape& s) const override { return 2 * square(s); }
+  void forward(float* out, float* saved, float* scratch, const float* qkv,
+               const AttentionShape& s) override {
+    cuda::attention_forward(ctx_->gemm(), stream_, out, scratch, saved, qkv, s.B, s.T, s.C, s.NH);
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                const float* /*out*/, const float* saved, const AttentionShape& s) override {
+    cuda::attention_backward(ctx_->gemm(), stream_, dqkv, scratch, scratch + square(s), dout, qkv,
+                             saved, s.B, s.T, s.C, s.NH);
+  }
+
+ private:
+  static Index square(const AttentionShape& s) { return Index(s.B) * s.NH * s.T * s.T; }
+
+  Context ctx_;
+  cudaStream_t stream_;
+};
+
+class CudaLoss final : public LossOps {
+ public:
+  explicit CudaLoss(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
 
   void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) override {
     cuda::crossentropy_rowmax(stream_, rowmax, logits, N, V);
@@ -126,12 +243,23 @@ class CudaKernelOps final : public KernelOps {
     cuda::crossentropy_finish(stream_, losses, probs, stats, N, V);
   }
   void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
-                             const float* dlosses, int N, int V, int v0) override {
-    cuda::crossentropy_backward(stream_, dlogits, probs, targets, dlosses, N, V, v0);
+                             const float* dlosses, int N, int V, int v0,
+                             GradWrite write) override {
+    cuda::crossentropy_backward(stream_, dlogits, probs, targets, dlosses, N, V, v0,
+                                write == GradWrite::overwrite);
   }
   void sum_losses(double* sum, const float* losses, int n) override {
     cuda::sum_losses(stream_, sum, losses, n);
   }
+
+ private:
+  Context ctx_;
+  cudaStream_t stream_;
+};
+
+class CudaOptimizer final : public OptimizerOps {
+ public:
+  explicit CudaOptimizer(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
 
   void gather_tiles(float* packed, const float* src, const std::vector<Tile>& tiles) override {
     copy_tiles(tiles, true, packed, const_cast<float*>(src), nullptr);
@@ -143,7 +271,8 @@ class CudaKernelOps final : public KernelOps {
   void block_sums_of_squares(double* sumsq, const float* packed,
                              const std::vector<Index>& sizes) override {
     const int n = static_cast<int>(sizes.size());
-    cuda::block_sums_of_squares(stream_, descriptors(cuda::sumsq_scratch_bytes(sizes.data(), n)),
+    cuda::block_sums_of_squares(stream_,
+                                ctx_->descriptors(cuda::sumsq_scratch_bytes(sizes.data(), n)),
                                 sumsq, packed, sizes.data(), n);
   }
   void adamw(float* param, float* m, float* v, const float* grad, Index n,
@@ -152,33 +281,6 @@ class CudaKernelOps final : public KernelOps {
   }
 
  private:
-  // out[N,OC] = inp[N,C] weight[OC,C]^T (+ bias: out is seeded with it and the GEMM adds onto
-  // it, beta = 1, as the CPU does).
-  void forward(float* out, const void* inp, const void* weight, const float* bias, int N, int C,
-               int OC, GemmInput input) {
-    if (bias != nullptr) cuda::bias_fill(stream_, out, bias, N, OC);
-    gemm_.run({.trans_b = true, .M = N, .N = OC, .K = C,
-               .A = inp, .lda = C, .B = weight, .ldb = C,
-               .beta = bias != nullptr ? 1.0f : 0.0f, .C = out, .ldc = OC, .input = input});
-  }
-
-  // dinp += dout weight, dweight += dout^T inp (dout_gemm: dout itself or its bf16 copy);
-  // dbias += column sums of the fp32 dout.
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                const void* dout_gemm, const void* inp, const void* weight, int N, int C, int OC,
-                GemmInput input) {
-    if (dinp != nullptr)
-      gemm_.run({.M = N, .N = C, .K = OC,
-                 .A = dout_gemm, .lda = OC, .B = weight, .ldb = C,
-                 .beta = 1.0f, .C = dinp, .ldc = C, .input = input});
-    gemm_.run({.trans_a = true, .M = OC, .N = C, .K = N,
-               .A = dout_gemm, .lda = OC, .B = inp, .ldb = C,
-               .beta = 1.0f, .C = dweight, .ldc = C, .input = input});
-    if (dbias != nullptr)
-      cuda::bias_backward(stream_, scratch(cuda::bias_backward_scratch(N, OC)), dbias, dout, N,
-                          OC);
-  }
-
   // Tiles with their packed offsets, then one launch (to_packed: gather, else scatter).
   void copy_tiles(const std::vector<Tile>& tiles, bool to_packed, float* packed, float* data,
                   bf16* data_bf16) {
@@ -189,43 +291,53 @@ class CudaKernelOps final : public KernelOps {
       at += t.rows * t.cols;
       most = std::max(most, t.rows * t.cols);
     }
-    cuda::copy_tiles(stream_, descriptors(cuda::tiles_scratch_bytes(desc.size())), desc.data(),
-                     static_cast<int>(desc.size()), most, to_packed, packed, data, data_bf16);
+    cuda::copy_tiles(stream_, ctx_->descriptors(cuda::tiles_scratch_bytes(desc.size())),
+                     desc.data(), static_cast<int>(desc.size()), most, to_packed, packed, data,
+                     data_bf16);
   }
 
-  // Device memory for the optimizer kernels' descriptors and partial sums (grown, never shrunk:
-  // the stage's block list is fixed).
-  void* descriptors(std::size_t bytes) {
-    if (descriptors_.bytes() < bytes) {
-      descriptors_ = Buffer<std::byte>();
-      descriptors_ = Buffer<std::byte>(device_, static_cast<Index>(bytes));
-    }
-    return descriptors_.data();
-  }
-
-  // At least `floats` floats of device scratch, valid until the next call. Growing it frees the
-  // old buffer (the device waits for queued work first), so the shapes' maximum is kept.
-  float* scratch(Index floats) {
-    if (scratch_.size() < floats) {
-      scratch_ = Buffer<float>();
-      scratch_ = Buffer<float>(device_, floats);
-    }
-    return scratch_.data();
-  }
-
-  CudaDevice& device_;
+  Context ctx_;
   cudaStream_t stream_;
-  Buffer<std::byte> gemm_workspace_;
-  cuda::Gemm gemm_;
-  Buffer<float> scratch_;
-  Buffer<std::byte> descriptors_;
 };
+
+std::unique_ptr<KernelOps> make_cuda_kernel_ops(CudaDevice& device) {
+  const Context ctx = std::make_shared<CudaContext>(device);
+  OpFamilies f;
+  f.elementwise = std::make_unique<CudaElementwise>(ctx);
+  f.norm = std::make_unique<CudaNorm>(ctx);
+  f.gemm = std::make_unique<CudaGemm>(ctx);
+  f.attention = std::make_unique<CudaAttention>(ctx);
+  f.loss = std::make_unique<CudaLoss>(ctx);
+  f.optimizer = std::make_unique<CudaOptimizer>(ctx);
+  return std::make_unique<KernelOps>(
+      "cuda: " + device.describe() + ", cuBLASLt " + cublaslt_version() +
+          " (fp32 without TF32; bf16 inputs with fp32 accumulation)",
+      std::move(f));
+}
+
+// The CUDA backend on GPU `gpu` of this node.
+ComputeBackend make_cuda_backend(int gpu) {
+  std::string why_none;
+  const int count = cuda_device_count(&why_none);
+  if (count == 0)
+    throw Error(ExitCode::runtime,
+                "compute.device = cuda but no GPU is visible (" + why_none + ")");
+  if (gpu < 0 || gpu >= count)
+    throw Error(ExitCode::runtime, "compute.device = cuda: GPU " + std::to_string(gpu) +
+                                       " asked for, but only " + std::to_string(count) +
+                                       " GPU(s) are visible (CUDA_VISIBLE_DEVICES?)");
+  auto device = std::make_unique<CudaDevice>(gpu);
+  ComputeBackend backend;
+  backend.device = device.get();
+  backend.gpu_uuid = device->uuid();
+  backend.ops = make_cuda_kernel_ops(*device);
+  backend.owned_device = std::move(device);
+  return backend;
+}
 
 }  // namespace
 
 bool cuda_backend_built() { return true; }
-
-std::string backends_built() { return std::string("cpu, cuda (") + PDTRAIN_CUDA_ARCH_LIST + ")"; }
 
 int cuda_device_count(std::string* why_none) {
   int count = 0;
@@ -254,23 +366,9 @@ bool cuda_gpu_shareable(int gpu) {
   return mode == cudaComputeModeDefault;
 }
 
-ComputeBackend make_cuda_backend(int gpu) {
-  std::string why_none;
-  const int count = cuda_device_count(&why_none);
-  if (count == 0)
-    throw Error(ExitCode::runtime,
-                "compute.device = cuda but no GPU is visible (" + why_none + ")");
-  if (gpu < 0 || gpu >= count)
-    throw Error(ExitCode::runtime, "compute.device = cuda: GPU " + std::to_string(gpu) +
-                                       " asked for, but only " + std::to_string(count) +
-                                       " GPU(s) are visible (CUDA_VISIBLE_DEVICES?)");
-  auto device = std::make_unique<CudaDevice>(gpu);
-  ComputeBackend backend;
-  backend.device = device.get();
-  backend.gpu_uuid = device->uuid();
-  backend.ops = std::make_unique<CudaKernelOps>(*device);
-  backend.owned_device = std::move(device);
-  return backend;
+void register_cuda_backends(std::vector<BackendEntry>& registry) {
+  registry.push_back({"cuda", std::string("cuda (") + PDTRAIN_CUDA_ARCH_LIST + ")",
+                      make_cuda_backend});
 }
 
 }  // namespace pdtrain::kernels

@@ -52,20 +52,21 @@ __global__ void gelu_forward_kernel(Out* __restrict__ out, const float* __restri
 
 template <bool kVec>
 __global__ void gelu_backward_kernel(float* __restrict__ dinp, const float* __restrict__ inp,
-                                     const float* __restrict__ dout, Index n) {
+                                     const float* __restrict__ dout, Index n, bool overwrite) {
   for_each_element<kVec>(
       n,
       [&](Index i) {
         const float4 x = reinterpret_cast<const float4*>(inp)[i];
         const float4 g = reinterpret_cast<const float4*>(dout)[i];
-        float4 d = reinterpret_cast<float4*>(dinp)[i];
+        float4 d = overwrite ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                             : reinterpret_cast<float4*>(dinp)[i];
         d.x += gelu_grad(x.x) * g.x;
         d.y += gelu_grad(x.y) * g.y;
         d.z += gelu_grad(x.z) * g.z;
         d.w += gelu_grad(x.w) * g.w;
         reinterpret_cast<float4*>(dinp)[i] = d;
       },
-      [&](Index i) { dinp[i] += gelu_grad(inp[i]) * dout[i]; });
+      [&](Index i) { dinp[i] = (overwrite ? 0.0f : dinp[i]) + gelu_grad(inp[i]) * dout[i]; });
 }
 
 }  // namespace
@@ -81,9 +82,11 @@ void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n) {
                      n);
 }
 
-void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n) {
+void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n,
+                   bool overwrite) {
   launch_elementwise(stream, n, aligned(dinp, 16) && aligned(inp, 16) && aligned(dout, 16),
-                     gelu_backward_kernel<true>, gelu_backward_kernel<false>, dinp, inp, dout, n);
+                     gelu_backward_kernel<true>, gelu_backward_kernel<false>, dinp, inp, dout, n,
+                     overwrite);
 }
 
 }  // namespace pdtrain::kernels::cuda

@@ -1,8 +1,8 @@
 #pragma once
 // Host entry points of the CUDA kernels, one .cu per op family (forward beside backward), called
-// by CudaKernelOps (cuda_kernel_ops.cpp). Each queues its work on `stream` and returns at once;
-// pointers are device memory; shapes, accumulation (+=) and "may be null" are KernelOps's
-// (kernel_ops.hpp), the exact semantics gpt_kernels.hpp's. Zero-sized work queues nothing
+// by the CUDA op families (cuda_kernel_ops.cpp). Each queues its work on `stream` and returns at
+// once; pointers are device memory; shapes, accumulation (+=) and "may be null" are the op
+// families' (kernel_ops.hpp), the exact semantics gpt_kernels.hpp's. Zero-sized work queues nothing
 // (except sum_losses, which writes 0). No float atomics anywhere: every sum is in a fixed order,
 // so every op gives the same bits run to run.
 #include <cublasLt.h>
@@ -47,7 +47,9 @@ void residual_forward(cudaStream_t stream, float* out, const float* a, const flo
 // gelu.cu
 void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n);
 void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n);
-void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n);
+// overwrite (here and below): dinp = 0 + ... instead of +=, dinp unread (GradWrite::overwrite).
+void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n,
+                   bool overwrite);
 
 // encoder.cu
 void encoder_forward(cudaStream_t stream, float* out, const I32* tokens, const float* wte,
@@ -64,7 +66,7 @@ void layernorm_forward(cudaStream_t stream, bf16* out, float* mean, float* rstd,
 Index layernorm_backward_scratch(int N, int C);
 void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float* dweight,
                         float* dbias, const float* dout, const float* inp, const float* weight,
-                        const float* mean, const float* rstd, int N, int C);
+                        const float* mean, const float* rstd, int N, int C, bool overwrite);
 
 // ---------------------------------------------------------------------------------------------
 // matmul.cu: GEMMs through cuBLASLt, and the bias kernels.
@@ -146,7 +148,8 @@ void crossentropy_partials(cudaStream_t stream, float* stats, float* probs, cons
 void crossentropy_finish(cudaStream_t stream, float* losses, float* probs, const float* stats,
                          int N, int V);
 void crossentropy_backward(cudaStream_t stream, float* dlogits, const float* probs,
-                           const I32* targets, const float* dlosses, int N, int V, int vocab_begin);
+                           const I32* targets, const float* dlosses, int N, int V, int vocab_begin,
+                           bool overwrite);
 // *sum = losses[0] + ... + losses[n-1] in double, in order, by one thread (the CPU's bits).
 void sum_losses(cudaStream_t stream, double* sum, const float* losses, int n);
 

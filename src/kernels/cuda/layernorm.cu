@@ -44,13 +44,14 @@ __global__ void layernorm_forward_kernel(Out* __restrict__ out, float* __restric
   }
 }
 
-// dinp += (w dy - mean(w dy) - norm mean(w dy norm)) s, one warp per row.
+// dinp += (or =) (w dy - mean(w dy) - norm mean(w dy norm)) s, one warp per row.
 __global__ void layernorm_backward_inp_kernel(float* __restrict__ dinp,
                                               const float* __restrict__ dout,
                                               const float* __restrict__ inp,
                                               const float* __restrict__ weight,
                                               const float* __restrict__ mean,
-                                              const float* __restrict__ rstd, int N, int C) {
+                                              const float* __restrict__ rstd, int N, int C,
+                                              bool overwrite) {
   const Index row = Index(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= N) return;
   const int lane = static_cast<int>(threadIdx.x % kWarp);
@@ -68,7 +69,8 @@ __global__ void layernorm_backward_inp_kernel(float* __restrict__ dinp,
   float* dx = dinp + row * C;
   for (int i = lane; i < C; i += kWarp) {
     const float norm = (x[i] - m) * s;
-    dx[i] += (weight[i] * dy[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
+    dx[i] = (overwrite ? 0.0f : dx[i]) +
+            (weight[i] * dy[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
   }
 }
 
@@ -112,11 +114,11 @@ Index layernorm_backward_scratch(int N, int C) { return column_sums_scratch(2, N
 
 void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float* dweight,
                         float* dbias, const float* dout, const float* inp, const float* weight,
-                        const float* mean, const float* rstd, int N, int C) {
+                        const float* mean, const float* rstd, int N, int C, bool overwrite) {
   if (N <= 0 || C <= 0) return;
   PDTRAIN_LAUNCH(layernorm_backward_inp_kernel,
                  static_cast<unsigned>(ceil_div(N, kRowsPerBlock)), kBlock, 0, stream)(
-      dinp, dout, inp, weight, mean, rstd, N, C);
+      dinp, dout, inp, weight, mean, rstd, N, C, overwrite);
   CUDA_CHECK_LAUNCH();
   column_sums<2>(stream, scratch, {dweight, dbias}, N, C,
                  LayernormParamTerms{dout, inp, mean, rstd, C});

@@ -1,9 +1,11 @@
-// A build without the CUDA backend (-DPDTRAIN_CUDA=OFF, or no CUDA toolkit): asking for it is a
-// clear error, and there is never a GPU to count.
-#include "pdtrain/core/error.hpp"
-#include "pdtrain/kernels/kernel_ops.hpp"
+// A build without the CUDA backend (-DPDTRAIN_CUDA=OFF, or no CUDA toolkit): the registry has no
+// "cuda" entry (asking for it is a clear error, compute_device.cpp), and there is never a GPU to
+// count.
+#include "pdtrain/kernels/backend_registry.hpp"
 
 namespace pdtrain::kernels {
+
+void register_cuda_backends(std::vector<BackendEntry>&) {}
 
 bool cuda_backend_built() { return false; }
 int cuda_device_count(std::string* why_none) {
@@ -12,12 +14,5 @@ int cuda_device_count(std::string* why_none) {
 }
 bool cuda_gpu_shareable(int) { return false; }
 std::string cuda_gpu_uuid(int) { return ""; }
-std::string backends_built() { return "cpu"; }
-
-ComputeBackend make_cuda_backend(int) {
-  throw Error(ExitCode::runtime,
-              "this pdtrain was built without the CUDA backend (configure with "
-              "-DPDTRAIN_CUDA=ON and the CUDA toolkit to run compute ranks on GPUs)");
-}
 
 }  // namespace pdtrain::kernels

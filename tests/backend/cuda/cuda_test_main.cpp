@@ -9,7 +9,7 @@
 namespace pdtrain::kernels::testing {
 
 std::vector<TestBackend> test_backends() {
-  return {{"cuda", [] { return make_cuda_backend(0); }}};
+  return {{"cuda", [] { return make_backend("cuda", 0); }}};
 }
 
 }  // namespace pdtrain::kernels::testing

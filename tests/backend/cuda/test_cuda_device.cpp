@@ -15,11 +15,11 @@ TEST(CudaBackend, DescribesBuildDeviceAndLibraries) {
   // An emulated run never passes for a GPU result: it says so wherever a GPU run names its GPU.
   EXPECT_NE(backends_built().find("cuda (emulated on the CPU)"), std::string::npos)
       << backends_built();
-  EXPECT_NE(make_cuda_backend(0).device->describe().find("emulated"), std::string::npos);
+  EXPECT_NE(make_backend("cuda", 0).device->describe().find("emulated"), std::string::npos);
 #else
   EXPECT_NE(backends_built().find("cuda (sm_"), std::string::npos) << backends_built();
 #endif
-  const ComputeBackend b = make_cuda_backend(0);
+  const ComputeBackend b = make_backend("cuda", 0);
   EXPECT_FALSE(b.device->is_host());
   EXPECT_EQ(b.device->describe().rfind("cuda:0 ", 0), 0u) << b.device->describe();
   EXPECT_NE(b.device->describe().find(" SMs, "), std::string::npos) << b.device->describe();
@@ -29,7 +29,7 @@ TEST(CudaBackend, DescribesBuildDeviceAndLibraries) {
 
 TEST(CudaBackend, AGpuThatIsNotVisibleIsAClearError) {
   try {
-    make_cuda_backend(cuda_device_count());
+    make_backend("cuda", cuda_device_count());
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::runtime);
@@ -39,7 +39,7 @@ TEST(CudaBackend, AGpuThatIsNotVisibleIsAClearError) {
 }
 
 TEST(CudaDevice, MemoryKindsAreWhatTheySay) {
-  ComputeBackend b = make_cuda_backend(0);
+  ComputeBackend b = make_backend("cuda", 0);
   Buffer<float> host_buf(*b.device, 16, MemoryKind::host),
       pinned(*b.device, 16, MemoryKind::pinned), dev(*b.device, 16, MemoryKind::device);
   const auto type = [](const void* p) {
@@ -53,7 +53,7 @@ TEST(CudaDevice, MemoryKindsAreWhatTheySay) {
 }
 
 TEST(CudaDevice, AllocationFailureNamesTheBytesAndFreeMemory) {
-  ComputeBackend b = make_cuda_backend(0);
+  ComputeBackend b = make_backend("cuda", 0);
   const std::int64_t before = b.device->bytes_in_use();
   const std::int64_t huge = std::int64_t{1} << 50;  // 1 PiB
   try {
@@ -77,7 +77,7 @@ TEST(CudaDevice, AllocationFailureNamesTheBytesAndFreeMemory) {
 // heuristic offers a wider algorithm, with another summation order, to 128-byte-aligned
 // matrices: a plan keyed on the full alignment picks it for one placement and not the other.)
 TEST(CudaGemm, TheSameShapeGivesTheSameBitsAtAnyAlignment) {
-  ComputeBackend b = make_cuda_backend(0);
+  ComputeBackend b = make_backend("cuda", 0);
   const int N = 16, C = 64, OC = 64;
   const std::int64_t shift = 16;  // floats: 64 bytes, 16-byte aligned but not 128
   const std::vector<float> inp = randn(std::size_t{N} * C, 1), w = randn(std::size_t{OC} * C, 2);
@@ -87,8 +87,8 @@ TEST(CudaGemm, TheSameShapeGivesTheSameBitsAtAnyAlignment) {
     b.device->copy(ins.data() + at, inp.data(), inp.size() * sizeof(float));
     b.device->copy(ws.data() + at, w.data(), w.size() * sizeof(float));
     b.device->synchronize();
-    b.ops->matmul_forward(at == 0 ? out_a.data() : out_b.data(), ins.data() + at, ws.data() + at,
-                          nullptr, N, C, OC);
+    b.ops->gemm().matmul_forward(at == 0 ? out_a.data() : out_b.data(), ins.data() + at,
+                                 ws.data() + at, nullptr, N, C, OC);
   }
   EXPECT_TRUE(same_bits(to_host(*b.device, out_a), to_host(*b.device, out_b)))
       << "a GEMM's bits depend on where its matrices lie";
