@@ -30,7 +30,7 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
 
 GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                                  std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
-                                 StageOrder order, const kernels::AttentionOps& attention) {
+                                 StageOrder order, const kernels::AttentionFootprint& attention) {
   Dims d;
   d.layer_major = order == StageOrder::layer;
   d.B = micro_batch;
@@ -113,7 +113,7 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
 std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
                                     std::int64_t micro_batch, std::int64_t seq_len, int slots,
                                     Recompute recompute, Precision precision,
-                                    StageOrder order, const kernels::AttentionOps& attention) {
+                                    StageOrder order, const kernels::AttentionFootprint& attention) {
   const Dims d = dims_of(m, s, micro_batch, seq_len, slots, recompute,
                          precision == Precision::bf16, order, attention);
   Activations plan;  // buffers stay empty: only their sizes are counted

@@ -112,16 +112,22 @@ struct AttentionShape {
 // (`saved`) and the scratch it works in are opaque floats whose counts the family states, so a
 // fused kernel (saving only a log-sum-exp per row) and the reference (saving the T x T
 // probabilities) sit behind the same model code. Tests compare out and dqkv only.
-class AttentionOps {
+// The buffers an attention algorithm asks for, per call shape: what sizes a stage's buffers
+// (GptStage) and counts them where nothing runs (the dry run, `pdtrain plan`).
+class AttentionFootprint {
  public:
-  virtual ~AttentionOps() = default;
-  // e.g. "T x T probabilities, Kokkos softmax and GEMMs".
-  virtual std::string describe() const = 0;
+  virtual ~AttentionFootprint() = default;
   // Floats kept from a forward to its backward (the reference: the B*NH*T*T probabilities).
   virtual Index saved_floats(const AttentionShape& s) const = 0;
   // Floats of scratch one forward or one backward needs, not kept between calls (the
   // reference: the scores in forward, their and the probabilities' gradients in backward).
   virtual Index scratch_floats(const AttentionShape& s) const = 0;
+};
+
+class AttentionOps : public AttentionFootprint {
+ public:
+  // e.g. "T x T probabilities, Kokkos softmax and GEMMs".
+  virtual std::string describe() const = 0;
   // out and saved are overwritten; scratch need not be initialized.
   virtual void forward(float* out, float* saved, float* scratch, const float* qkv,
                        const AttentionShape& s) = 0;
@@ -242,6 +248,16 @@ struct ComputeBackend {
 // initialized until an op runs.
 KernelOps& cpu_kernel_ops();
 const AttentionOps& cpu_attention();
+// The CUDA backend's attention buffers (src/kernels/cuda/flash_attention.hpp), for plans made
+// without a GPU: the fused kernels' B*NH*T log-sum-exp saved and B*NH*T scratch where they
+// take the shape (fused_attention_takes), the reference algorithm's T x T arrays elsewhere.
+const AttentionFootprint& cuda_attention_footprint();
+// Whether the fused kernels take heads of C / NH channels: NH divides C, C / NH <= 64 (inline:
+// the CUDA kernels' library chooses by it without linking this part's objects).
+constexpr int kFusedAttentionMaxHeadSize = 64;
+inline bool fused_attention_takes(const AttentionShape& s) {
+  return s.NH > 0 && s.C > 0 && s.C % s.NH == 0 && s.C / s.NH <= kFusedAttentionMaxHeadSize;
+}
 
 // Whether this binary was built with the CUDA backend, and how many GPUs this process sees
 // (0 when there is no driver or no device: "no GPU", never an error; `why_none` then gets

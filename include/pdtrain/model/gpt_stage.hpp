@@ -85,7 +85,7 @@ class GptStage {
                                    Recompute recompute = Recompute::none,
                                    Precision precision = Precision::fp32,
                                    StageOrder order = StageOrder::micro_batch,
-                                   const kernels::AttentionOps& attention =
+                                   const kernels::AttentionFootprint& attention =
                                        kernels::cpu_attention());
 
  private:
@@ -134,7 +134,7 @@ class GptStage {
 
   static Dims dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                       std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
-                      StageOrder order, const kernels::AttentionOps& attention);
+                      StageOrder order, const kernels::AttentionFootprint& attention);
   // Sizes every buffer of `a` with alloc(buffer, elements): the constructor allocates,
   // memory_bytes() counts.
   template <class Alloc>

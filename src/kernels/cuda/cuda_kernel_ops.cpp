@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cuda_check.hpp"
+#include "flash_attention.hpp"
 #include "launch.hpp"
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/device/cuda_device.hpp"
@@ -227,6 +228,50 @@ class CudaAttention final : public AttentionOps {
   cudaStream_t stream_;
 };
 
+// The fused kernels (flash_attention.cu): saved = the rows' log-sum-exp [B,NH,T], scratch =
+// D = rowsum(dout * out) [B,NH,T] in backward; q, k, v on bf16 tensor cores in bf16 runs, fp32
+// tiles on the CUDA cores in fp32 runs. Shapes the kernels do not take (heads wider than 64)
+// run the reference algorithm, with its buffer sizes (kernel_ops.hpp's
+// cuda_attention_footprint says the same for plans made without a GPU).
+static_assert(cuda::kFlashMaxHeadSize == kFusedAttentionMaxHeadSize,
+              "fused_attention_takes must say what the flash kernels take");
+class CudaFusedAttention final : public AttentionOps {
+ public:
+  explicit CudaFusedAttention(Context ctx)
+      : reference_(ctx), ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
+
+  std::string describe() const override {
+    return "fused (flash) causal attention, log-sum-exp saved, bf16 tensor cores in bf16 runs; "
+           "heads wider than " + std::to_string(kFusedAttentionMaxHeadSize) + ": " +
+           reference_.describe();
+  }
+  Index saved_floats(const AttentionShape& s) const override {
+    return fused_attention_takes(s) ? cuda::flash_attention_saved_floats(s.B, s.T, s.NH)
+                                    : reference_.saved_floats(s);
+  }
+  Index scratch_floats(const AttentionShape& s) const override {
+    return fused_attention_takes(s) ? cuda::flash_attention_scratch_floats(s.B, s.T, s.NH)
+                                    : reference_.scratch_floats(s);
+  }
+  void forward(float* out, float* saved, float* scratch, const float* qkv,
+               const AttentionShape& s) override {
+    if (!fused_attention_takes(s)) return reference_.forward(out, saved, scratch, qkv, s);
+    cuda::flash_attention_forward(stream_, out, saved, qkv, s.B, s.T, s.C, s.NH, s.bf16_inputs);
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                const float* out, const float* saved, const AttentionShape& s) override {
+    if (!fused_attention_takes(s))
+      return reference_.backward(dqkv, scratch, dout, qkv, out, saved, s);
+    cuda::flash_attention_backward(stream_, dqkv, scratch, dout, qkv, out, saved, s.B, s.T, s.C,
+                                   s.NH, s.bf16_inputs);
+  }
+
+ private:
+  CudaAttention reference_;
+  Context ctx_;
+  cudaStream_t stream_;
+};
+
 class CudaLoss final : public LossOps {
  public:
   explicit CudaLoss(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
@@ -306,7 +351,7 @@ std::unique_ptr<KernelOps> make_cuda_kernel_ops(CudaDevice& device) {
   f.elementwise = std::make_unique<CudaElementwise>(ctx);
   f.norm = std::make_unique<CudaNorm>(ctx);
   f.gemm = std::make_unique<CudaGemm>(ctx);
-  f.attention = std::make_unique<CudaAttention>(ctx);
+  f.attention = std::make_unique<CudaFusedAttention>(ctx);
   f.loss = std::make_unique<CudaLoss>(ctx);
   f.optimizer = std::make_unique<CudaOptimizer>(ctx);
   return std::make_unique<KernelOps>(
