@@ -46,6 +46,7 @@ class ReplicaStep final : public ParameterStep {
  private:
   void update_on_device(std::int64_t step, StepRecord& rec);
   void reduce_and_push(std::int64_t step, StepRecord& rec);
+  void complete_on_host(float* kept);
   void take_tp_replicated(float* kept);
   void sum_tied_embedding(float* kept);
 
@@ -55,13 +56,14 @@ class ReplicaStep final : public ParameterStep {
   kernels::KernelOps& ops_;
   StepPhases& phases_;
   const Layout& layout_;
-  bool on_device_;  // one replica of one rank: the gradients never leave the device
+  bool on_device_;  // one replica: the gradients stay on the device (but the few completed)
   std::vector<kernels::KernelOps::Tile> tiles_;  // every kept block in the stage's buffers
   std::vector<float> packed_;                    // the reducer's blocks' gradients, packed
   std::vector<float> kept_grads_;                // every kept block's gradient, packed
   std::vector<std::int64_t> at_;                 // per block of the model: its offset there
   std::vector<int> tp_replicated_;               // tp > 1: kept blocks every tp rank has
   std::vector<int> tied_;                        // pp > 1, first or last stage: wte's blocks
+  std::vector<int> completed_;                   // both, in block order
   std::vector<float> exchange_;                  // their gradients, on their way
   std::int64_t have_version_ = -1;               // the version scattered into the stage
 };
@@ -70,22 +72,25 @@ ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts
     : replica_(std::move(replica)), stage_(parts.stage), reducer_(parts.reducer),
       ops_(parts.ops), phases_(parts.phases), layout_(parts.layout) {
   const LayoutShape& shape = layout_.shape();
-  on_device_ = shape.dp == 1 && shape.tp == 1 && shape.pp == 1;
+  on_device_ = shape.dp == 1;
   // The replica keeps the stage's blocks, in order, as the stage's tiles pack them.
   PDT_CHECK(replica_->kept_blocks() == stage_.needed_blocks(),
             "the replicated baseline's replica must keep its stage's blocks");
   tiles_ = stage_.tiles(stage_.needed_blocks());
-  if (on_device_) return;
   const ParamCatalog& cat = stage_.catalog();
-  packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
-  kept_grads_.resize(static_cast<std::size_t>(replica_->numel()));
   at_.assign(cat.blocks().size(), -1);
   for (int b : replica_->kept_blocks()) {
     at_[b] = replica_->offset(b);
     const BlockInfo& info = cat.block(b);
-    if (shape.tp > 1 && info.unit < 0) tp_replicated_.push_back(b);
-    if (shape.pp > 1 && info.tensor == TensorId::wte) tied_.push_back(b);
+    const bool replicated = shape.tp > 1 && info.unit < 0;
+    const bool tied = shape.pp > 1 && info.tensor == TensorId::wte;
+    if (replicated) tp_replicated_.push_back(b);
+    if (tied) tied_.push_back(b);
+    if (replicated || tied) completed_.push_back(b);
   }
+  if (on_device_) return;
+  packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  kept_grads_.resize(static_cast<std::size_t>(replica_->numel()));
 }
 
 // The replica's parameters of `version` into the stage, on the device (in bf16 precision
@@ -110,18 +115,24 @@ void ReplicaStep::gradients_out(std::int64_t step, StepRecord& rec) {
     reduce_and_push(step, rec);
 }
 
-// One replica of one rank: nothing to reduce; the stage's gradients are packed on the device
-// and the replica's optimizer step runs there.
+// One replica: nothing to reduce; the stage's gradients are packed on the device and the
+// replica's optimizer step runs there. Only the blocks completed across ranks (the tied
+// embedding, tensor-replicated blocks) visit the host.
 void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
   ops_.gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
+  if (!completed_.empty()) {
+    replica_->download_grads(completed_);
+    complete_on_host(replica_->grads_host());
+    replica_->upload_grads(completed_);
+  }
   const double t1 = now_seconds();
   phases_.record(rec.reduce_ms, "reduce", t0, t1, nullptr, nullptr);
   replica_->update(step, replica_->grads());
   phases_.record(rec.push_ms, "push", t1, now_seconds(), "update", "pd");
 }
 
-// Otherwise on the host: the gradients PD would push are packed, reduce-scattered and
+// Several replicas, on the host: the gradients PD would push are packed, reduce-scattered and
 // all-gathered in a fixed order (GradReducer, as PD's streamer reduces them), completed as the
 // holders complete them, and the replica applies the update (every data-parallel replica the
 // same one).
@@ -134,19 +145,23 @@ void ReplicaStep::reduce_and_push(std::int64_t step, StepRecord& rec) {
     stage_.pack_grad(cat.block(b), p);
     p += cat.block(b).numel();
   }
-  if (layout_.shape().dp > 1)
-    reducer_.allgather(reducer_.reduce_scatter(packed_.data()), packed_.data());
+  reducer_.allgather(reducer_.reduce_scatter(packed_.data()), packed_.data());
   p = packed_.data();
   for (int b : reducer_.blocks()) {
     std::copy_n(p, cat.block(b).numel(), kept_grads_.data() + at_[b]);
     p += cat.block(b).numel();
   }
-  if (!tp_replicated_.empty()) take_tp_replicated(kept_grads_.data());
-  if (!tied_.empty()) sum_tied_embedding(kept_grads_.data());
+  complete_on_host(kept_grads_.data());
   const double t1 = now_seconds();
   phases_.record(rec.reduce_ms, "reduce", t0, t1, "reduce", "dp");
   replica_->push(step, replica_->kept_blocks(), kept_grads_.data());
   phases_.record(rec.push_ms, "push", t1, now_seconds(), "push", "pd");
+}
+
+// `kept`: the kept blocks' reduced gradients, packed as the replica packs them.
+void ReplicaStep::complete_on_host(float* kept) {
+  if (!tp_replicated_.empty()) take_tp_replicated(kept);
+  if (!tied_.empty()) sum_tied_embedding(kept);
 }
 
 // Blocks every member of the tensor group keeps have the same gradient on each; PD's holders

@@ -105,6 +105,25 @@ void DeviceReplica::push(std::int64_t step, const std::vector<int>& blocks, cons
   update(step, grads_.device());
 }
 
+void DeviceReplica::download_grads(const std::vector<int>& blocks) {
+  if (device_.is_host()) return;
+  for (int b : blocks) {
+    const int i = slot(b);
+    device_.copy(grads_.host() + offsets_[i], grads_.device() + offsets_[i],
+                 static_cast<std::size_t>(sizes_[i]) * sizeof(float));
+  }
+  device_.synchronize();
+}
+
+void DeviceReplica::upload_grads(const std::vector<int>& blocks) {
+  if (device_.is_host()) return;
+  for (int b : blocks) {
+    const int i = slot(b);
+    device_.copy(grads_.device() + offsets_[i], grads_.host() + offsets_[i],
+                 static_cast<std::size_t>(sizes_[i]) * sizeof(float));
+  }
+}
+
 UpdateInfo DeviceReplica::update(std::int64_t step, const float* g) {
   PDT_CHECK(step == last_.version + 1, "replica update of step " + std::to_string(step) +
                                            " at version " + std::to_string(last_.version));

@@ -68,6 +68,12 @@ class DeviceReplica final : public ParameterService {
   std::int64_t numel() const { return offsets_.back(); }
   const float* params() const { return params_.device(); }
   float* grads() { return grads_.device(); }
+  // The host view of grads() for the gradients of a few kept blocks completed on the host (the
+  // tied embedding, tensor-replicated blocks): download_grads() makes `blocks`' host copies
+  // valid (synchronizing), upload_grads() queues them back to the device.
+  float* grads_host() { return grads_.host(); }
+  void download_grads(const std::vector<int>& blocks);
+  void upload_grads(const std::vector<int>& blocks);
   // AdamW of 1-based step `step` from the reduced gradients at `device_grads` (packed like
   // params(); usually grads()): the global norm from per-block sums of squares, clipping, the
   // update, then the hooks. Collective over the replica: a loss divergence marked on any of
