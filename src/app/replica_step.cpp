@@ -1,11 +1,16 @@
-// The replicated baseline's step: the rank's own DeviceReplica scatters each version into the
-// stage on the device; the stage's gradients are reduced over the replicas (with one replica
-// they never leave the device) and the replica applies AdamW there.
+// The replicated baseline's step: the rank's own DeviceReplica (its stage shard) scatters each
+// version into the stage on the device; the stage's gradients are reduced over the data-parallel
+// replicas (with one replica and one rank per replica they never leave the device), completed
+// where the holders would complete them (the tied embedding's two stages summed, blocks
+// replicated over the tensor group taken from tp rank 0, whose are the ones PD pushes) and the
+// replica applies AdamW there.
 #include <memory>
 #include <vector>
 
 #include "pdtrain/app/parameter_step.hpp"
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_check.hpp"
+#include "pdtrain/core/quiet_wait.hpp"
 
 namespace pdtrain {
 
@@ -41,27 +46,51 @@ class ReplicaStep final : public ParameterStep {
  private:
   void update_on_device(std::int64_t step, StepRecord& rec);
   void reduce_and_push(std::int64_t step, StepRecord& rec);
+  void complete_on_host(float* kept);
+  void take_tp_replicated(float* kept);
+  void sum_tied_embedding(float* kept);
 
   std::unique_ptr<DeviceReplica> replica_;
   StageParams& stage_;
   GradReducer& reducer_;
   kernels::KernelOps& ops_;
   StepPhases& phases_;
-  bool one_replica_;
-  std::vector<kernels::KernelOps::Tile> tiles_;  // every block in the stage's buffers
-  std::vector<float> packed_;                    // dp > 1: the stage's gradients, packed
+  const Layout& layout_;
+  bool on_device_;  // one replica: the gradients stay on the device (but the few completed)
+  std::vector<kernels::KernelOps::Tile> tiles_;  // every kept block in the stage's buffers
+  std::vector<float> packed_;                    // the reducer's blocks' gradients, packed
+  std::vector<float> kept_grads_;                // every kept block's gradient, packed
+  std::vector<std::int64_t> at_;                 // per block of the model: its offset there
+  std::vector<int> tp_replicated_;               // tp > 1: kept blocks every tp rank has
+  std::vector<int> tied_;                        // pp > 1, first or last stage: wte's blocks
+  std::vector<int> completed_;                   // both, in block order
+  std::vector<float> exchange_;                  // their gradients, on their way
   std::int64_t have_version_ = -1;               // the version scattered into the stage
 };
 
 ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts)
     : replica_(std::move(replica)), stage_(parts.stage), reducer_(parts.reducer),
-      ops_(parts.ops), phases_(parts.phases), one_replica_(parts.layout.shape().dp == 1) {
-  // The baseline's stage is the whole model (dp only): its blocks are every block, in order,
-  // as the replica packs them.
-  PDT_CHECK(stage_.needed_blocks().size() == stage_.catalog().blocks().size(),
-            "the replicated baseline's stage must hold every block");
+      ops_(parts.ops), phases_(parts.phases), layout_(parts.layout) {
+  const LayoutShape& shape = layout_.shape();
+  on_device_ = shape.dp == 1;
+  // The replica keeps the stage's blocks, in order, as the stage's tiles pack them.
+  PDT_CHECK(replica_->kept_blocks() == stage_.needed_blocks(),
+            "the replicated baseline's replica must keep its stage's blocks");
   tiles_ = stage_.tiles(stage_.needed_blocks());
-  if (!one_replica_) packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  const ParamCatalog& cat = stage_.catalog();
+  at_.assign(cat.blocks().size(), -1);
+  for (int b : replica_->kept_blocks()) {
+    at_[b] = replica_->offset(b);
+    const BlockInfo& info = cat.block(b);
+    const bool replicated = shape.tp > 1 && info.unit < 0;
+    const bool tied = shape.pp > 1 && info.tensor == TensorId::wte;
+    if (replicated) tp_replicated_.push_back(b);
+    if (tied) tied_.push_back(b);
+    if (replicated || tied) completed_.push_back(b);
+  }
+  if (on_device_) return;
+  packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  kept_grads_.resize(static_cast<std::size_t>(replica_->numel()));
 }
 
 // The replica's parameters of `version` into the stage, on the device (in bf16 precision
@@ -80,25 +109,33 @@ double ReplicaStep::use_version(std::int64_t version) {
 }
 
 void ReplicaStep::gradients_out(std::int64_t step, StepRecord& rec) {
-  if (one_replica_)
+  if (on_device_)
     update_on_device(step, rec);
   else
     reduce_and_push(step, rec);
 }
 
 // One replica: nothing to reduce; the stage's gradients are packed on the device and the
-// replica's optimizer step runs there.
+// replica's optimizer step runs there. Only the blocks completed across ranks (the tied
+// embedding, tensor-replicated blocks) visit the host.
 void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
   ops_.optimizer().gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
+  if (!completed_.empty()) {
+    replica_->download_grads(completed_);
+    complete_on_host(replica_->grads_host());
+    replica_->upload_grads(completed_);
+  }
   const double t1 = now_seconds();
   phases_.record(rec.reduce_ms, "reduce", t0, t1, nullptr, nullptr);
   replica_->update(step, replica_->grads());
   phases_.record(rec.push_ms, "push", t1, now_seconds(), "update", "pd");
 }
 
-// Several replicas: the gradients packed on the host, reduce-scattered and all-gathered in a
-// fixed order, then every replica applies the same update.
+// Several replicas, on the host: the gradients PD would push are packed, reduce-scattered and
+// all-gathered in a fixed order (GradReducer, as PD's streamer reduces them), completed as the
+// holders complete them, and the replica applies the update (every data-parallel replica the
+// same one).
 void ReplicaStep::reduce_and_push(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
   const ParamCatalog& cat = stage_.catalog();
@@ -109,10 +146,67 @@ void ReplicaStep::reduce_and_push(std::int64_t step, StepRecord& rec) {
     p += cat.block(b).numel();
   }
   reducer_.allgather(reducer_.reduce_scatter(packed_.data()), packed_.data());
+  p = packed_.data();
+  for (int b : reducer_.blocks()) {
+    std::copy_n(p, cat.block(b).numel(), kept_grads_.data() + at_[b]);
+    p += cat.block(b).numel();
+  }
+  complete_on_host(kept_grads_.data());
   const double t1 = now_seconds();
   phases_.record(rec.reduce_ms, "reduce", t0, t1, "reduce", "dp");
-  replica_->push(step, reducer_.blocks(), packed_.data());
+  replica_->push(step, replica_->kept_blocks(), kept_grads_.data());
   phases_.record(rec.push_ms, "push", t1, now_seconds(), "push", "pd");
+}
+
+// `kept`: the kept blocks' reduced gradients, packed as the replica packs them.
+void ReplicaStep::complete_on_host(float* kept) {
+  if (!tp_replicated_.empty()) take_tp_replicated(kept);
+  if (!tied_.empty()) sum_tied_embedding(kept);
+}
+
+// Blocks every member of the tensor group keeps have the same gradient on each; PD's holders
+// get tp rank 0's (StageParams::pushes), and so does every rank here, so that their copies of
+// those parameters stay one.
+void ReplicaStep::take_tp_replicated(float* kept) {
+  const ParamCatalog& cat = stage_.catalog();
+  exchange_.clear();
+  for (int b : tp_replicated_)
+    exchange_.insert(exchange_.end(), kept + at_[b], kept + at_[b] + cat.block(b).numel());
+  MPI_Request r;
+  MPI_CHECK(MPI_Ibcast(exchange_.data(), static_cast<int>(exchange_.size()), MPI_FLOAT, 0,
+                       layout_.tp_comm(), &r));
+  wait_quietly(&r);
+  const float* e = exchange_.data();
+  for (int b : tp_replicated_) {
+    std::copy_n(e, cat.block(b).numel(), kept + at_[b]);
+    e += cat.block(b).numel();
+  }
+}
+
+// The tied embedding's gradient is the sum of the first stage's (the lookup) and the last's
+// (the head), each reduced over its replicas: a holder adds the two pushes, and the first and
+// last stage here swap theirs and add the other's. Two addends give the same bits in either
+// order, so both stages hold the holder's sum.
+void ReplicaStep::sum_tied_embedding(float* kept) {
+  const ParamCatalog& cat = stage_.catalog();
+  const int last = layout_.shape().pp - 1;
+  const int peer = layout_.pp_rank() == 0 ? last : 0;
+  std::vector<float> mine;
+  for (int b : tied_) mine.insert(mine.end(), kept + at_[b], kept + at_[b] + cat.block(b).numel());
+  exchange_.resize(mine.size());
+  MPI_Request r[2];
+  MPI_CHECK(MPI_Irecv(exchange_.data(), static_cast<int>(exchange_.size()), MPI_FLOAT, peer, 0,
+                      layout_.pp_comm(), &r[0]));
+  MPI_CHECK(MPI_Isend(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, peer, 0,
+                      layout_.pp_comm(), &r[1]));
+  wait_quietly(&r[0]);
+  wait_quietly(&r[1]);
+  const float* e = exchange_.data();
+  for (int b : tied_) {
+    float* g = kept + at_[b];
+    for (std::int64_t i = 0; i < cat.block(b).numel(); ++i) g[i] += e[i];
+    e += cat.block(b).numel();
+  }
 }
 
 }  // namespace

@@ -101,22 +101,37 @@ HolderHooks with_training_samples(HolderHooks hooks, const Deck& deck, const Par
   hooks.after_update = [inner, every, bytes, settings, &cat, holders](
                            std::int64_t version, const HolderHooks::BlocksGetter& get) {
     if (version % every == 0) {
-      std::vector<float> mine;  // this holder's blocks, in block order
-      for (const auto& [id, state] : get()) mine.insert(mine.end(), state->param.begin(), state->param.end());
+      std::vector<float> mine;  // this owner's blocks, in block order
+      std::vector<int> ids;
+      for (const auto& [id, state] : get()) {
+        mine.insert(mine.end(), state->param.begin(), state->param.end());
+        ids.push_back(id);
+      }
       int rank = 0, size = 0;
       MPI_CHECK(MPI_Comm_rank(holders, &rank));
       MPI_CHECK(MPI_Comm_size(holders, &size));
-      const int n = static_cast<int>(mine.size());
+      const int n = static_cast<int>(mine.size()), nb = static_cast<int>(ids.size());
       std::vector<int> counts(static_cast<std::size_t>(size)), offsets(counts.size(), 0);
+      std::vector<int> id_counts(counts.size()), id_offsets(counts.size(), 0);
       MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, holders));
-      for (int h = 1; h < size; ++h) offsets[h] = offsets[h - 1] + counts[h - 1];
+      MPI_CHECK(MPI_Gather(&nb, 1, MPI_INT, id_counts.data(), 1, MPI_INT, 0, holders));
+      for (int h = 1; h < size; ++h) {
+        offsets[h] = offsets[h - 1] + counts[h - 1];
+        id_offsets[h] = id_offsets[h - 1] + id_counts[h - 1];
+      }
       std::vector<float> packed(rank == 0 ? static_cast<std::size_t>(cat.total_numel()) : 0);
+      std::vector<int> packed_ids(rank == 0 ? cat.blocks().size() : 0);
       MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_FLOAT, packed.data(), counts.data(),
                             offsets.data(), MPI_FLOAT, 0, holders));
+      MPI_CHECK(MPI_Gatherv(ids.data(), nb, MPI_INT, packed_ids.data(), id_counts.data(),
+                            id_offsets.data(), MPI_INT, 0, holders));
       if (rank == 0) {
+        // Owners' blocks one owner after another: each need not be a contiguous range of ids
+        // (holders placed near their fetchers, the baseline's tensor-parallel shards).
         std::vector<float> canonical(packed.size());
         std::int64_t at = 0;
-        for (const BlockInfo& b : cat.blocks()) {
+        for (int id : packed_ids) {
+          const BlockInfo& b = cat.block(id);
           cat.scatter_block(b, packed.data() + at, canonical.data());
           at += b.numel();
         }

@@ -102,8 +102,9 @@ void check_rank_needs(const Deck& d, const ModelShape& m, const LayoutShape& sha
                  model + " with " + std::to_string(m.n_head) + " heads has more than " +
                      std::to_string(kMaxBlocks) + " parameter blocks");
   // fp32 value, gradient and AdamW's two moments: on each holder's share, or on every rank of
-  // the replicated baseline.
-  const CheckedInt state = ceil_div(CheckedInt(16) * params, std::max(1, shape.holders));
+  // the replicated baseline, which keeps its stage shard (at least 1/(tp pp) of the model).
+  const CheckedInt state = ceil_div(CheckedInt(16) * params,
+                                    shape.holders > 0 ? shape.holders : shape.tp * shape.pp);
   refuse_if_over(d, state, kMaxRankBytes,
                  most_inflated(d, {"model.n_layer", "model.d_model", "model.padded_vocab_size",
                                    "model.vocab_size", "model.max_seq_len"}),
@@ -339,6 +340,26 @@ std::vector<StagePosition> stage_positions(const Deck& deck, const LayoutShape& 
       out.push_back({p, t, StageParams(catalog, stage_spec(deck, shape, p, t),
                                        StageParams::Storage::shapes_only, deck.train.precision)});
   return out;
+}
+
+ReplicaShard replica_shard(const Deck& deck, const ParamCatalog& catalog, const Layout& layout) {
+  const StageParams stage(catalog, stage_spec(deck, layout), StageParams::Storage::shapes_only,
+                          deck.train.precision);
+  ReplicaShard shard;
+  shard.kept = stage.needed_blocks();
+  const bool first_stage = layout.pp_rank() == 0;
+  for (int b : shard.kept) {
+    const BlockInfo& info = catalog.block(b);
+    // The tied embedding is counted where it is looked up; the head's stage sums its gradient in.
+    if (stage.pushes(info) && (info.tensor != TensorId::wte || first_stage))
+      shard.counted.push_back(b);
+  }
+  if (layout.shape().tp * layout.shape().pp > 1) {
+    shard.replica = layout.replica_comm();
+    // The reporter (dp 0, tp 0, last stage) prints the CRC: rank (pp - 1) * tp of replica 0.
+    shard.crc_root = layout.dp_rank() == 0 ? (layout.shape().pp - 1) * layout.shape().tp : -1;
+  }  // alone, every replica has every block and computes the CRC itself
+  return shard;
 }
 
 AdamWConfig adamw_config(const Deck& d) {

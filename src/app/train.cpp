@@ -254,7 +254,7 @@ std::unique_ptr<ckpt::CheckpointWriter> make_writer(const Deck& deck, const Para
                          static_cast<int>(deck.checkpoint.moment_bits)});
 }
 
-// Loads the restart state into `target` (a holder's server or a baseline replica) for the
+// Loads the restart state into `target` (a holder's server) for the
 // blocks it owns, reading collectively over `comm`; ranks with nothing to load pass a null
 // target and MPI_COMM_NULL. A damaged checkpoint is one error for the whole job.
 template <class Target>
@@ -266,6 +266,16 @@ void restore_collectively(const RestartPoint& rp, const ParamCatalog& cat, MPI_C
     std::vector<int> ids;
     for (const auto& [id, state] : target->owned_blocks()) ids.push_back(id);
     target->restore(rp.version, read_restart_state(rp, cat, comm, ids));
+  });
+}
+
+// A baseline replica reads every block it keeps (its stage shard, whatever layout wrote the
+// checkpoint) on its own; a damaged checkpoint is one error for the whole job.
+void restore_replica(const RestartPoint& rp, const ParamCatalog& cat, MPI_Comm world,
+                     DeviceReplica& replica) {
+  if (rp.path.empty()) return;
+  run_collectively(world, ErrorScope::job, [&] {
+    replica.restore(rp.version, read_restart_state(rp, cat, MPI_COMM_SELF, replica.kept_blocks()));
   });
 }
 
@@ -380,8 +390,8 @@ std::string serve_parameters(const Deck& deck, Setup& setup, const Layout& layou
   return server.divergence();
 }
 
-// A compute rank: its parameters come from the holders (PD) or from its own replica (the
-// baseline, where compute rank 0 writes the checkpoints); then the step loop.
+// A compute rank: its parameters come from the holders (PD) or from its own replica of its stage
+// shard (the baseline, where data-parallel replica 0 writes the checkpoints); then the step loop.
 TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layout,
                              const RunOptions& opts, const RestartPoint& restart,
                              kernels::ComputeBackend& backend, const CommChoice& comm,
@@ -392,12 +402,15 @@ TrainResult run_compute_rank(const Deck& deck, Setup& setup, const Layout& layou
   if (layout.replicated()) {
     setup.table.init_threads = initial_value_threads(deck, setup, layout);
     auto replica = std::make_unique<DeviceReplica>(setup.table, adamw_config(deck),
-                                                   *backend.device, *backend.ops);
-    restore_collectively(restart, *setup.catalog, MPI_COMM_SELF, layout.world(), replica.get());
-    if (training && layout.compute_index() == 0) {  // one replica writes for all
-      writer = make_writer(deck, *setup.catalog, MPI_COMM_SELF);
-      replica->set_hooks(training_hooks(*writer, deck, setup, MPI_COMM_SELF, restart,
-                                        opts.verbose,
+                                                   *backend.device, *backend.ops,
+                                                   replica_shard(deck, *setup.catalog, layout));
+    restore_replica(restart, *setup.catalog, layout.world(), *replica);
+    // Data-parallel replica 0 writes for all, each block from the rank that counts it.
+    if (training && layout.dp_rank() == 0) {
+      const MPI_Comm writers = layout.replica_comm();
+      writer = make_writer(deck, *setup.catalog, writers);
+      replica->set_hooks(training_hooks(*writer, deck, setup, writers, restart,
+                                        opts.verbose && layout.compute_index() == 0,
                                         [r = replica.get()] { return r->owned_blocks(); }));
     }
     owner = std::move(replica);

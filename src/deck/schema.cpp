@@ -146,7 +146,7 @@ std::vector<KeySpec> build_schema() {
           .at_most(1),
 
       key(&D::parallel, &ParallelConfig::holders, "parallel.holders",
-          "Parameter-holder ranks; 0: replicated data-parallel baseline.")
+          "Parameter-holder ranks; 0: the replicated baseline (each rank keeps its stage shard).")
           .at_least(0)
           .at_most(kMaxCount(20)),
       key(&D::parallel, &ParallelConfig::dp, "parallel.dp",

@@ -44,10 +44,6 @@ LayoutShape resolve_layout(const Deck& deck, int world_size) {
   if (s.holders == 0 && deck.pd.staleness > 0)
     layout_error(deck, "pd.staleness",
                  "bounded staleness needs parameter holders (parallel.holders >= 1)");
-  if (s.holders == 0 && (s.tp > 1 || s.pp > 1))
-    layout_error(deck, "parallel.holders",
-                 "the replicated baseline (holders = 0) is data-parallel only; use holders >= 1 "
-                 "for tensor or pipeline parallelism");
   // Rank counts in 64 bits: the deck bounds each key (parallel.* <= 2^20), not their product.
   const std::int64_t grid = std::int64_t{s.tp} * s.pp;
   const int compute = world_size - s.holders;
@@ -106,16 +102,19 @@ Layout::Layout(const LayoutShape& shape, MPI_Comm world) : shape_(shape) {
   MPI_CHECK(MPI_Comm_free(&role_comm));
   MPI_CHECK(MPI_Cart_coords(compute_comm_, compute_index_, 3, coords_));
   const int keep_dp[3] = {1, 0, 0}, keep_pp[3] = {0, 1, 0}, keep_tp[3] = {0, 0, 1};
+  const int keep_replica[3] = {0, 1, 1};
   MPI_CHECK(MPI_Cart_sub(compute_comm_, keep_dp, &dp_comm_));
   MPI_CHECK(MPI_Cart_sub(compute_comm_, keep_pp, &pp_comm_));
   MPI_CHECK(MPI_Cart_sub(compute_comm_, keep_tp, &tp_comm_));
+  MPI_CHECK(MPI_Cart_sub(compute_comm_, keep_replica, &replica_comm_));
 }
 
 Layout::~Layout() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&holders_comm_, &compute_comm_, &dp_comm_, &pp_comm_, &tp_comm_, &world_})
+  for (MPI_Comm* c : {&holders_comm_, &compute_comm_, &dp_comm_, &pp_comm_, &tp_comm_,
+                      &replica_comm_, &world_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -129,7 +128,9 @@ std::string Layout::describe_rank(int r) const {
   const int c = r - shape_.holders;
   const int tp = c % shape_.tp, pp = (c / shape_.tp) % shape_.pp, dp = c / (shape_.tp * shape_.pp);
   s << "compute " << c << " (dp " << dp << ", pp " << pp << ", tp " << tp << ")";
-  if (shape_.holders == 0) s << ", replicated parameters + optimizer state";
+  if (shape_.holders == 0)
+    s << (shape_.tp * shape_.pp > 1 ? ", its stage shard's parameters + optimizer state"
+                                     : ", replicated parameters + optimizer state");
   return s.str();
 }
 

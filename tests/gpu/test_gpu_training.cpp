@@ -4,7 +4,8 @@
 //  - PD with CPU holders and a GPU compute rank is bit-identical to the GPU baseline (the
 //    holders' AdamW and the GPU's are the same arithmetic), for every prefetch depth and cache
 //    bound;
-//  - tp 2 x pp 2 on one shared GPU stays within tolerance of the GPU single rank;
+//  - tp 2 x pp 2 on one shared GPU stays within tolerance of the GPU single rank, and the GPU
+//    baseline at that layout (each rank its stage shard on the GPU) is bit-identical to it;
 //  - a rerun gives the same params_crc32c.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -104,6 +105,11 @@ TEST_F(GpuTraining, TensorAndPipelineParallelOnOneSharedGpu) {
                       "parallel.micro_batches=2"}, kCuda),
              "tp2pp2-again");
   expect_identical(again, tp_pp, "tp 2 x pp 2 rerun");
+  const RunOutcome baseline =
+      run_on(4, with({"parallel.holders=0", "parallel.tp=2", "parallel.pp=2",
+                      "parallel.micro_batches=2"}, kCuda),
+             "tp2pp2-baseline");
+  expect_identical(baseline, tp_pp, "the baseline at tp 2 x pp 2");
 }
 
 TEST_F(GpuTraining, RerunGivesTheSameCrc) {

@@ -33,13 +33,26 @@ TEST(PlanSearch, ListsEveryAcceptedLayoutOfTheRanksRanked) {
     const LayoutShape& L = r.input.layout;
     EXPECT_EQ(L.world(), 6);
     EXPECT_EQ(deck.train.batch_size % (L.dp * r.input.micro_batches), 0);
-    EXPECT_TRUE(L.holders > 0 || (L.tp == 1 && L.pp == 1));  // the baseline is data-parallel only
     // Each prediction is the model's for its layout.
     EXPECT_DOUBLE_EQ(r.prediction.step.total, predict(r.input, cpu).step.total);
     has_deck_layout = has_deck_layout || (L.holders == 1 && L.dp == 5 && L.tp == 1 && L.pp == 1);
   }
   EXPECT_FALSE(has_deck_layout);  // batch 16 does not split over 5 replicas
   EXPECT_GT(found.size(), 20u);
+}
+
+// The baseline runs at any layout, so the search weighs it at tensor and pipeline layouts too.
+TEST(PlanSearch, WeighsTheBaselineAtTensorAndPipelineLayouts) {
+  const Deck deck = parse_deck("", "t.toml", {"model.n_layer=4", "model.d_model=64", "train.batch_size=16"});
+  PlanOptions o;
+  connect_plan_to_training(o);
+  o.ranks = 4;
+  bool tp2pp2 = false;
+  for (const RankedLayout& r : search_layouts(deck, o, machine("cpu-local.toml"))) {
+    const LayoutShape& L = r.input.layout;
+    tp2pp2 = tp2pp2 || (L.holders == 0 && L.dp == 1 && L.tp == 2 && L.pp == 2);
+  }
+  EXPECT_TRUE(tp2pp2);
 }
 
 TEST(PlanSearch, LayoutsThatFitComeFirstOnGpuNodes) {

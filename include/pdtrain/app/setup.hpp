@@ -15,6 +15,7 @@
 #include "pdtrain/model/stage_params.hpp"
 #include "pdtrain/optim/adamw.hpp"
 #include "pdtrain/pd/blocks.hpp"
+#include "pdtrain/pd/device_replica.hpp"
 #include "pdtrain/pd/staleness.hpp"
 #include "pdtrain/pd/wire_codec.hpp"
 
@@ -57,6 +58,12 @@ struct StagePosition {
 // Every position, in rank order (pp major, tp fastest), for `catalog` (which must outlive them).
 std::vector<StagePosition> stage_positions(const Deck& deck, const LayoutShape& shape,
                                            const ParamCatalog& catalog);
+
+// The replicated baseline's part of the model on this compute rank: its stage shard's blocks
+// (the ones PD would fetch for it), the ones it counts (each block of the model on one rank of
+// the replica: the tied embedding on the first stage, blocks replicated over the tensor group
+// on tp rank 0), the replica's communicator, and where the final CRC goes.
+ReplicaShard replica_shard(const Deck& deck, const ParamCatalog& catalog, const Layout& layout);
 
 AdamWConfig adamw_config(const Deck& deck);
 // The fetch codec in use: bf16 precision makes holders serve bf16 copies of their fp32 masters.

@@ -48,7 +48,7 @@ struct DataConfig {
 };
 
 struct ParallelConfig {
-  std::int64_t holders = 1;  // 0: replicated data-parallel baseline
+  std::int64_t holders = 1;  // 0: the replicated baseline
   std::int64_t dp = 0;       // 0: all compute ranks the world leaves after holders / (tp*pp)
   std::int64_t tp = 1;
   std::int64_t pp = 1;

@@ -39,7 +39,7 @@ class Layout {
   MPI_Comm world() const { return world_; }  // private duplicate of the job communicator
   int world_rank() const { return world_rank_; }
   bool is_holder() const { return holder_index_ >= 0; }
-  bool replicated() const { return shape_.holders == 0; }  // the data-parallel baseline
+  bool replicated() const { return shape_.holders == 0; }  // the replicated baseline
   int holder_index() const { return holder_index_; }
   int compute_index() const { return compute_index_; }
   int dp_rank() const { return coords_[0]; }
@@ -51,6 +51,9 @@ class Layout {
   MPI_Comm dp_comm() const { return dp_comm_; }
   MPI_Comm pp_comm() const { return pp_comm_; }
   MPI_Comm tp_comm() const { return tp_comm_; }
+  // The compute ranks of this rank's data-parallel replica (every pp x tp position of its dp
+  // index; rank pp * tp + tp_rank): one copy of the whole model in the replicated baseline.
+  MPI_Comm replica_comm() const { return replica_comm_; }
 
   int holder_world_rank(int h) const { return h; }
   int compute_world_rank(int dp, int pp, int tp) const { return shape_.compute_rank(dp, pp, tp); }
@@ -69,6 +72,7 @@ class Layout {
   int coords_[3] = {-1, -1, -1};
   MPI_Comm holders_comm_ = MPI_COMM_NULL, compute_comm_ = MPI_COMM_NULL;
   MPI_Comm dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL;
+  MPI_Comm replica_comm_ = MPI_COMM_NULL;
 };
 
 // The node (0, 1, ... in order of first rank) of every rank of `comm`, from
