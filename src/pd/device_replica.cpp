@@ -20,6 +20,10 @@ DeviceReplica::DeviceReplica(const BlockTable& table, const AdamWConfig& opt, De
     if (runs_.empty() || runs_.back().decay != d.decay) runs_.push_back({b, b, d.decay});
     runs_.back().last = b + 1;
   }
+  const AllocationLabel label(
+      device, "the replicated baseline's parameters, AdamW moments and gradients (parallel.holders "
+              "= 0: 4 x " + std::to_string(numel()) + " floats, " +
+              std::to_string(16 * numel()) + " bytes in all)");
   params_ = Mirrored<float>(device, numel());
   m_ = Mirrored<float>(device, numel());
   v_ = Mirrored<float>(device, numel());
