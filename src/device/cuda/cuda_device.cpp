@@ -117,9 +117,11 @@ std::string CudaDevice::out_of_memory(std::size_t bytes) const {
          mib(static_cast<std::size_t>(bytes_in_use())) +
          ") of it. Hint: with parameter holders (parallel.holders >= 1) and pd.cache_mb set, a "
          "compute rank keeps only a bounded parameter cache, its units' gradients and its "
-         "activations on the GPU, not the whole model's parameters, gradients and AdamW state; "
-         "or use smaller micro-batches (more parallel.micro_batches, train.recompute = \"full\"); "
-         "`pdtrain plan DECK --machine FILE` predicts each rank's memory";
+         "activations on the GPU, not the whole model's parameters, gradients and AdamW state "
+         "(with them already: a smaller pd.cache_mb, parallel.order = \"layer\" on one stage "
+         "for one layer's gradients at a time); or use smaller micro-batches (more "
+         "parallel.micro_batches, train.recompute = \"full\"); `pdtrain plan DECK --machine "
+         "FILE` predicts each rank's memory";
 }
 
 void* CudaDevice::do_allocate(std::size_t bytes, MemoryKind kind) {
