@@ -193,6 +193,7 @@ void GradStreamer::bind(int u) {
     bound_[u] = std::move(*spare);
     device_.zero(bound_[u].device(), static_cast<std::size_t>(n) * sizeof(float));
   } else {
+    const AllocationLabel label(device_, "the gradients of unit " + params_.unit_name(u));
     bound_[u] = Mirrored<float>(device_, n);  // zero-filled
   }
   params_.bind_unit_grads(u, bound_[u].device(), bound_[u].host());

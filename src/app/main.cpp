@@ -33,7 +33,7 @@ const char* kUsage =
     "       pdtrain eval [DECK.toml] [--set section.key=value]... --batches N\n"
     "       pdtrain --list-sweep DECK.toml\n"
     "       pdtrain plan [DECK.toml] [--set k=v]... [--machine FILE|NAME] [--nodes N | --ranks N]\n"
-    "                    [--search] [--nccl]   (predict memory and step time, --nccl: GPU-direct\n"
+    "                    [--search [--largest]] [--nccl]   (predict memory and step time, --nccl: GPU-direct\n"
     "                    collectives whatever parallel.comm says; docs/performance-model.md)\n"
     "       mpirun -np 2 pdtrain plan --calibrate OUT.toml   (measure this machine)\n"
     "       pdtrain summarize runs/<name>\n"
@@ -115,6 +115,7 @@ bool parse_plan_option(int argc, char** argv, int& i, pdtrain::plan::PlanOptions
   else if (a == "--nodes") o.nodes = static_cast<int>(integer_value(a, option_value(argc, argv, i, "N"), 1, "a positive count"));
   else if (a == "--ranks") o.ranks = static_cast<int>(integer_value(a, option_value(argc, argv, i, "N"), 1, "a positive count"));
   else if (a == "--search") o.search = true;
+  else if (a == "--largest") o.largest = true;
   else if (a == "--nccl") o.nccl = true;
   else if (a == "--calibrate") o.calibrate = option_value(argc, argv, i, "the machine file to write");
   else return false;

@@ -66,6 +66,9 @@ StageParams::StageParams(const ParamCatalog& cat, const StageSpec& spec, Storage
       units_[unit_of(b.tensor, b.layer)].blocks.push_back(b.id);
     }
   if (storage == Storage::shapes_only || storage == Storage::streamed) return;
+  const AllocationLabel label(device_, "the stage's resident parameters and gradients (" +
+                                           std::to_string(numel_) + " floats each" +
+                                           (bf16() ? ", and the parameters' bf16 copy)" : ")"));
   grads_ = Mirrored<float>(device_, numel_);
   params_ = Mirrored<float>(device_, numel_);
   if (bf16()) params_bf16_ = Mirrored<pdtrain::bf16>(device_, numel_);

@@ -67,6 +67,10 @@ DeviceReplica::DeviceReplica(const BlockTable& table, const AdamWConfig& opt, De
   }
   counted_.assign(kept_.size(), shard.counted.empty());
   for (int b : shard.counted) counted_[slot(b)] = true;
+  const AllocationLabel label(
+      device, "the replicated baseline's parameters, AdamW moments and gradients (parallel.holders "
+              "= 0: 4 x " + std::to_string(numel()) + " floats, " +
+              std::to_string(16 * numel()) + " bytes in all)");
   params_ = Mirrored<float>(device, numel());
   m_ = Mirrored<float>(device, numel());
   v_ = Mirrored<float>(device, numel());

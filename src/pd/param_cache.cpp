@@ -227,6 +227,8 @@ ParamCache::Slot* ParamCache::take_slot(std::int64_t numel) {
       return &slot;
     }
   release_free_slots(bytes_of(numel));
+  const AllocationLabel label(device_, "a parameter cache slot of " + std::to_string(numel) +
+                                           " floats (pd.cache_mb)");
   auto slot = std::make_unique<Slot>();
   slot->numel = numel;
   slot->storage = Buffer<float>(device_, numel, MemoryKind::device);

@@ -238,6 +238,100 @@ std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& o,
 
 namespace {
 
+struct Width {
+  std::int64_t d_model, n_head;
+};
+// The family --largest grows: GPT-3's widths (Brown et al. 2020, table 2.1: 768 to 12288), the
+// wider ones of the largest dense models (16384: Gopher 280B's; 20480, 25600 beyond), with
+// heads of 64 channels up to 1024 and of 128 from there (GPT-3's 6.7B and up).
+constexpr Width kFamily[] = {{768, 12},    {1024, 16},   {1536, 12},   {2048, 16},
+                             {2560, 20},   {4096, 32},   {5120, 40},   {8192, 64},
+                             {12288, 96},  {16384, 128}, {20480, 160}, {25600, 200}};
+constexpr std::int64_t kMostLayers = 1 << 14;
+
+// The most parameters one use of a PD stage can take (the tied embedding with the position
+// table and the final LayerNorm together, or one layer), in cache bytes: fp32, and the bf16
+// copy beside it in bf16 precision. An upper bound of what training's check asks.
+double largest_use_bytes(const ModelShape& s, int tp, Precision precision) {
+  const double C = static_cast<double>(s.d_model);
+  const double layer = 12 * C * C / tp + 13 * C;
+  const double ends = static_cast<double>(s.padded_vocab) * C / tp + static_cast<double>(s.max_seq_len) * C + 2 * C;
+  return (precision == Precision::bf16 ? 1.5 : 1.0) * 4 * std::max(layer, ends);
+}
+
+double layer_cache_bytes(const ModelShape& s, int tp, Precision precision) {
+  const double C = static_cast<double>(s.d_model);
+  return (precision == Precision::bf16 ? 1.5 : 1.0) * 4 * (12 * C * C / tp + 13 * C);
+}
+
+// The deck at width w and `layers` layers, with `holders` holders on `gpus` compute ranks:
+// whether it fits (a layout training accepts, and the prediction's memory fits).
+struct Trial {
+  bool fits = false;
+  LargestAtWidth at;
+};
+
+Trial try_model(const Deck& deck, const PlanOptions& o, const Machine& m, const Width& w, std::int64_t layers,
+                int holders, int gpus) {
+  Deck d = deck;
+  d.model.n_layer = layers, d.model.d_model = w.d_model, d.model.n_head = w.n_head;
+  d.parallel.holders = holders, d.parallel.dp = 0;
+  if (m.device.gpu) d.compute.device = "cuda";  // the gradient bound of a GPU rank (staged)
+  if (holders == 0) d.pd.staleness = 0;
+  // PD on one stage in layer order (L2L): every micro-batch through a layer before the next, so
+  // the rank holds one layer's gradients at a time; in micro-batch order each unit's gradient
+  // accumulates over the step's micro-batches, and the whole stage's would be on the device.
+  if (holders > 0 && d.parallel.pp == 1) d.parallel.order = StageOrder::layer;
+  Trial t;
+  t.at.d_model = w.d_model, t.at.n_head = w.n_head, t.at.n_layer = layers;
+  try {
+    const ModelShape shape = resolve_model_shape(d.model);
+    if (holders > 0) {
+      const int tp = static_cast<int>(deck.parallel.tp);
+      const double need = largest_use_bytes(shape, tp, d.train.precision) +
+                          layer_cache_bytes(shape, tp, d.train.precision);
+      d.pd.cache_mb = std::max(d.pd.cache_mb, std::ceil(need / 1048576.0));
+    }
+    t.at.cache_mb = holders > 0 ? d.pd.cache_mb : 0;
+    t.at.params = model_params(shape);
+    const LayoutShape L = resolve_layout(d, holders + gpus);
+    check_as_training(d, o, m, L);
+    t.at.input = input_for(d, o, m, L);
+  } catch (const Error&) {
+    return t;  // not a layout training would accept (too few layers for pp, a holder without a block)
+  }
+  t.at.prediction = predict(t.at.input, m);
+  t.fits = t.at.prediction.fits();
+  return t;
+}
+
+// The most layers of width w that fit (fitting only gets harder with more layers): doubling,
+// then bisecting.
+LargestAtWidth most_layers(const Deck& deck, const PlanOptions& o, const Machine& m, const Width& w, int holders,
+                           int gpus) {
+  Trial best = try_model(deck, o, m, w, 1, holders, gpus);
+  if (!best.fits) {
+    LargestAtWidth none;
+    none.d_model = w.d_model, none.n_head = w.n_head;
+    none.cache_mb = best.at.cache_mb;
+    return none;
+  }
+  std::int64_t lo = 1, hi = 0;  // lo fits; hi (when > 0) does not
+  while (hi == 0 && lo < kMostLayers) {
+    const std::int64_t next = std::min(2 * lo, kMostLayers);
+    Trial t = try_model(deck, o, m, w, next, holders, gpus);
+    if (t.fits) lo = next, best = std::move(t);
+    else hi = next;
+  }
+  while (hi > lo + 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    Trial t = try_model(deck, o, m, w, mid, holders, gpus);
+    if (t.fits) lo = mid, best = std::move(t);
+    else hi = mid;
+  }
+  return best.at;
+}
+
 void print_search(const std::vector<RankedLayout>& found, const Machine& m) {
   std::printf("pdtrain plan --search: %zu valid layouts on %s, best predicted first\n", found.size(),
               m.name.c_str());
@@ -258,6 +352,99 @@ void print_search(const std::vector<RankedLayout>& found, const Machine& m) {
 
 }  // namespace
 
+double model_params(const ModelShape& s) {
+  const double C = static_cast<double>(s.d_model);
+  return static_cast<double>(s.padded_vocab) * C + static_cast<double>(s.max_seq_len) * C +
+         static_cast<double>(s.n_layer) * (12 * C * C + 13 * C) + 2 * C;
+}
+
+const LargestAtWidth* LargestModels::largest(bool with_holders) const {
+  const LargestAtWidth* best = nullptr;
+  for (const LargestAtWidth& w : with_holders ? pd : baseline)
+    if (w.n_layer > 0 && (!best || w.params > best->params)) best = &w;
+  return best;
+}
+
+LargestModels largest_models(const Deck& deck, const PlanOptions& o, const Machine& m) {
+  // The job's GPUs (its compute ranks); PD adds its holders as CPU processes.
+  const int gpus = world_for(deck, o, m) - static_cast<int>(deck.parallel.holders);
+  if (gpus < 1)
+    throw Error(ExitCode::deck, "pdtrain plan --largest: the job has no compute rank (" +
+                                    std::to_string(world_for(deck, o, m)) + " ranks, " +
+                                    std::to_string(deck.parallel.holders) + " holders)");
+  LargestModels out;
+  out.gpus = gpus;
+  out.holders = deck.parallel.holders > 0 ? static_cast<int>(deck.parallel.holders) : 1;
+  for (const Width& w : kFamily) {
+    out.pd.push_back(most_layers(deck, o, m, w, out.holders, gpus));
+    out.baseline.push_back(most_layers(deck, o, m, w, 0, gpus));
+  }
+  return out;
+}
+
+namespace {
+
+std::string billions(double params) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g B", params / 1e9);
+  return buf;
+}
+
+double peak_device(const Prediction& p) {
+  double peak = 0;
+  for (const StagePrediction& s : p.stages) peak = std::max(peak, s.memory.device_total());
+  return peak;
+}
+
+void print_largest_line(const char* who, const LargestAtWidth* w, const Machine& m) {
+  if (!w) {
+    std::printf("largest %s: none of the family fits\n", who);
+    return;
+  }
+  const StagePrediction& s = *std::max_element(
+      w->prediction.stages.begin(), w->prediction.stages.end(),
+      [](const StagePrediction& a, const StagePrediction& b) { return a.memory.device_total() < b.memory.device_total(); });
+  const ComputeMemory& mem = s.memory;
+  std::printf("largest %s: %lld layers x d_model %lld (%lld heads), %s parameters; its fullest GPU (stage %d): "
+              "params %s, grads %s, optimizer %s, activations %s, workspace %s = %s of %s; pinned host %s",
+              who, static_cast<long long>(w->n_layer), static_cast<long long>(w->d_model),
+              static_cast<long long>(w->n_head), billions(w->params).c_str(), s.pp, gib(mem.params).c_str(),
+              gib(mem.grads).c_str(), gib(mem.optimizer).c_str(), gib(mem.activations).c_str(),
+              gib(mem.workspace).c_str(), gib(mem.device_total()).c_str(), gib(m.device.memory_bytes).c_str(),
+              gib(mem.staging).c_str());
+  if (w->input.layout.holders > 0)
+    std::printf("; %d holder(s) of %s (node memory %s), pd.cache_mb %g", w->input.layout.holders,
+                gib(w->prediction.holder.memory).c_str(), gib(m.node.cpu_memory_bytes).c_str(), w->cache_mb);
+  std::printf("; predicted step %s\n", seconds(w->prediction.step.total).c_str());
+}
+
+void print_largest(const Deck& deck, const LargestModels& r, const Machine& m) {
+  std::printf("pdtrain plan --search --largest: the largest GPT of the family on %d GPU(s) of %s, vocabulary %lld, sequence %lld, "
+              "batch %lld, %s, recompute %s: with %d holder(s) (PD: a bounded parameter cache, gradients streamed "
+              "per unit, layer order on one stage) against the replicated baseline (parallel.holders = 0) on the same GPUs\n",
+              r.gpus, m.name.c_str(), static_cast<long long>(deck.model.vocab_size), static_cast<long long>(deck.model.seq_len),
+              static_cast<long long>(deck.train.batch_size),
+              deck.train.precision == Precision::bf16 ? "bf16" : "fp32", deck.train.recompute.c_str(), r.holders);
+  std::printf("  %7s %5s | %12s %10s %10s %10s | %12s %10s %10s\n", "d_model", "heads", "PD layers", "params",
+              "device", "holder", "base layers", "params", "device");
+  for (std::size_t i = 0; i < r.pd.size(); ++i) {
+    const LargestAtWidth &p = r.pd[i], &b = r.baseline[i];
+    std::printf("  %7lld %5lld | %12lld %10s %10s %10s | %12lld %10s %10s\n", static_cast<long long>(p.d_model),
+                static_cast<long long>(p.n_head), static_cast<long long>(p.n_layer),
+                p.n_layer ? billions(p.params).c_str() : "-", p.n_layer ? gib(peak_device(p.prediction)).c_str() : "-",
+                p.n_layer ? gib(p.prediction.holder.memory).c_str() : "-", static_cast<long long>(b.n_layer),
+                b.n_layer ? billions(b.params).c_str() : "-", b.n_layer ? gib(peak_device(b.prediction)).c_str() : "-");
+  }
+  const LargestAtWidth *pd = r.largest(true), *base = r.largest(false);
+  print_largest_line("with holders", pd, m);
+  print_largest_line("as the baseline", base, m);
+  // One line for scripts and tests.
+  std::printf("largest: pd_params=%.0f baseline_params=%.0f ratio=%.3g\n", pd ? pd->params : 0.0,
+              base ? base->params : 0.0, pd && base ? pd->params / base->params : 0.0);
+}
+
+}  // namespace
+
 PlanInput checked_input(const Deck& deck, const PlanOptions& o, const Machine& m) {
   const LayoutShape shape = resolve_layout(deck, world_for(deck, o, m));
   check_as_training(deck, o, m, shape);
@@ -271,6 +458,11 @@ void run_plan(const Deck& deck, const PlanOptions& o, MPI_Comm comm) {
   if (o.nodes > 0 && o.ranks > 0)
     throw Error(ExitCode::deck, "pdtrain plan: give --nodes or --ranks, not both");
   const Machine m = load_machine(machine_path(o.machine));
+  if (o.largest) {
+    const LargestModels r = largest_models(deck, o, m);
+    if (rank == 0) print_largest(deck, r, m), std::fflush(stdout);
+    return;
+  }
   if (o.search) {
     const std::vector<RankedLayout> found = search_layouts(deck, o, m);
     if (rank == 0) print_search(found, m), std::fflush(stdout);

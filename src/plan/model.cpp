@@ -27,6 +27,9 @@ constexpr double kElementwisePerLocalChannel = 8;   // of C/tp
 // Kernels of one layer: forward 12 (2 LayerNorms, 4 GEMMs, 2 attention products, softmax, GELU,
 // 2 residuals), backward twice as many.
 constexpr double kKernelsPerLayer = 12;
+// The CUDA backend's cuBLASLt workspace, allocated once per compute rank
+// (src/kernels/cuda/cuda_kernel_ops.cpp, kGemmWorkspaceBytes).
+constexpr double kGemmWorkspaceBytes = 32.0 * 1048576;
 
 struct Costs {
   const Machine& m;
@@ -247,7 +250,10 @@ ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* s
   mem.grads = pd ? in.pd_grad_bytes(p) : bytes;
   // The baseline's replica: its packed parameters, two AdamW moments and reduced gradients.
   mem.optimizer = pd ? 0 : 4 * bytes;
-  mem.staging = gpu ? bytes : 0;  // pinned mirror of every unit
+  // What lives on the device has a pinned host mirror beside it (Mirrored, the cache's slots):
+  // PD's bounded cache and gradient units, the baseline's whole stage and replica.
+  mem.staging = gpu ? mem.params + mem.grads + mem.optimizer : 0;
+  mem.workspace = gpu ? kGemmWorkspaceBytes : 0;
   return mem;
 }
 

@@ -62,6 +62,8 @@ class CudaDevice final : public Device {
   void do_release(void* p, MemoryKind kind) noexcept override;
 
  private:
+  std::string out_of_memory(std::size_t bytes) const;
+
   int gpu_;
   int sm_count_ = 0;
   std::string description_;

@@ -67,6 +67,12 @@ class Device {
   std::int64_t bytes_in_use() const { return in_use_; }
   std::int64_t peak_bytes() const { return peak_; }
 
+  // What the device memory allocated now is for ("the parameter cache's slot for layer3"),
+  // named by an out-of-memory error; set by AllocationLabel around the allocations, read only
+  // by the rank's thread that allocates.
+  const std::string& allocation_label() const { return label_; }
+  void set_allocation_label(std::string label) { label_ = std::move(label); }
+
  protected:
   virtual void* do_allocate(std::size_t bytes, MemoryKind kind) = 0;
   virtual void do_release(void* p, MemoryKind kind) noexcept = 0;
@@ -77,6 +83,24 @@ class Device {
     if (in_use_ > peak_) peak_ = in_use_;
   }
   std::int64_t in_use_ = 0, peak_ = 0;
+  std::string label_;
+};
+
+// Names what the allocations of a scope are for, so that an out-of-memory error says what was
+// being allocated (the previous label comes back at the end of the scope).
+class AllocationLabel {
+ public:
+  AllocationLabel(Device& device, std::string label)
+      : device_(device), previous_(device.allocation_label()) {
+    device_.set_allocation_label(std::move(label));
+  }
+  ~AllocationLabel() { device_.set_allocation_label(std::move(previous_)); }
+  AllocationLabel(const AllocationLabel&) = delete;
+  AllocationLabel& operator=(const AllocationLabel&) = delete;
+
+ private:
+  Device& device_;
+  std::string previous_;
 };
 
 // The process's CPU device (host memory, synchronous).

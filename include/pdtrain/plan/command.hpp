@@ -19,6 +19,9 @@ struct PlanOptions {
   int nodes = 0;        // 0: from --ranks (or the deck's layout)
   int ranks = 0;        // the job's ranks, holders included; 0: from --nodes (or the deck)
   bool search = false;
+  // --largest (with --search): the largest GPT of the deck's family that fits the job's GPUs,
+  // with parameter holders and as the replicated baseline (largest_models).
+  bool largest = false;
   // GPU-direct collectives whatever the deck's parallel.comm says (what if a run took NCCL);
   // without it the deck's parallel.comm decides (docs/performance-model.md, "Inputs").
   bool nccl = false;
@@ -44,6 +47,30 @@ struct RankedLayout {
 // are extra CPU processes), predicted: those that fit first, then by predicted tokens/s.
 // Throws Error(layout) when there is none.
 std::vector<RankedLayout> search_layouts(const Deck& deck, const PlanOptions& options, const Machine& m);
+
+// --search --largest: for each width of the GPT family (d_model 768 to 25600, heads of 64 or
+// 128 channels, GPT-3's widths and beyond), the most layers that fit (device and node memory)
+// on the same GPUs two ways: with the deck's holders (1 if it has none; pd.cache_mb the
+// deck's, raised to the stage's largest use plus one layer where that is more) and as the
+// replicated baseline (parallel.holders = 0, the job's GPUs only). The deck gives everything
+// else (vocabulary, sequence, batch, precision, recomputation, tp, pp).
+struct LargestAtWidth {
+  std::int64_t d_model = 0, n_head = 0;
+  std::int64_t n_layer = 0;  // 0: not even one layer fits
+  double params = 0;         // of the whole model at n_layer
+  double cache_mb = 0;       // PD: the cache it was planned with
+  PlanInput input;           // at n_layer (when > 0)
+  Prediction prediction;
+};
+struct LargestModels {
+  std::vector<LargestAtWidth> pd, baseline;  // one per width, in the family's order
+  int holders = 0;                           // PD's
+  int gpus = 0;                              // the job's compute ranks
+  const LargestAtWidth* largest(bool with_holders) const;  // most parameters; null: none fits
+};
+LargestModels largest_models(const Deck& deck, const PlanOptions& options, const Machine& m);
+// Parameters of the GPT `shape` (all of it, the tied embedding once).
+double model_params(const ModelShape& shape);
 
 // The deck's run as `pdtrain plan` models it: the layout resolved for the job's ranks and checked
 // as training's set-up checks it (options.check_layout), and the model's input. Throws the

@@ -71,8 +71,11 @@ PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes);
 // Bytes one compute rank holds on its device (a CPU rank: in the node's memory).
 struct ComputeMemory {
   double params = 0, grads = 0, optimizer = 0, activations = 0;
-  double staging = 0;  // pinned host memory of a GPU rank (unit mirrors, transfers); not device
-  double device_total() const { return params + grads + optimizer + activations; }
+  double workspace = 0;  // a GPU rank's GEMM workspace (cuBLASLt's), whatever the model
+  // Pinned host memory of a GPU rank: the host mirrors of its parameters (PD: the cache's
+  // slots), gradients and (baseline) replica; not device memory.
+  double staging = 0;
+  double device_total() const { return params + grads + optimizer + activations + workspace; }
 };
 
 struct StagePrediction {

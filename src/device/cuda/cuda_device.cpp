@@ -32,7 +32,14 @@ const CudaEvent& cuda_event(const Event& e) {
   return *ce;
 }
 
-std::string gib(std::size_t bytes) {
+std::string mib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
+  return text;
+}
+
+std::string gib(std::size_t bytes) {  // a GPU's size: MiB below 1 GiB (an emulated one's)
+  if (bytes < (1ull << 30)) return mib(bytes);
   char text[32];
   std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
   return text;
@@ -94,6 +101,29 @@ CudaDevice::~CudaDevice() {
 
 void CudaDevice::make_current() const { CUDA_CHECK(cudaSetDevice(gpu_)); }
 
+// The error of a failed cudaMalloc: which GPU, what for (the AllocationLabel), the bytes asked
+// for against what the GPU has free (cudaMemGetInfo) and what this rank holds, and what makes a
+// compute rank need less. Only this rank sees it: main ends the job with it, naming the rank
+// ("pdtrain: error (rank R): out of GPU memory ...").
+std::string CudaDevice::out_of_memory(std::size_t bytes) const {
+  std::size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) (void)cudaGetLastError();
+  const std::string what = allocation_label().empty() ? "device memory" : allocation_label();
+  return "out of GPU memory on " + description_ +
+         ": allocating " + what + " needs " + std::to_string(bytes) + " bytes (" + mib(bytes) +
+         ") but the GPU has " + std::to_string(free_bytes) + " bytes (" + mib(free_bytes) +
+         ") free of " + std::to_string(total) + " (" + mib(total) + "); this rank holds " +
+         std::to_string(bytes_in_use()) + " bytes (" +
+         mib(static_cast<std::size_t>(bytes_in_use())) +
+         ") of it. Hint: with parameter holders (parallel.holders >= 1) and pd.cache_mb set, a "
+         "compute rank keeps only a bounded parameter cache, its units' gradients and its "
+         "activations on the GPU, not the whole model's parameters, gradients and AdamW state "
+         "(with them already: a smaller pd.cache_mb, parallel.order = \"layer\" on one stage "
+         "for one layer's gradients at a time); or use smaller micro-batches (more "
+         "parallel.micro_batches, train.recompute = \"full\"); `pdtrain plan DECK --machine "
+         "FILE` predicts each rank's memory";
+}
+
 void* CudaDevice::do_allocate(std::size_t bytes, MemoryKind kind) {
   make_current();
   const std::size_t n = bytes > 0 ? bytes : 1;  // a valid, distinct pointer even for 0 bytes
@@ -103,12 +133,7 @@ void* CudaDevice::do_allocate(std::size_t bytes, MemoryKind kind) {
       const cudaError_t rc = cudaMalloc(&p, n);
       if (rc == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();  // not sticky, but clear it so no later check reports it
-        std::size_t free_bytes = 0, total = 0;
-        (void)cudaMemGetInfo(&free_bytes, &total);
-        throw Error(ExitCode::runtime,
-                    "cannot allocate " + std::to_string(bytes) + " bytes of GPU memory on " +
-                        description_ + ": " + std::to_string(free_bytes) + " bytes (" +
-                        gib(free_bytes) + ") of " + std::to_string(total) + " are free");
+        throw Error(ExitCode::runtime, out_of_memory(bytes));
       }
       if (rc != cudaSuccess) cuda_fail(rc, "cudaMalloc", __FILE__, __LINE__);
       // Zero-filled on the compute stream; the copy stream waits for the fill too, so an upload
@@ -122,8 +147,10 @@ void* CudaDevice::do_allocate(std::size_t bytes, MemoryKind kind) {
       const cudaError_t rc = cudaMallocHost(&p, n);
       if (rc == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
-        throw Error(ExitCode::runtime, "cannot allocate " + std::to_string(bytes) +
-                                           " bytes of pinned (page-locked) host memory");
+        throw Error(ExitCode::runtime,
+                    "cannot allocate " + std::to_string(bytes) +
+                        " bytes of pinned (page-locked) host memory" +
+                        (allocation_label().empty() ? "" : " for " + allocation_label()));
       }
       if (rc != cudaSuccess) cuda_fail(rc, "cudaMallocHost", __FILE__, __LINE__);
       std::memset(p, 0, n);
