@@ -113,11 +113,20 @@ Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
   const double weights[] = {2 * N * C * 3 * Cl, 2 * N * Cl * C, 2 * N * C * 4 * Cl, 2 * N * 4 * Cl * C};
   for (double f : weights) p.gemm_s += layers * c.gemm(f), p.flops += layers * f;
   // Attention: QK^T and att.V as full T x T products (the causal mask is applied after, as
-  // in pdtrain's kernels and Megatron's), per sequence and head. On a GPU the heads of a
-  // sequence are one strided-batch GEMM; on a CPU each (sequence, head) is its own.
+  // in pdtrain's reference kernels and Megatron's), per sequence and head (on a GPU the heads of
+  // a sequence are one strided-batch GEMM; on a CPU each (sequence, head) is its own), and the
+  // softmax over the T x T scores in memory. On a GPU with heads the fused
+  // kernels take (kernel_ops.hpp, fused_attention_takes): one launch, only the causal half of
+  // the tiles, the scores never leave shared memory (no softmax traffic); modelled at the
+  // machine's GEMM rate.
   const double att = 2 * 2 * B * heads * T * T * hs;
-  const double calls = c.m.device.gpu ? 2 * B : 2 * B * heads;
-  p.attention_s = layers * c.gemm(att, calls) + c.elementwise(bytes.softmax);
+  const kernels::AttentionShape shape{static_cast<int>(B), static_cast<int>(T), static_cast<int>(Cl),
+                                      static_cast<int>(heads), false};
+  if (c.m.device.gpu && kernels::fused_attention_takes(shape))
+    p.attention_s = layers * c.gemm(att * (T + 1) / (2 * T), 1);
+  else
+    p.attention_s = layers * c.gemm(att, c.m.device.gpu ? 2 * B : 2 * B * heads) +
+                    c.elementwise(bytes.softmax);
   p.flops += layers * att;
   p.elementwise_s = c.elementwise(bytes.layers + bytes.embedding + bytes.head) +
                     layers * kKernelsPerLayer * c.m.device.kernel_overhead_s;
@@ -235,10 +244,14 @@ ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* s
                                                             L.pp, p, m);
   if (slots) *slots = in_flight;
   ComputeMemory mem;
-  // The same allocation plan the stage allocates (GptStage::memory_bytes).
+  // The same allocation plan the stage allocates (GptStage::memory_bytes), with the attention
+  // buffers of the backend that runs it: a GPU's fused kernels keep B*NH*T floats per layer
+  // where the CPU reference keeps the T x T probabilities.
+  const kernels::AttentionFootprint& attention =
+      gpu ? kernels::cuda_attention_footprint() : kernels::cpu_attention();
   mem.activations = static_cast<double>(GptStage::memory_bytes(
       in.model, spec, in.batch_size / (L.dp * in.micro_batches), in.model.seq_len, in_flight, in.recompute,
-      in.precision, in.layer_major ? StageOrder::layer : StageOrder::micro_batch));
+      in.precision, in.layer_major ? StageOrder::layer : StageOrder::micro_batch, attention));
   const double n = stage_params(in.model, spec), bytes = 4 * n;
   const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
   mem.params = copies * bytes;
