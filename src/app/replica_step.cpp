@@ -61,7 +61,8 @@ ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts
   PDT_CHECK(stage_.needed_blocks().size() == stage_.catalog().blocks().size(),
             "the replicated baseline's stage must hold every block");
   tiles_ = stage_.tiles(stage_.needed_blocks());
-  if (!one_replica_) packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
+  if (!one_replica_ && !reducer_.on_device())
+    packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
 }
 
 // The replica's parameters of `version` into the stage, on the device (in bf16 precision
@@ -98,9 +99,19 @@ void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
 }
 
 // Several replicas: the gradients packed on the host, reduce-scattered and all-gathered in a
-// fixed order, then every replica applies the same update.
+// fixed order, then every replica applies the same update. With NCCL the same sums are made
+// on the GPUs (GradReducer::allreduce_on_device) and never leave them.
 void ReplicaStep::reduce_and_push(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
+  if (reducer_.on_device()) {  // NCCL: packed and summed on the GPUs, in the same order
+    ops_.gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
+    reducer_.allreduce_on_device(replica_->grads(), reducer_.total_numel());
+    const double t1 = now_seconds();
+    phases_.record(rec.reduce_ms, "reduce", t0, t1, "reduce", "dp");
+    replica_->update(step, replica_->grads());
+    phases_.record(rec.push_ms, "push", t1, now_seconds(), "update", "pd");
+    return;
+  }
   const ParamCatalog& cat = stage_.catalog();
   stage_.download_grads();
   float* p = packed_.data();
