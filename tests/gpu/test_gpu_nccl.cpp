@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -177,73 +178,93 @@ class DeviceFloats {
   Buffer<float> buf_;
 };
 
-TEST(GpuNccl, FixedOrderSumsAreTheMpiPathBitForBitRunAfterRun) {
+// What ranks 1..4 found, shared with every rank (only rank 0 prints test results): 1 where
+// every rank of the group found it, 0 where one did not.
+struct SumChecks {
+  int reduce_scatter = 1, reduce_scatter_again = 1, allgather = 1, allreduce = 1,
+      allreduce_again = 1, device_memory = 1;
+  int order_matters = 1 << 30;  // elements whose sum differs in reverse rank order (fewest)
+};
+static_assert(sizeof(SumChecks) == 7 * sizeof(int), "SumChecks travels as ints");
+
+SumChecks nccl_sums_against_mpi(MPI_Comm group, int world) {
   constexpr int kRanks = 4;
-  if (!own_gpus(kRanks + 1)) GTEST_SKIP() << "needs a GPU of its own for each of 4 ranks";
+  SumChecks c;
+  int rank = 0;
+  MPI_Comm_rank(group, &rank);
+  kernels::ComputeBackend gpu =
+      kernels::make_cuda_backend((world - 1) % kernels::cuda_device_count());
+  NcclId id{};
+  if (rank == 0) id = make_nccl_id();
+  MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group);
+  std::unique_ptr<Collectives> nccl = make_nccl_collectives(*gpu.device, rank, kRanks, id, "dp");
+  MpiCollectives mpi(group);
+  c.device_memory = nccl->device_memory();
+
+  // Uneven segments, one of them empty.
+  const std::vector<std::int64_t> counts = {300, 7, 0, 693};
+  const std::int64_t n = 1000, mine = counts[static_cast<std::size_t>(rank)];
+  const std::vector<float> x = spread_values(n, rank);
+  const float* mpi_sum = mpi.reduce_scatter(x.data(), counts);
+  const std::vector<float> want(mpi_sum, mpi_sum + mine);
+  DeviceFloats in(*gpu.device, n), out(*gpu.device, n);
+  in.upload(x);
+  c.reduce_scatter =
+      same_bits(in.download(nccl->reduce_scatter(in.data(), counts), mine).data(), want.data(), mine);
+  c.reduce_scatter_again =
+      same_bits(in.download(nccl->reduce_scatter(in.data(), counts), mine).data(), want.data(), mine);
+
+  // The data must tell orders apart, or the equality above would prove nothing.
+  std::vector<float> all(static_cast<std::size_t>(n * kRanks));
+  MPI_Allgather(x.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n),
+                MPI_FLOAT, group);
+  c.order_matters = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float forward = all[i], reverse = all[(kRanks - 1) * n + i];
+    for (int r = 1; r < kRanks; ++r) {
+      forward += all[r * n + i];
+      reverse += all[(kRanks - 1 - r) * n + i];
+    }
+    c.order_matters += forward != reverse;
+  }
+
+  // All-gather of the reduced segments: the MPI path's result on every rank.
+  std::vector<float> gathered(static_cast<std::size_t>(n));
+  mpi.allgather(want.data(), gathered.data(), counts);
+  nccl->allgather(nccl->reduce_scatter(in.data(), counts), out.data(), counts);
+  c.allgather = same_bits(out.download(out.data(), n).data(), gathered.data(), n);
+
+  // The tensor-parallel all-reduce (n not a multiple of the ranks), twice.
+  const std::int64_t m = 999;
+  std::vector<float> y = spread_values(m, rank + 5);
+  mpi.allreduce_sum(y.data(), m);
+  for (int* ok : {&c.allreduce, &c.allreduce_again}) {
+    in.upload(spread_values(m, rank + 5));
+    nccl->allreduce_sum(in.data(), m);
+    *ok = same_bits(in.download(in.data(), m).data(), y.data(), m);
+  }
+  return c;
+}
+
+TEST(GpuNccl, FixedOrderSumsAreTheMpiPathBitForBitRunAfterRun) {
+  if (!own_gpus(5)) GTEST_SKIP() << "needs a GPU of its own for each of 4 ranks";
   int world = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world);
   MPI_Comm group = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, world >= 1 && world <= kRanks ? 0 : MPI_UNDEFINED, world, &group);
+  MPI_Comm_split(MPI_COMM_WORLD, world >= 1 && world <= 4 ? 0 : MPI_UNDEFINED, world, &group);
+  SumChecks mine, all;
   if (group != MPI_COMM_NULL) {
-    int rank = 0;
-    MPI_Comm_rank(group, &rank);
-    kernels::ComputeBackend gpu =
-        kernels::make_cuda_backend((world - 1) % kernels::cuda_device_count());
-    NcclId id{};
-    if (rank == 0) id = make_nccl_id();
-    MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group);
-    std::unique_ptr<Collectives> nccl = make_nccl_collectives(*gpu.device, rank, kRanks, id, "dp");
-    MpiCollectives mpi(group);
-    EXPECT_TRUE(nccl->device_memory());
-
-    // Uneven segments, one of them empty.
-    const std::vector<std::int64_t> counts = {300, 7, 0, 693};
-    const std::int64_t n = 1000, mine = counts[static_cast<std::size_t>(rank)];
-    const std::vector<float> x = spread_values(n, rank);
-    const float* mpi_sum = mpi.reduce_scatter(x.data(), counts);
-    const std::vector<float> want(mpi_sum, mpi_sum + mine);
-    DeviceFloats in(*gpu.device, n), out(*gpu.device, n);
-    in.upload(x);
-    for (int run = 0; run < 2; ++run) {
-      const std::vector<float> got = in.download(nccl->reduce_scatter(in.data(), counts), mine);
-      EXPECT_TRUE(same_bits(got.data(), want.data(), mine)) << "reduce-scatter, run " << run;
-    }
-    // The data must tell orders apart, or the equality above would prove nothing: the sum of
-    // the whole in reverse rank order differs from the sum in rank order somewhere.
-    std::vector<float> all(static_cast<std::size_t>(n * kRanks));
-    MPI_Allgather(x.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n),
-                  MPI_FLOAT, group);
-    int order_matters = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      float forward = all[i], backward = all[(kRanks - 1) * n + i];
-      for (int r = 1; r < kRanks; ++r) {
-        forward += all[r * n + i];
-        backward += all[(kRanks - 1 - r) * n + i];
-      }
-      order_matters += forward != backward;
-    }
-    EXPECT_GT(order_matters, 10);
-
-    // All-gather of the reduced segments: the MPI path's result on every rank.
-    std::vector<float> gathered(static_cast<std::size_t>(n));
-    mpi.allgather(want.data(), gathered.data(), counts);
-    nccl->allgather(nccl->reduce_scatter(in.data(), counts), out.data(), counts);
-    EXPECT_TRUE(same_bits(out.download(out.data(), n).data(), gathered.data(), n));
-
-    // The tensor-parallel all-reduce (n not a multiple of the ranks), twice.
-    const std::int64_t m = 999;
-    std::vector<float> y = spread_values(m, rank + 5);
-    in.upload(y);
-    mpi.allreduce_sum(y.data(), m);
-    for (int run = 0; run < 2; ++run) {
-      in.upload(spread_values(m, rank + 5));
-      nccl->allreduce_sum(in.data(), m);
-      EXPECT_TRUE(same_bits(in.download(in.data(), m).data(), y.data(), m)) << "all-reduce, run " << run;
-    }
-    nccl.reset();
+    mine = nccl_sums_against_mpi(group, world);
     MPI_Comm_free(&group);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &all, sizeof(SumChecks) / sizeof(int), MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all.device_memory, 1);
+  EXPECT_EQ(all.reduce_scatter, 1) << "NCCL's reduce-scatter differs from the MPI path's";
+  EXPECT_EQ(all.reduce_scatter_again, 1) << "a second NCCL reduce-scatter differs";
+  EXPECT_EQ(all.allgather, 1) << "NCCL's all-gather differs from the MPI path's";
+  EXPECT_EQ(all.allreduce, 1) << "NCCL's all-reduce differs from the MPI path's";
+  EXPECT_EQ(all.allreduce_again, 1) << "a second NCCL all-reduce differs";
+  EXPECT_GT(all.order_matters, 10) << "the data does not tell summation orders apart";
 }
 
 // ------------------------------------------------------------- training over NCCL
