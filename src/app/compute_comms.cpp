@@ -89,8 +89,8 @@ CommChoice agree_on_comm(const Deck& deck, const Layout& layout, const std::stri
   else if (deck.parallel.comm == "mpi")
     c.why = asked + ": " + over_mpi;
   else
-    c.why = asked + ": " + over_mpi + ": " +
-            (here ? "another compute rank cannot use NCCL" : why_not_here);
+    c.why = asked + ": " + (here ? "another compute rank cannot use NCCL" : why_not_here) +
+            "; " + over_mpi;
   return c;
 }
 
