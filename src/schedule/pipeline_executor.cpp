@@ -25,13 +25,6 @@ float* PipelineExecutor::buffer() {
   return host_.emplace_back(static_cast<std::size_t>(numel_)).data();
 }
 
-void PipelineExecutor::copy(float* dst, const float* src) {
-  if (memory_)
-    memory_->copy(dst, src, numel_);
-  else
-    std::copy_n(src, numel_, dst);
-}
-
 void PipelineExecutor::recv(int from, int tag) {
   TraceSpan span(trace_, "recv " + std::to_string(tag), "p2p");
   comm_.recv(recv_, numel_, from, tag);
@@ -39,10 +32,16 @@ void PipelineExecutor::recv(int from, int tag) {
 
 void PipelineExecutor::send(int to, int tag, const float* data) {
   TraceSpan span(trace_, "send " + std::to_string(tag), "p2p");
-  // The buffer must live until the send completes at the end of the step.
+  if (memory_) {
+    // Device memory: the send is ordered with the compute queue (the seam's contract), so the
+    // compute that may overwrite `data` runs after the send: no copy, no buffer.
+    comm_.send(data, numel_, to, tag);
+    return;
+  }
+  // Host memory: the buffer must live until the send completes at the end of the step.
   if (send_bufs_.size() <= sends_) send_bufs_.push_back(buffer());
   float* buf = send_bufs_[sends_++];
-  copy(buf, data);
+  std::copy_n(data, numel_, buf);
   comm_.send(buf, numel_, to, tag);
 }
 

@@ -4,7 +4,7 @@
 // pp group moves host memory (MPI), a stage on a GPU hands its output and input gradient over
 // through pinned host staging; where it moves device memory (NCCL), the stage's device
 // pointers go to the executor as they are and the runner is the executor's MessageMemory
-// (device buffers, device-to-device copies on the compute queue).
+// (its device receive buffer).
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -53,9 +53,6 @@ class StageRunner final : public PipelineStageOps, public MessageMemory {
   float* allocate(std::int64_t n) override {
     return messages_.emplace_back(device_, n, MemoryKind::device).data();
   }
-  void copy(float* dst, const float* src, std::int64_t n) override {
-    device_.copy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
-  }
 
  private:
   void load_tokens(int mb);
@@ -72,7 +69,7 @@ class StageRunner final : public PipelineStageOps, public MessageMemory {
   Device& device_;
   bool device_messages_;
   HostStaging staging_;
-  std::deque<Buffer<float>> messages_;  // device_messages_: the executor's buffers
+  std::deque<Buffer<float>> messages_;  // device_messages_: the executor's receive buffer
   std::vector<std::int32_t> seq_, inputs_, targets_;
   std::int64_t step_ = 0, val_batch_size_ = 0;
   int val_batches_per_pass_ = 0;

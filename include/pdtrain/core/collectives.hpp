@@ -42,7 +42,10 @@ class NoTensorParallel final : public TensorParallelOps {
 class Collectives : public TensorParallelOps {
  public:
   virtual const char* transport() const = 0;  // "mpi" | "nccl"
-  // Whether the buffers passed in are device memory (NCCL) rather than host memory (MPI).
+  // Whether the buffers passed in are device memory (NCCL) rather than host memory (MPI). Then
+  // every operation is ordered with the device's compute queue: it reads its inputs after the
+  // compute queued before it, and compute queued after it (end_group() for messages) runs after
+  // it has read and written its buffers, so that compute may reuse them at once.
   virtual bool device_memory() const { return false; }
 
   // `data` holds this rank's copy of every segment, back to back in rank order (counts[r]

@@ -10,9 +10,10 @@
 // message can only match its own receive (NCCL matches in posting order, the same order).
 //
 // Messages live in the memory the pp group's transport moves: host memory for MPI (the
-// executor's own), device memory for NCCL (a MessageMemory the stage side gives, whose outputs
-// are then device pointers too), so a GPU stage's activations and their gradients go from GPU
-// to GPU without a host copy.
+// executor's own), device memory for NCCL (the receive buffer from a MessageMemory the stage
+// side gives, whose outputs are then device pointers too), so a GPU stage's activations and
+// their gradients go from GPU to GPU without a host copy. On device memory sends leave from the
+// stage's own output (the transport orders them with the compute queue), so no copy is made.
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -43,8 +44,6 @@ class MessageMemory {
   virtual ~MessageMemory() = default;
   // A buffer of n floats that lives as long as this object.
   virtual float* allocate(std::int64_t n) = 0;
-  // dst <- src (n floats), in order with the stage's compute.
-  virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
 };
 
 class PipelineExecutor {
@@ -78,12 +77,11 @@ class PipelineExecutor {
   std::int64_t numel_;
   TraceRecorder* trace_;
   float* buffer();  // a new message buffer of numel_ floats
-  void copy(float* dst, const float* src);
 
   MessageMemory* memory_;
   std::deque<std::vector<float>> host_;  // the buffers, in host memory (memory_ null)
   float* recv_ = nullptr;
-  std::vector<float*> send_bufs_;
+  std::vector<float*> send_bufs_;  // host memory: the step's sends leave from these
   std::size_t sends_ = 0;  // sends posted this step (send_bufs_ in use)
 };
 
