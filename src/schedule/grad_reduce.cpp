@@ -1,10 +1,10 @@
 #include "pdtrain/schedule/grad_reduce.hpp"
 
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/mpi_collectives.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
 #include "pdtrain/core/test_hooks.hpp"
-#include "pdtrain/core/error.hpp"
 #include "pdtrain/layout/placement.hpp"
 
 namespace pdtrain {

@@ -299,5 +299,15 @@ TEST(GpuNccl, PipelineOverNcclIsTheMpiPathBitForBit) {
                    "pp 2");
 }
 
+TEST(GpuNccl, ReplicatedPipelineOverNcclIsTheMpiPathBitForBit) {
+  if (!own_gpus(5)) GTEST_SKIP() << "needs a GPU of its own for each of four compute ranks";
+  // dp 2 x pp 2 under PD: each stage's units summed over its replicas on the GPUs during
+  // backward, between the pipeline's messages, on three NCCL groups at once.
+  const std::vector<std::string> grid =
+      plus(kShort, {"parallel.holders=1", "parallel.pp=2", "parallel.micro_batches=2"});
+  expect_identical(run_on(5, cuda("nccl", grid), "dp2pp2-nccl"),
+                   run_on(5, cuda("mpi", grid), "dp2pp2-mpi"), "dp 2 x pp 2");
+}
+
 }  // namespace
 }  // namespace pdtrain::test

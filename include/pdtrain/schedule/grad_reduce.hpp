@@ -25,7 +25,6 @@ namespace pdtrain {
 class GradReducer {
  public:
   // One group: `blocks` in a fixed order, `numel[i]` the size of blocks[i]. Collective over
-  // dp_comm.
   // dp_comm. `on_device`: the same replicas' collectives on device memory (NCCL), or null.
   GradReducer(MPI_Comm dp_comm, std::vector<int> blocks, std::vector<std::int64_t> numel,
               Collectives* on_device = nullptr);
