@@ -154,9 +154,10 @@ std::vector<float> spread_values(std::int64_t n, int rank) {
   return x;
 }
 
-// The same as `a` bit for bit (NaN-safe, -0 told from +0).
+// The same as `a` bit for bit (NaN-safe, -0 told from +0). An empty segment's pointers may be
+// null.
 bool same_bits(const float* a, const float* b, std::int64_t n) {
-  return std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(float)) == 0;
+  return n == 0 || std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(float)) == 0;
 }
 
 class DeviceFloats {
