@@ -27,9 +27,14 @@ set(PDTRAIN_DEVICE_EXTRA_DEPS CUDA::cudart_static)
 # binary then needs libnccl.so.2 at run time (the machine's, like cuBLASLt):
 # -DPDTRAIN_WITH_NCCL=OFF builds without it for a machine that has none.
 option(PDTRAIN_WITH_NCCL "NCCL between GPU compute ranks (when the toolkit has it)" ON)
+# The NCCL collectives' one kernel (the fixed-order sum) is a .cu of the device library.
+set(_pdt_nccl_sources ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/nccl_collectives.cpp
+                      ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/fixed_order_sum.cu)
 if(PDTRAIN_CUDA_EMULATED)
-  # The emulation's NCCL (over MPI) is pdtrain::nccl already.
-  list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/nccl_collectives.cpp)
+  # The emulation's NCCL (over MPI) is pdtrain::nccl already; the .cu is C++ there.
+  set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/fixed_order_sum.cu
+                              PROPERTIES LANGUAGE CXX)
+  list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${_pdt_nccl_sources})
   set(PDTRAIN_NCCL ON)
 else()
 find_path(PDTRAIN_NCCL_INCLUDE_DIR nccl.h
@@ -41,7 +46,7 @@ if(PDTRAIN_WITH_NCCL AND PDTRAIN_NCCL_INCLUDE_DIR AND PDTRAIN_NCCL_LIBRARY)
   add_library(pdtrain::nccl UNKNOWN IMPORTED)
   set_target_properties(pdtrain::nccl PROPERTIES IMPORTED_LOCATION ${PDTRAIN_NCCL_LIBRARY}
                                                  INTERFACE_INCLUDE_DIRECTORIES ${PDTRAIN_NCCL_INCLUDE_DIR})
-  list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/nccl_collectives.cpp)
+  list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${_pdt_nccl_sources})
   list(APPEND PDTRAIN_DEVICE_EXTRA_DEPS pdtrain::nccl)
   set(PDTRAIN_NCCL ON)
 else()

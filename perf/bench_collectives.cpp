@@ -117,7 +117,7 @@ std::unique_ptr<Collectives> make_transport(const Options& o, Memory& mem) {
   if (comm_rank(MPI_COMM_WORLD) == 0) id = make_nccl_id();
   MPI_CHECK(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD));
   return make_nccl_collectives(*mem.backend.device, comm_rank(MPI_COMM_WORLD),
-                               comm_size(MPI_COMM_WORLD), id);
+                               comm_size(MPI_COMM_WORLD), id, "world");
 }
 
 // Best of `iters` timed calls (after one warm-up), the slowest rank's time of each.

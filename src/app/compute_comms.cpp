@@ -77,30 +77,51 @@ CommChoice agree_on_comm(const Deck& deck, const Layout& layout, const std::stri
   CommChoice c;
   c.nccl = everywhere == 1;
   const std::string asked = "parallel.comm = " + deck.parallel.comm;
+  const std::string over_nccl = "tp, dp and pp over NCCL on device memory";
+  const std::string over_mpi =
+      deck.compute.device == "cpu" ? "tp, dp and pp over MPI"
+                                   : "tp, dp and pp over MPI through pinned host memory";
   if (c.nccl && layout.is_holder())
-    c.why = asked + ": nccl among the compute ranks";  // holders never touch NCCL
+    c.why = asked + ": " + over_nccl + " among the compute ranks";  // holders never touch NCCL
   else if (c.nccl)
-    c.why = asked + ": every compute rank has a GPU of its own; " + pin_deterministic_nccl() +
-            " (NCCL " + nccl_version() + ")";
+    c.why = asked + ": every compute rank has a GPU of its own: " + over_nccl + "; " +
+            pin_deterministic_nccl() + " (NCCL " + nccl_version() + ")";
   else if (deck.parallel.comm == "mpi")
-    c.why = asked;
+    c.why = asked + ": " + over_mpi;
   else
-    c.why = asked + ": " + (here ? "another compute rank cannot use NCCL" : why_not_here);
+    c.why = asked + ": " + (here ? "another compute rank cannot use NCCL" : why_not_here) +
+            "; " + over_mpi;
   return c;
 }
+
+namespace {
+
+// A NCCL communicator over one group of compute ranks: its id made on the group's first rank
+// and broadcast within the group's MPI communicator (compute ranks only).
+std::unique_ptr<Collectives> nccl_group(MPI_Comm group, Device& device, const char* name) {
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(group, &rank));
+  MPI_CHECK(MPI_Comm_size(group, &size));
+  NcclId id{};
+  if (rank == 0) id = make_nccl_id();
+  MPI_CHECK(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group));
+  return make_nccl_collectives(device, rank, size, id, name);
+}
+
+}  // namespace
 
 ComputeComms make_compute_comms(const CommChoice& choice, const Layout& layout, Device& device) {
   ComputeComms c;
   if (choice.nccl) {
-    // The id travels inside the tp group's MPI communicator: compute ranks only.
-    NcclId id{};
-    if (layout.tp_rank() == 0) id = make_nccl_id();
-    MPI_CHECK(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, layout.tp_comm()));
-    c.tp = make_nccl_collectives(device, layout.tp_rank(), layout.shape().tp, id);
-  } else {
-    c.tp = std::make_unique<MpiCollectives>(layout.tp_comm());
-    if (!device.is_host()) c.staged_tp = std::make_unique<StagedTensorParallel>(*c.tp, device);
+    // Every rank makes its groups in the same order (tp, dp, pp), so no group's set-up waits
+    // on another's.
+    c.tp = nccl_group(layout.tp_comm(), device, "tp");
+    c.dp = nccl_group(layout.dp_comm(), device, "dp");
+    c.pp = nccl_group(layout.pp_comm(), device, "pp");
+    return c;
   }
+  c.tp = std::make_unique<MpiCollectives>(layout.tp_comm());
+  if (!device.is_host()) c.staged_tp = std::make_unique<StagedTensorParallel>(*c.tp, device);
   c.pp = std::make_unique<MpiCollectives>(layout.pp_comm());
   return c;
 }

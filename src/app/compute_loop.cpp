@@ -262,10 +262,10 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
       stage_(stage_params_, micro_batch_, T_, comms_.model_tp(), slots_, recompute_mode(deck),
              *backend.ops, deck.parallel.order),
       runner_(stage_, *setup.source, layout.dp_rank() * (deck.train.batch_size / layout.shape().dp),
-              micro_batch_, T_, slots_, *backend.device),
+              micro_batch_, T_, slots_, *backend.device, comms_.pp->device_memory()),
       pipeline_(*comms_.pp, kind_, micro_batches_, micro_batch_ * T_ * deck.model.d_model,
-                trace),
-      reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks())),
+                trace, runner_.message_memory()),
+      reducer_(layout.dp_comm(), pushed_blocks(), block_sizes(pushed_blocks()), comms_.dp.get()),
       phases_(timers_, trace),
       step_(std::visit(
           [&](auto&& o) {

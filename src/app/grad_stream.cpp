@@ -125,7 +125,8 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
 }
 
 GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
-                           int passes, int pushes_in_flight, TraceRecorder* trace)
+                           Collectives* dp_on_device, int passes, int pushes_in_flight,
+                           TraceRecorder* trace)
     : params_(params), service_(service), device_(params.device()), trace_(trace),
       passes_(passes), pushes_in_flight_(pushes_in_flight), replicas_(comm_size(dp_comm)),
       bound_bytes_(bound_bytes(params, passes, replicas_, pushes_in_flight,
@@ -133,7 +134,7 @@ GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_C
       writes_per_pass_(writes_per_pass(params)),
       group_of_unit_(static_cast<std::size_t>(params.num_units()), -1),
       in_place_(static_cast<std::size_t>(params.num_units()), false),
-      reducer_(dp_comm, push_groups(params), block_numel(params.catalog())),
+      reducer_(dp_comm, push_groups(params), block_numel(params.catalog()), dp_on_device),
       written_(static_cast<std::size_t>(params.num_units()), 0),
       final_(static_cast<std::size_t>(params.num_units()), false),
       bound_(static_cast<std::size_t>(params.num_units())) {
@@ -209,8 +210,11 @@ void GradStreamer::release(int u) {
   } else if (device_.is_host()) {
     push_unit(u, std::move(grads));
   } else {
-    // The copy queue takes the unit once the compute queue has finished its backward; the
-    // previous unit's download, queued one unit earlier, is pushed meanwhile.
+    // NCCL: the replicas sum the unit on their GPUs first (the whole unit's memory, each
+    // element in replica order: the host path's bits), so it crosses to the host reduced.
+    if (reducer_.on_device()) reducer_.allreduce_on_device(grads.device(), grads.size());
+    // The copy queue takes the unit once the compute queue has finished its backward (and the
+    // reduce); the previous unit's download, queued one unit earlier, is pushed meanwhile.
     const std::unique_ptr<Event> computed = device_.make_event();
     device_.record(*computed, Queue::compute);
     device_.wait(Queue::copy, *computed);
@@ -284,8 +288,11 @@ bool GradStreamer::reduce_and_start_push(int g, float* data,
     *ticket = service_.start_push(step_, reducer_.blocks(g), data);
     return true;
   }
-  const float* mine = reducer_.reduce_scatter(data, g);
-  if (mine != data) std::copy_n(mine, reducer_.my_numel(g), data);
+  // Reduced on the device already (NCCL): this replica's segment is where it lies.
+  const float* mine = reducer_.on_device() ? data + reducer_.my_offset(g)
+                                           : reducer_.reduce_scatter(data, g);
+  if (mine != data)
+    std::memmove(data, mine, static_cast<std::size_t>(reducer_.my_numel(g)) * sizeof(float));
   if (reducer_.my_blocks(g).empty()) return false;
   *ticket = service_.start_push(step_, reducer_.my_blocks(g), data);
   return true;

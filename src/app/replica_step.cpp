@@ -88,7 +88,7 @@ ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts
     if (tied) tied_.push_back(b);
     if (replicated || tied) completed_.push_back(b);
   }
-  if (on_device_) return;
+  if (on_device_ || reducer_.on_device()) return;
   packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
   kept_grads_.resize(static_cast<std::size_t>(replica_->numel()));
 }
@@ -135,9 +135,25 @@ void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
 // Several replicas, on the host: the gradients PD would push are packed, reduce-scattered and
 // all-gathered in a fixed order (GradReducer, as PD's streamer reduces them), completed as the
 // holders complete them, and the replica applies the update (every data-parallel replica the
-// same one).
+// same one). With NCCL the same sums are made on the GPUs (GradReducer::allreduce_on_device:
+// every element added in replica order, so the bits do not depend on how the buffer is cut)
+// and only the completed blocks visit the host.
 void ReplicaStep::reduce_and_push(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
+  if (reducer_.on_device()) {  // NCCL: packed and summed on the GPUs, in the same order
+    ops_.optimizer().gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
+    reducer_.allreduce_on_device(replica_->grads(), replica_->numel());
+    if (!completed_.empty()) {
+      replica_->download_grads(completed_);
+      complete_on_host(replica_->grads_host());
+      replica_->upload_grads(completed_);
+    }
+    const double t1 = now_seconds();
+    phases_.record(rec.reduce_ms, "reduce", t0, t1, "reduce", "dp");
+    replica_->update(step, replica_->grads());
+    phases_.record(rec.push_ms, "push", t1, now_seconds(), "update", "pd");
+    return;
+  }
   const ParamCatalog& cat = stage_.catalog();
   stage_.download_grads();
   float* p = packed_.data();

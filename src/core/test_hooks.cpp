@@ -1,8 +1,14 @@
 #include "pdtrain/core/test_hooks.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
+#include <thread>
 
 namespace pdtrain::test_hooks {
 
@@ -36,6 +42,20 @@ void checkpoint_write_point(std::string_view point) {
     hook = g_write_hook;
   }
   if (hook) hook(point);  // outside the lock: the hook may end the process
+}
+
+void stall_point(std::string_view point) {
+  const char* v = std::getenv("PDTRAIN_TEST_STALL");
+  if (!v) return;
+  const std::string spec(v);
+  const std::size_t colon = spec.find(':');
+  if (colon == std::string::npos || spec.substr(colon + 1) != point) return;
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (std::atoi(spec.substr(0, colon).c_str()) != rank) return;
+  std::fprintf(stderr, "pdtrain: test hook: rank %d stalls at %s\n", rank, spec.c_str() + colon + 1);
+  std::fflush(stderr);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace pdtrain::test_hooks

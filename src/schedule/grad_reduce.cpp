@@ -1,23 +1,25 @@
 #include "pdtrain/schedule/grad_reduce.hpp"
 
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/mpi_collectives.hpp"
 #include "pdtrain/core/quiet_wait.hpp"
+#include "pdtrain/core/test_hooks.hpp"
 #include "pdtrain/layout/placement.hpp"
 
 namespace pdtrain {
 
 GradReducer::GradReducer(MPI_Comm dp_comm, std::vector<int> blocks,
-                         std::vector<std::int64_t> numel)
-    : comm_(dp_comm), replicas_(std::make_unique<MpiCollectives>(dp_comm)) {
+                         std::vector<std::int64_t> numel, Collectives* on_device)
+    : comm_(dp_comm), replicas_(std::make_unique<MpiCollectives>(dp_comm)), device_(on_device) {
   me_ = replicas_->rank();
   dp_ = replicas_->size();
   groups_.push_back(make_group(std::move(blocks), numel));
 }
 
 GradReducer::GradReducer(MPI_Comm dp_comm, const std::vector<std::vector<int>>& groups,
-                         const std::vector<std::int64_t>& numel_by_block)
-    : comm_(dp_comm), replicas_(std::make_unique<MpiCollectives>(dp_comm)) {
+                         const std::vector<std::int64_t>& numel_by_block, Collectives* on_device)
+    : comm_(dp_comm), replicas_(std::make_unique<MpiCollectives>(dp_comm)), device_(on_device) {
   me_ = replicas_->rank();
   dp_ = replicas_->size();
   for (const std::vector<int>& blocks : groups) {
@@ -35,10 +37,18 @@ GradReducer::Group GradReducer::make_group(std::vector<int> blocks,
   const std::vector<int> seg = place_blocks(numel, dp_);  // contiguous, balanced
   for (std::size_t i = 0; i < g.blocks.size(); ++i) {
     g.counts[seg[i]] += numel[i];
+    if (seg[i] < me_) g.my_offset += numel[i];
     g.total += numel[i];
     if (seg[i] == me_) g.mine.push_back(g.blocks[i]);
   }
   return g;
+}
+
+void GradReducer::allreduce_on_device(float* data, std::int64_t n) {
+  PDT_CHECK(on_device(), "a device reduce without the replicas' NCCL collectives");
+  PDT_CHECK(device_->size() == dp_, "the dp group's NCCL and MPI collectives differ in size");
+  test_hooks::stall_point("dp_reduce");
+  device_->allreduce_sum(data, n);
 }
 
 double GradReducer::sum(double local) {

@@ -9,24 +9,40 @@
 namespace pdtrain {
 
 PipelineExecutor::PipelineExecutor(Collectives& stages, PipelineKind kind, int micro_batches,
-                                   std::int64_t activation_numel, TraceRecorder* trace)
+                                   std::int64_t activation_numel, TraceRecorder* trace,
+                                   MessageMemory* memory)
     : comm_(stages), kind_(kind), micro_batches_(micro_batches), stage_(stages.rank()),
-      stages_(stages.size()), numel_(activation_numel), trace_(trace) {
-  recv_.resize(static_cast<std::size_t>(numel_));
+      stages_(stages.size()), numel_(activation_numel), trace_(trace), memory_(memory) {
+  PDT_CHECK(stages.device_memory() == (memory != nullptr),
+            std::string("pipeline: the pp group's transport (") + stages.transport() +
+                ") moves " + (stages.device_memory() ? "device" : "host") +
+                " memory, but the messages are in " + (memory ? "device" : "host") + " memory");
+  if (stages_ > 1) recv_ = buffer();
+}
+
+float* PipelineExecutor::buffer() {
+  if (memory_) return memory_->allocate(numel_);
+  return host_.emplace_back(static_cast<std::size_t>(numel_)).data();
 }
 
 void PipelineExecutor::recv(int from, int tag) {
   TraceSpan span(trace_, "recv " + std::to_string(tag), "p2p");
-  comm_.recv(recv_.data(), numel_, from, tag);
+  comm_.recv(recv_, numel_, from, tag);
 }
 
 void PipelineExecutor::send(int to, int tag, const float* data) {
   TraceSpan span(trace_, "send " + std::to_string(tag), "p2p");
-  // The buffer must live until the send completes at the end of the step.
-  if (send_bufs_.size() <= sends_) send_bufs_.emplace_back(static_cast<std::size_t>(numel_));
-  std::vector<float>& buf = send_bufs_[sends_++];
-  std::copy_n(data, numel_, buf.begin());
-  comm_.send(buf.data(), numel_, to, tag);
+  if (memory_) {
+    // Device memory: the send is ordered with the compute queue (the seam's contract), so the
+    // compute that may overwrite `data` runs after the send: no copy, no buffer.
+    comm_.send(data, numel_, to, tag);
+    return;
+  }
+  // Host memory: the buffer must live until the send completes at the end of the step.
+  if (send_bufs_.size() <= sends_) send_bufs_.push_back(buffer());
+  float* buf = send_bufs_[sends_++];
+  std::copy_n(data, numel_, buf);
+  comm_.send(buf, numel_, to, tag);
 }
 
 double PipelineExecutor::end_group() {
@@ -56,10 +72,10 @@ void PipelineExecutor::run(const std::vector<PipelineAction>& actions, PipelineS
       if (!a.grouped_with_next) *waited += end_group();
     } else if (a.kind == ActionKind::forward) {
       TraceSpan span(trace_, "forward mb" + std::to_string(mb), "compute");
-      ops.forward(mb, stage_ == 0 ? nullptr : recv_.data());
+      ops.forward(mb, stage_ == 0 ? nullptr : recv_);
     } else {
       TraceSpan span(trace_, "backward mb" + std::to_string(mb), "compute");
-      ops.backward(mb, stage_ == stages_ - 1 ? nullptr : recv_.data());
+      ops.backward(mb, stage_ == stages_ - 1 ? nullptr : recv_);
     }
   }
   const double t0 = now_seconds();

@@ -4,18 +4,26 @@
 //    bit, as the replicated baseline and under PD;
 //  - compute ranks sharing a GPU cannot use NCCL: "auto" falls back to MPI (the same bits as
 //    "mpi"), "nccl" is an error naming the deck key and the shared GPU;
-//  - with two GPUs, tp 2 over NCCL is the MPI path bit for bit (a sum of two is the same in
-//    either order, and the ring's last phase copies), and a rerun repeats its bits.
+//  - with two GPUs, tp 2 over NCCL is the MPI path bit for bit, and a rerun repeats its bits;
+//  - with a GPU per rank, the NCCL reduce-scatter, all-gather and all-reduce of four ranks are
+//    the MPI path's bits (fixed rank order, on data whose sums depend on the order), run after
+//    run; and the data-parallel gradient reduce (PD and the replicated baseline) and the
+//    pipeline's messages over NCCL train to the MPI path's losses and params_crc32c.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "../mpi/run_helpers.hpp"
 #include "pdtrain/core/error.hpp"
+#include "pdtrain/core/mpi_collectives.hpp"
+#include "pdtrain/device/device.hpp"
 #include "pdtrain/device/nccl_collectives.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 
@@ -131,6 +139,175 @@ TEST(GpuNccl, TensorParallelOverNcclIsTheMpiPathBitForBit) {
   const RunOutcome nccl = run_on(3, cuda("nccl", tp2), "tp2-nccl");
   expect_identical(nccl, run_on(3, cuda("mpi", tp2), "tp2-mpi"), "tp 2");
   expect_identical(run_on(3, cuda("nccl", tp2), "tp2-nccl-again"), nccl, "tp 2 rerun");
+}
+
+// ------------------------------------------------------------- the collectives themselves
+
+// Rank r's data: values of widely spread magnitudes, so that a sum of four depends on the
+// order of its additions.
+std::vector<float> spread_values(std::int64_t n, int rank) {
+  std::mt19937 rng(1234u + 77u * static_cast<unsigned>(rank));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    x[i] = std::ldexp(u(rng), static_cast<int>((i * 7 + rank * 13) % 40) - 20);
+  return x;
+}
+
+// The same as `a` bit for bit (NaN-safe, -0 told from +0). An empty segment's pointers may be
+// null.
+bool same_bits(const float* a, const float* b, std::int64_t n) {
+  return n == 0 || std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(float)) == 0;
+}
+
+class DeviceFloats {
+ public:
+  DeviceFloats(Device& device, std::int64_t n) : device_(device), buf_(device, n) {}
+  float* data() { return buf_.data(); }
+  void upload(const std::vector<float>& x) {
+    device_.copy(buf_.data(), x.data(), x.size() * sizeof(float));
+  }
+  std::vector<float> download(const float* at, std::int64_t n) {
+    std::vector<float> out(static_cast<std::size_t>(n));
+    device_.copy(out.data(), at, out.size() * sizeof(float));
+    device_.synchronize();
+    return out;
+  }
+
+ private:
+  Device& device_;
+  Buffer<float> buf_;
+};
+
+// What ranks 1..4 found, shared with every rank (only rank 0 prints test results): 1 where
+// every rank of the group found it, 0 where one did not.
+struct SumChecks {
+  int reduce_scatter = 1, reduce_scatter_again = 1, allgather = 1, allreduce = 1,
+      allreduce_again = 1, device_memory = 1;
+  int order_matters = 1 << 30;  // elements whose sum differs in reverse rank order (fewest)
+};
+static_assert(sizeof(SumChecks) == 7 * sizeof(int), "SumChecks travels as ints");
+
+SumChecks nccl_sums_against_mpi(MPI_Comm group, int world) {
+  constexpr int kRanks = 4;
+  SumChecks c;
+  int rank = 0;
+  MPI_Comm_rank(group, &rank);
+  kernels::ComputeBackend gpu =
+      kernels::make_cuda_backend((world - 1) % kernels::cuda_device_count());
+  NcclId id{};
+  if (rank == 0) id = make_nccl_id();
+  MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group);
+  std::unique_ptr<Collectives> nccl = make_nccl_collectives(*gpu.device, rank, kRanks, id, "dp");
+  MpiCollectives mpi(group);
+  c.device_memory = nccl->device_memory();
+
+  // Uneven segments, one of them empty.
+  const std::vector<std::int64_t> counts = {300, 7, 0, 693};
+  const std::int64_t n = 1000, mine = counts[static_cast<std::size_t>(rank)];
+  const std::vector<float> x = spread_values(n, rank);
+  const float* mpi_sum = mpi.reduce_scatter(x.data(), counts);
+  const std::vector<float> want(mpi_sum, mpi_sum + mine);
+  DeviceFloats in(*gpu.device, n), out(*gpu.device, n);
+  in.upload(x);
+  c.reduce_scatter =
+      same_bits(in.download(nccl->reduce_scatter(in.data(), counts), mine).data(), want.data(), mine);
+  c.reduce_scatter_again =
+      same_bits(in.download(nccl->reduce_scatter(in.data(), counts), mine).data(), want.data(), mine);
+
+  // The data must tell orders apart, or the equality above would prove nothing.
+  std::vector<float> all(static_cast<std::size_t>(n * kRanks));
+  MPI_Allgather(x.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n),
+                MPI_FLOAT, group);
+  c.order_matters = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float forward = all[i], reverse = all[(kRanks - 1) * n + i];
+    for (int r = 1; r < kRanks; ++r) {
+      forward += all[r * n + i];
+      reverse += all[(kRanks - 1 - r) * n + i];
+    }
+    c.order_matters += forward != reverse;
+  }
+
+  // All-gather of the reduced segments: the MPI path's result on every rank.
+  std::vector<float> gathered(static_cast<std::size_t>(n));
+  mpi.allgather(want.data(), gathered.data(), counts);
+  nccl->allgather(nccl->reduce_scatter(in.data(), counts), out.data(), counts);
+  c.allgather = same_bits(out.download(out.data(), n).data(), gathered.data(), n);
+
+  // The tensor-parallel all-reduce (n not a multiple of the ranks), twice.
+  const std::int64_t m = 999;
+  std::vector<float> y = spread_values(m, rank + 5);
+  mpi.allreduce_sum(y.data(), m);
+  for (int* ok : {&c.allreduce, &c.allreduce_again}) {
+    in.upload(spread_values(m, rank + 5));
+    nccl->allreduce_sum(in.data(), m);
+    *ok = same_bits(in.download(in.data(), m).data(), y.data(), m);
+  }
+  return c;
+}
+
+TEST(GpuNccl, FixedOrderSumsAreTheMpiPathBitForBitRunAfterRun) {
+  if (!own_gpus(5)) GTEST_SKIP() << "needs a GPU of its own for each of 4 ranks";
+  int world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  MPI_Comm group = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world >= 1 && world <= 4 ? 0 : MPI_UNDEFINED, world, &group);
+  SumChecks mine, all;
+  if (group != MPI_COMM_NULL) {
+    mine = nccl_sums_against_mpi(group, world);
+    MPI_Comm_free(&group);
+  }
+  MPI_Allreduce(&mine, &all, sizeof(SumChecks) / sizeof(int), MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all.device_memory, 1);
+  EXPECT_EQ(all.reduce_scatter, 1) << "NCCL's reduce-scatter differs from the MPI path's";
+  EXPECT_EQ(all.reduce_scatter_again, 1) << "a second NCCL reduce-scatter differs";
+  EXPECT_EQ(all.allgather, 1) << "NCCL's all-gather differs from the MPI path's";
+  EXPECT_EQ(all.allreduce, 1) << "NCCL's all-reduce differs from the MPI path's";
+  EXPECT_EQ(all.allreduce_again, 1) << "a second NCCL all-reduce differs";
+  EXPECT_GT(all.order_matters, 10) << "the data does not tell summation orders apart";
+}
+
+// ------------------------------------------------------------- training over NCCL
+
+const std::vector<std::string> kShort = {"run.steps=3"};
+
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(GpuNccl, DataParallelReduceOverNcclIsTheMpiPathBitForBit) {
+  if (!own_gpus(3)) GTEST_SKIP() << "needs a GPU of its own for each of two compute ranks";
+  // The replicated baseline, dp 2: the gradients packed and summed on the GPUs.
+  const std::vector<std::string> baseline = plus(kShort, {"parallel.holders=0"});
+  expect_identical(run_on(2, cuda("nccl", baseline), "base-dp2-nccl"),
+                   run_on(2, cuda("mpi", baseline), "base-dp2-mpi"), "baseline dp 2");
+  // PD, one holder and dp 2: each unit summed on the GPUs as backward streams it out.
+  const std::vector<std::string> pd = plus(kShort, {"parallel.holders=1"});
+  const RunOutcome pd_nccl = run_on(3, cuda("nccl", pd), "pd-dp2-nccl");
+  expect_identical(pd_nccl, run_on(3, cuda("mpi", pd), "pd-dp2-mpi"), "PD dp 2");
+  expect_identical(run_on(3, cuda("nccl", pd), "pd-dp2-nccl-again"), pd_nccl, "PD dp 2 rerun");
+}
+
+TEST(GpuNccl, PipelineOverNcclIsTheMpiPathBitForBit) {
+  if (!own_gpus(3)) GTEST_SKIP() << "needs a GPU of its own for each of two compute ranks";
+  // PD, pp 2 (the tied embedding's two contributions summed by its holder), 1F1B over two
+  // micro-batches: activations and their gradients go GPU to GPU.
+  const std::vector<std::string> pp2 =
+      plus(kShort, {"parallel.holders=1", "parallel.pp=2", "parallel.micro_batches=2"});
+  expect_identical(run_on(3, cuda("nccl", pp2), "pp2-nccl"), run_on(3, cuda("mpi", pp2), "pp2-mpi"),
+                   "pp 2");
+}
+
+TEST(GpuNccl, ReplicatedPipelineOverNcclIsTheMpiPathBitForBit) {
+  if (!own_gpus(5)) GTEST_SKIP() << "needs a GPU of its own for each of four compute ranks";
+  // dp 2 x pp 2 under PD: each stage's units summed over its replicas on the GPUs during
+  // backward, between the pipeline's messages, on three NCCL groups at once.
+  const std::vector<std::string> grid =
+      plus(kShort, {"parallel.holders=1", "parallel.pp=2", "parallel.micro_batches=2"});
+  expect_identical(run_on(5, cuda("nccl", grid), "dp2pp2-nccl"),
+                   run_on(5, cuda("mpi", grid), "dp2pp2-mpi"), "dp 2 x pp 2");
 }
 
 }  // namespace

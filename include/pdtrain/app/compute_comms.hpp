@@ -3,8 +3,10 @@
 // seam (core/collectives.hpp) serves the tensor-parallel group, and the groups a compute rank
 // builds. NCCL serves a group only when the binary has NCCL, compute.device is the GPU and every
 // compute rank has a GPU of its own (ranks sharing a GPU cannot form a NCCL communicator over
-// it); otherwise MPI over host memory. Pipeline messages and the data-parallel gradient reduce
-// are MPI in both cases (their buffers are host memory today).
+// it); otherwise MPI over host memory. The choice is the same for every group: NCCL serves the
+// tp all-reduces, the data-parallel gradient reduce (GradReducer) and the pipeline's messages
+// (PipelineExecutor) on device memory, or MPI serves them all on host memory (a GPU's data
+// staged through pinned memory).
 #include <memory>
 #include <string>
 
@@ -42,11 +44,13 @@ CommChoice agree_on_comm(const Deck& deck, const Layout& layout, const std::stri
 
 // A compute rank's groups. `model_tp` is what the model's tensor-parallel calls go to: NCCL on
 // device memory, or MPI behind host staging (device/host_staging) on a GPU, or MPI directly on
-// the CPU. Collective over the compute ranks (the NCCL ids are broadcast within each tp group).
+// the CPU. Collective over the compute ranks (each NCCL id is broadcast within its group).
 struct ComputeComms {
   std::unique_ptr<Collectives> tp;       // the tp group
   std::unique_ptr<TensorParallelOps> staged_tp;  // MPI on a GPU: tp behind host staging
-  std::unique_ptr<Collectives> pp;       // the pipeline's neighbours (MPI, host memory)
+  std::unique_ptr<Collectives> dp;       // NCCL only: the replicas, on device memory (else the
+                                         // GradReducer's own MPI collectives, host memory)
+  std::unique_ptr<Collectives> pp;       // the pipeline's neighbours
   TensorParallelOps& model_tp() const { return staged_tp ? *staged_tp : *tp; }
 };
 ComputeComms make_compute_comms(const CommChoice& choice, const Layout& layout, Device& device);

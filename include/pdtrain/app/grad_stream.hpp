@@ -18,6 +18,11 @@
 // rank uses, and peak_bytes() is what the rank actually held. (With a lossy or compressing push
 // codec the encoded message is held as well, at most as large as the unit.)
 //
+// With NCCL (every compute rank a GPU of its own, several replicas) a final unit's gradient
+// memory is first summed over the replicas on the GPUs (GradReducer::allreduce_on_device, the
+// same replica order), so what crosses to the host is reduced and this replica pushes its
+// segment from there: no host reduction.
+//
 // On a GPU a final unit's gradient is downloaded to its pinned host view on the copy queue,
 // after an event on the compute queue, and packed and pushed only when the next unit is final
 // (or the step ends): the host never waits for the backward it has just queued, so the GPU
@@ -50,10 +55,12 @@ class GradStreamer final : public GradUser {
   // (pd.pushes_in_flight): units on the wire while backward goes on; 1 (the default) lets a
   // unit's push overlap the next unit's backward, a push over shared memory or a network
   // taking far less than a layer's backward, and each more costs a unit of memory; 0 waits for
-  // each push before backward goes on (the least memory). Collective over dp_comm. Registers
-  // itself as the stage's GradUser.
-  GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm, int passes,
-               int pushes_in_flight, TraceRecorder* trace);
+  // each push before backward goes on (the least memory). Collective over dp_comm.
+  // `dp_on_device`: the replicas' NCCL collectives (reduce on the GPU), or null (MPI on the
+  // host). Registers itself as the stage's GradUser.
+  GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
+               Collectives* dp_on_device, int passes, int pushes_in_flight,
+               TraceRecorder* trace);
   ~GradStreamer() override;
   GradStreamer(const GradStreamer&) = delete;
   GradStreamer& operator=(const GradStreamer&) = delete;

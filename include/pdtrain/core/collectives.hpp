@@ -7,7 +7,10 @@
 //    memory through pinned host memory (device/host_staging). Also the fallback when ranks share
 //    a GPU or the binary has no NCCL.
 //  - NCCL on device memory (device/nccl_collectives.hpp, CUDA builds with NCCL): its own stream,
-//    gated by events on the compute queue, so nothing waits on the host.
+//    gated by events on the compute queue, so nothing waits on the host; its sums are the same
+//    fixed-order sums (a kernel adds the gathered copies in rank order), the MPI path's bits.
+//    It serves every group (tp, dp, pp) when every compute rank has a GPU of its own
+//    (app/compute_comms).
 //
 // TensorParallelOps is the part the model sees (its tp all-reduces, so model/ never calls MPI);
 // Collectives adds what the data-parallel gradient reduce and the pipeline need. Holders never
@@ -39,6 +42,11 @@ class NoTensorParallel final : public TensorParallelOps {
 class Collectives : public TensorParallelOps {
  public:
   virtual const char* transport() const = 0;  // "mpi" | "nccl"
+  // Whether the buffers passed in are device memory (NCCL) rather than host memory (MPI). Then
+  // every operation is ordered with the device's compute queue: it reads its inputs after the
+  // compute queued before it, and compute queued after it (end_group() for messages) runs after
+  // it has read and written its buffers, so that compute may reuse them at once.
+  virtual bool device_memory() const { return false; }
 
   // `data` holds this rank's copy of every segment, back to back in rank order (counts[r]
   // floats for rank r, the same counts on every rank). Returns the sum over the group of this

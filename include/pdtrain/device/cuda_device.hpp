@@ -11,8 +11,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pdtrain/device/device.hpp"
 
@@ -39,6 +42,7 @@ class CudaDevice final : public Device {
   // Device memory: cudaMemsetAsync on the compute stream; host memory: the host waits for the
   // compute stream and clears it.
   void zero(void* dst, std::size_t bytes) override;
+  // The host waits; with wait watches (below) it polls and runs them meanwhile.
   void synchronize() override;
 
   std::unique_ptr<Event> make_event() override;
@@ -57,6 +61,15 @@ class CudaDevice final : public Device {
   // created the device must call this before it launches kernels on the device's streams).
   void make_current() const;
 
+  // A check the host runs over and over while it waits for this device (synchronize,
+  // wait_host, and once when a wait ends in a CUDA error), so that a wait on work that can never
+  // finish ends with the check's error instead of a hang: the NCCL collectives add theirs
+  // (ncclCommGetAsyncError; a peer that failed). `owner` names it for remove_wait_watch. While
+  // none is set, waits block in the CUDA runtime as before.
+  void add_wait_watch(const void* owner, std::function<void()> check);
+  void remove_wait_watch(const void* owner);
+  void run_wait_watches() const;
+
  protected:
   void* do_allocate(std::size_t bytes, MemoryKind kind) override;
   void do_release(void* p, MemoryKind kind) noexcept override;
@@ -69,6 +82,9 @@ class CudaDevice final : public Device {
   std::string description_;
   std::string uuid_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  std::vector<std::pair<const void*, std::function<void()>>> watches_;
+  template <class Query>
+  void wait_watched(Query query, const char* call);
   cudaEvent_t filled_ =
       nullptr;  // the last zero-fill of new memory, for the copy stream to wait on
 };

@@ -8,10 +8,19 @@
 //
 // Every operation takes device memory of the rank's CUDA device and runs on a stream of its own:
 // it starts after the work queued so far on the compute queue (an event), and later compute
-// work waits for it (another event); the host never waits. Sums are NCCL's, which add in an
-// order of NCCL's choosing: make_nccl_collectives pins it (pin_deterministic_nccl) so a run
-// repeats its bits, and every rank of a group gets the same bits (the ring all-reduce's last
-// phase copies each reduced chunk to every rank).
+// work waits for it (another event); the host never waits. Sums are the MPI path's bits
+// (core/fixed_order_reduce): a reduce-scatter sends every rank its segment of each peer's data
+// (grouped ncclSend/ncclRecv into a [ranks][segment] buffer) and one kernel adds the copies in
+// rank order 0..n-1 in fp32 (src/device/cuda/fixed_order_sum.cu); an all-gather sends copies;
+// the tensor-parallel all-reduce is the two over even segments. So NCCL's own summation order
+// (its ring or tree) never decides a bit: runs repeat their bits and equal the MPI path's.
+// pin_deterministic_nccl still pins the algorithm for the one NCCL reduction left (max, exact
+// in any order) and for the run header.
+//
+// A failed peer: while the host waits on the device (CudaDevice::synchronize, wait_host), the
+// communicators' ncclCommGetAsyncError is polled; an error aborts the communicator
+// (ncclCommAbort) and ends the whole job at once (pdtrain::fatal_abort: "error (rank R): NCCL
+// dp group (rank r of n): <NCCL's error>: <what it waited for>"), as a failed NCCL call does.
 #include <array>
 #include <memory>
 #include <string>
@@ -35,9 +44,10 @@ NcclId make_nccl_id();
 std::string pin_deterministic_nccl();
 
 // Collective over the group's `size` ranks, each with its `rank` and the same `id`; `device`
-// must be the rank's CUDA device (its GPU is made current). Throws pdtrain::Error when NCCL is
-// not built or the device is not a GPU; a failed NCCL call ends the job (NCCL_CHECK).
+// must be the rank's CUDA device (its GPU is made current); `group` ("tp", "dp", "pp") names it
+// in errors. Throws pdtrain::Error when NCCL is not built or the device is not a GPU; a failed
+// NCCL call ends the job (NCCL_CHECK).
 std::unique_ptr<Collectives> make_nccl_collectives(Device& device, int rank, int size,
-                                                   const NcclId& id);
+                                                   const NcclId& id, const std::string& group);
 
 }  // namespace pdtrain

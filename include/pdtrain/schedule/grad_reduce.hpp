@@ -7,6 +7,11 @@
 // communicator, core/fixed_order_reduce). Every element is added in the same order however
 // the blocks are grouped, so the result is bitwise the same for any grouping and any message
 // timing; replica r then pushes (or, in the replicated baseline, all-gathers) its segment.
+//
+// Where every compute rank has a GPU of its own (parallel.comm resolved to NCCL), the reducer
+// is also given the replicas' NCCL collectives: allreduce_on_device() sums device memory in
+// place in the same order (the NCCL collectives' fixed-order kernel), so the gradients never
+// cross to the host to be reduced and the bits are those of the host path.
 #include <mpi.h>
 
 #include <cstdint>
@@ -20,11 +25,12 @@ namespace pdtrain {
 class GradReducer {
  public:
   // One group: `blocks` in a fixed order, `numel[i]` the size of blocks[i]. Collective over
-  // dp_comm.
-  GradReducer(MPI_Comm dp_comm, std::vector<int> blocks, std::vector<std::int64_t> numel);
+  // dp_comm. `on_device`: the same replicas' collectives on device memory (NCCL), or null.
+  GradReducer(MPI_Comm dp_comm, std::vector<int> blocks, std::vector<std::int64_t> numel,
+              Collectives* on_device = nullptr);
   // Several groups of blocks, each in a fixed order; `numel_by_block[b]` the size of block b.
   GradReducer(MPI_Comm dp_comm, const std::vector<std::vector<int>>& groups,
-              const std::vector<std::int64_t>& numel_by_block);
+              const std::vector<std::int64_t>& numel_by_block, Collectives* on_device = nullptr);
 
   int groups() const { return static_cast<int>(groups_.size()); }
   const std::vector<int>& blocks(int g = 0) const { return groups_[g].blocks; }
@@ -42,6 +48,18 @@ class GradReducer {
   void allgather(const float* my_segment, float* packed_out, int g = 0) {
     replicas_->allgather(my_segment, packed_out, groups_[g].counts);
   }
+  // Where this replica's segment of group g starts in the group's packed gradients.
+  std::int64_t my_offset(int g = 0) const { return groups_[g].my_offset; }
+
+  // Whether gradients are reduced on the device (NCCL, several replicas).
+  bool on_device() const { return device_ != nullptr && dp_ > 1; }
+  // The replicas' device collectives (null without NCCL), for another reducer of the rank.
+  Collectives* device_collectives() const { return device_; }
+  // on_device(): every replica's sum of `data` (n floats of device memory, the same layout on
+  // every replica) in place, each element added in replica order: queued on the device, in
+  // order with its compute queue. Collective over the replicas.
+  void allreduce_on_device(float* data, std::int64_t n);
+
   // Sum over replicas of one value per replica, added in replica order.
   double sum(double local);
 
@@ -49,12 +67,13 @@ class GradReducer {
   struct Group {
     std::vector<int> blocks, mine;
     std::vector<std::int64_t> counts;  // per replica segment, in floats
-    std::int64_t total = 0;
+    std::int64_t total = 0, my_offset = 0;
   };
   Group make_group(std::vector<int> blocks, const std::vector<std::int64_t>& numel) const;
 
   MPI_Comm comm_;
   std::unique_ptr<Collectives> replicas_;  // the dp group's collectives (host memory)
+  Collectives* device_ = nullptr;          // the dp group's NCCL collectives, or null
   int me_ = 0, dp_ = 1;
   std::vector<Group> groups_;
 };

@@ -8,7 +8,14 @@
 // blocks until matched (NCCL; the schedule tests simulate every stage/micro-batch count under
 // both send models), and tags (pipeline_tag) encode micro-batch and direction, so on MPI a
 // message can only match its own receive (NCCL matches in posting order, the same order).
+//
+// Messages live in the memory the pp group's transport moves: host memory for MPI (the
+// executor's own), device memory for NCCL (the receive buffer from a MessageMemory the stage
+// side gives, whose outputs are then device pointers too), so a GPU stage's activations and
+// their gradients go from GPU to GPU without a host copy. On device memory sends leave from the
+// stage's own output (the transport orders them with the compute queue), so no copy is made.
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "pdtrain/core/collectives.hpp"
@@ -31,11 +38,22 @@ class PipelineStageOps {
   virtual const float* dinput() = 0;
 };
 
+// Where the messages live when it is not host memory.
+class MessageMemory {
+ public:
+  virtual ~MessageMemory() = default;
+  // A buffer of n floats that lives as long as this object.
+  virtual float* allocate(std::int64_t n) = 0;
+};
+
 class PipelineExecutor {
  public:
-  // `stages` is the pp group: its rank is this stage, its size the stage count.
+  // `stages` is the pp group: its rank is this stage, its size the stage count. `memory`: where
+  // messages live (null: host memory); it must be what `stages` moves (device memory for a
+  // transport whose device_memory() is true) and outlive the executor.
   PipelineExecutor(Collectives& stages, PipelineKind kind, int micro_batches,
-                   std::int64_t activation_numel, TraceRecorder* trace);
+                   std::int64_t activation_numel, TraceRecorder* trace,
+                   MessageMemory* memory = nullptr);
 
   // One optimizer step's forward and backward passes. Returns the seconds this stage waited for
   // its neighbours (its share of the pipeline bubble).
@@ -58,8 +76,12 @@ class PipelineExecutor {
   int micro_batches_, stage_ = 0, stages_ = 1;
   std::int64_t numel_;
   TraceRecorder* trace_;
-  std::vector<float> recv_;
-  std::vector<std::vector<float>> send_bufs_;
+  float* buffer();  // a new message buffer of numel_ floats
+
+  MessageMemory* memory_;
+  std::deque<std::vector<float>> host_;  // the buffers, in host memory (memory_ null)
+  float* recv_ = nullptr;
+  std::vector<float*> send_bufs_;  // host memory: the step's sends leave from these
   std::size_t sends_ = 0;  // sends posted this step (send_bufs_ in use)
 };
 

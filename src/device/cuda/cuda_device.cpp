@@ -3,9 +3,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/device/cuda_check.hpp"
@@ -202,7 +205,43 @@ void CudaDevice::zero(void* dst, std::size_t bytes) {
   }
 }
 
-void CudaDevice::synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+void CudaDevice::synchronize() {
+  if (watches_.empty()) {
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
+    return;
+  }
+  wait_watched([this] { return cudaStreamQuery(compute_); }, "cudaStreamQuery(compute)");
+}
+
+void CudaDevice::add_wait_watch(const void* owner, std::function<void()> check) {
+  watches_.emplace_back(owner, std::move(check));
+}
+
+void CudaDevice::remove_wait_watch(const void* owner) {
+  std::erase_if(watches_, [owner](const auto& w) { return w.first == owner; });
+}
+
+void CudaDevice::run_wait_watches() const {
+  for (const auto& w : watches_) w.second();
+}
+
+// Polls `query` until the work is done, running the watches between polls: a short spin
+// first (most waits are short), then sleeps of 100 us, which cost a waiting rank nothing.
+// A CUDA error runs the watches once more first, so a failed NCCL peer is named as such
+// rather than as the fault it left on the stream.
+template <class Query>
+void CudaDevice::wait_watched(Query query, const char* call) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t rc = query();
+    if (rc == cudaSuccess) return;
+    run_wait_watches();
+    if (rc != cudaErrorNotReady) cuda_fail(rc, call, __FILE__, __LINE__);
+    if (polls < 100)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
 
 std::unique_ptr<Event> CudaDevice::make_event() {
   make_current();
@@ -218,7 +257,12 @@ void CudaDevice::wait(Queue queue, const Event& event) {
 }
 
 void CudaDevice::wait_host(const Event& event) {
-  CUDA_CHECK(cudaEventSynchronize(cuda_event(event).get()));
+  const cudaEvent_t e = cuda_event(event).get();
+  if (watches_.empty()) {
+    CUDA_CHECK(cudaEventSynchronize(e));
+    return;
+  }
+  wait_watched([e] { return cudaEventQuery(e); }, "cudaEventQuery");
 }
 
 }  // namespace pdtrain

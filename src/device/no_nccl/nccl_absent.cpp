@@ -18,6 +18,9 @@ namespace {
 
 NcclId make_nccl_id() { no_nccl(); }
 std::string pin_deterministic_nccl() { no_nccl(); }
-std::unique_ptr<Collectives> make_nccl_collectives(Device&, int, int, const NcclId&) { no_nccl(); }
+std::unique_ptr<Collectives> make_nccl_collectives(Device&, int, int, const NcclId&,
+                                                   const std::string&) {
+  no_nccl();
+}
 
 }  // namespace pdtrain
