@@ -455,8 +455,9 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     const std::size_t z = half ? 10 : 8;
     expect_within(p + "dinp from zeros", got[z], dxz, sum_bounds(mxz, OC));
     expect_within(p + "dinp overwritten", got[z + 1], dxz, sum_bounds(mxz, OC));
-    if (device_->is_host())
+    if (device_->is_host()) {
       EXPECT_TRUE(same_bits(got[z + 1], got[z])) << p << "overwritten dinp differs from zeros'";
+    }
   }
   expect_is_rounded("dout_bf16", got[7], dout);
 }
