@@ -86,8 +86,8 @@ bool collectives_on_gpus(const Deck& deck, const PlanOptions& o, const Machine& 
 
 PlanInput input_for(const Deck& deck, const PlanOptions& o, const Machine& m, const LayoutShape& shape) {
   PlanInput in = plan_input(deck, shape, nodes_for(o, m, shape));
-  in.tp_host_staged = !collectives_on_gpus(deck, o, m);
-  in.host_staged = !o.nccl;  // pdtrain's pipeline and data-parallel traffic: MPI, staged on a GPU
+  // A run's NCCL carries every group (tp, dp and pp: app/compute_comms.cpp), MPI none.
+  in.tp_host_staged = in.host_staged = !collectives_on_gpus(deck, o, m);
   if (shape.holders > 0) {
     PDT_CHECK(static_cast<bool>(o.pd_grad_bytes), "pdtrain plan: PlanOptions::pd_grad_bytes is not connected");
     in.pd_grad_bytes = o.pd_grad_bytes(deck, shape);
@@ -116,13 +116,10 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               "(%d per node)\n",
               deck.source_name.c_str(), m.name.c_str(), in.nodes, L.holders, L.dp, L.pp, L.tp,
               p.compute_ranks_per_node);
-  if (m.device.gpu && !in.host_staged)
-    std::printf("collectives: all GPU to GPU (--nccl: what if pipeline messages and the data-parallel "
-                "reduce went by NCCL too, which pdtrain does not do yet)\n");
-  else if (m.device.gpu)
-    std::printf("collectives: tensor-parallel all-reduces %s (parallel.comm = %s); pipeline messages and "
-                "the data-parallel reduce through pinned host memory (MPI)\n",
-                in.tp_host_staged ? "through pinned host memory (MPI)" : "GPU to GPU (NCCL)",
+  if (m.device.gpu)
+    std::printf("collectives: tensor-parallel all-reduces, pipeline messages and the data-parallel "
+                "reduce %s (parallel.comm = %s)\n",
+                in.host_staged ? "through pinned host memory (MPI)" : "GPU to GPU (NCCL)",
                 deck.parallel.comm.c_str());
   std::printf("step of %.0f tokens: %lld micro-batch(es) of %lld sequence(s) per replica, %s precision, "
               "recompute %s%s\n",

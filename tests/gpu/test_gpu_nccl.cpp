@@ -25,6 +25,7 @@
 #include "pdtrain/core/mpi_collectives.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/device/nccl_collectives.hpp"
+#include "pdtrain/kernels/backend_registry.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
 
 namespace pdtrain::test {
@@ -194,7 +195,7 @@ SumChecks nccl_sums_against_mpi(MPI_Comm group, int world) {
   int rank = 0;
   MPI_Comm_rank(group, &rank);
   kernels::ComputeBackend gpu =
-      kernels::make_cuda_backend((world - 1) % kernels::cuda_device_count());
+      kernels::make_backend("cuda", (world - 1) % kernels::cuda_device_count());
   NcclId id{};
   if (rank == 0) id = make_nccl_id();
   MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group);

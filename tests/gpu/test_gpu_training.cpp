@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -61,17 +62,39 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-// fp32: the GPU sums in other orders than the CPU (cuBLASLt, warp trees); after 20 steps of
-// training the losses agree to ~1e-5 relative. bf16: a different order can flip a weight's
-// bf16 rounding (2^-8), as between CPU layouts (tests/mpi/test_layouts.cpp).
+// The mean of the last `n` steps' losses.
+double tail_mean(const RunOutcome& r, std::size_t n) {
+  double sum = 0;
+  for (std::size_t s = r.losses.size() - n; s < r.losses.size(); ++s) sum += r.losses[s];
+  return sum / static_cast<double>(n);
+}
+
+// fp32: the GPU sums in other orders than the CPU (cuBLASLt, warp trees, the fused attention's
+// tiles); after 20 steps of training the losses agree to ~1e-5 relative.
+// bf16: the GPU's attention runs on bf16 tensor cores (q, k, v, dout and the probabilities
+// rounded to bf16; flash_attention.hpp) where the CPU's bf16 precision keeps attention in fp32,
+// so the curves part by more than a summation order: held to the project's bf16 quality bar
+// (tests/cli/check_bf16_quality.sh), the last five steps' mean loss within 1 % of the CPU's
+// fp32 run, which the CPU's own bf16 run meets too.
 TEST_F(GpuTraining, SingleRankFollowsTheCpuSingleRank) {
-  for (const auto& [precision, rel] : {std::pair{"fp32", 1e-4}, {"bf16", 2e-3}}) {
-    const std::string p = std::string("train.precision=") + precision;
-    const RunOutcome cpu = run_on(1, {p}, std::string("cpu-") + precision);
-    const RunOutcome gpu = run_on(1, with({p}, kCuda), std::string("gpu-") + precision);
-    expect_close(gpu, cpu, rel, precision);
-    EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << precision << ": the model learns";
+  const RunOutcome cpu = run_on(1, {"train.precision=fp32"}, "cpu-fp32");
+  const RunOutcome gpu = run_on(1, with({"train.precision=fp32"}, kCuda), "gpu-fp32");
+  expect_close(gpu, cpu, 1e-4, "fp32");
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "fp32: the model learns";
+
+  const RunOutcome cpu_bf16 = run_on(1, {"train.precision=bf16"}, "cpu-bf16");
+  const RunOutcome gpu_bf16 = run_on(1, with({"train.precision=bf16"}, kCuda), "gpu-bf16");
+  ASSERT_EQ(gpu_bf16.losses.size(), cpu.losses.size());
+  const double fp32_tail = tail_mean(cpu, 5);
+  for (const auto& [what, run] : {std::pair{"cpu bf16", &cpu_bf16}, {"gpu bf16", &gpu_bf16}}) {
+    EXPECT_NEAR(tail_mean(*run, 5), fp32_tail, 0.01 * fp32_tail) << what << " against cpu fp32";
+    EXPECT_LT(run->losses.back(), run->losses.front()) << what << ": the model learns";
   }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (std::size_t s = 0; rank == 0 && s < cpu.losses.size(); ++s)
+    std::printf("step %2zu loss: cpu fp32 %.6f  gpu fp32 %.6f  cpu bf16 %.6f  gpu bf16 %.6f\n",
+                s + 1, cpu.losses[s], gpu.losses[s], cpu_bf16.losses[s], gpu_bf16.losses[s]);
 }
 
 TEST_F(GpuTraining, PdWithCpuHoldersIsBitIdenticalToTheGpuBaseline) {

@@ -124,10 +124,10 @@ TEST(PlanAsTraining, CollectivesFollowParallelComm) {
     const PlanInput in = checked_input(deck, o, h100);
     return std::pair{in.tp_host_staged, in.host_staged};
   };
-  EXPECT_EQ(staged("nccl", false), std::pair(false, true));  // a run's NCCL carries tp only
+  EXPECT_EQ(staged("nccl", false), std::pair(false, false));  // a run's NCCL carries every group
   EXPECT_EQ(staged("mpi", false), std::pair(true, true));
-  EXPECT_EQ(staged("auto", false), std::pair(false, true));  // every compute rank has its own GPU
-  EXPECT_EQ(staged("mpi", true), std::pair(false, false));   // --nccl: everything GPU to GPU
+  EXPECT_EQ(staged("auto", false), std::pair(false, false));  // every compute rank has its own GPU
+  EXPECT_EQ(staged("mpi", true), std::pair(false, false));    // --nccl: as if parallel.comm = nccl
   // Host staging costs time: the same layout through host memory is slower.
   PlanOptions o = training_options(0, 1);
   const Prediction mpi = predict(checked_input(deck_with({"parallel.tp=4", "parallel.comm=\"mpi\""}), o, h100), h100);

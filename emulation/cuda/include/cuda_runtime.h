@@ -121,9 +121,12 @@ T shuffle(WarpOp op, unsigned mask, T v, int arg, int width) {
 
 }  // namespace cuda_emu
 
-#define PDTRAIN_CUDA_EMU_LAUNCH(kernel, grid, block, shared_bytes, stream)                  \
+#define PDTRAIN_CUDA_EMU_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  PDTRAIN_CUDA_EMU_LAUNCH_AS(#kernel, kernel, grid, block, shared_bytes, stream)
+// The same launch called `name` (a string that outlives the launch, e.g. a literal).
+#define PDTRAIN_CUDA_EMU_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream)          \
   ::cuda_emu::Launcher {                                                                  \
-    ::cuda_emu::LaunchConfig{#kernel, dim3(grid), dim3(block), (shared_bytes), (stream)}, \
+    ::cuda_emu::LaunchConfig{(name), dim3(grid), dim3(block), (shared_bytes), (stream)},  \
         [=](auto... pdtrain_emu_args_) { kernel(pdtrain_emu_args_...); }                   \
   }
 

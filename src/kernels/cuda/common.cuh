@@ -18,11 +18,17 @@ using Index = std::int64_t;
 
 // A kernel launch: kernel<<<grid, block, shared_bytes, stream>>> under nvcc; on the emulated
 // CUDA target (emulation/cuda) the same launch queued for the CPU's fibers.
+// PDTRAIN_LAUNCH_AS names the launch (for the emulation's fault messages and work counts) where
+// `kernel` is a variable, e.g. a function pointer handed to a launcher.
 #ifdef PDTRAIN_CUDA_EMULATED
 #define PDTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream) \
-  PDTRAIN_CUDA_EMU_LAUNCH(kernel, grid, block, shared_bytes, stream)
+  PDTRAIN_CUDA_EMU_LAUNCH_AS(#kernel, kernel, grid, block, shared_bytes, stream)
+#define PDTRAIN_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream) \
+  PDTRAIN_CUDA_EMU_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream)
 #else
 #define PDTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<grid, block, shared_bytes, stream>>>
+#define PDTRAIN_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream) \
   kernel<<<grid, block, shared_bytes, stream>>>
 #endif
 
@@ -106,17 +112,17 @@ __device__ __forceinline__ void for_each_element(Index n, Vec4 vec4, One one) {
   for (Index i = 4 * n4 + start; i < n; i += stride) one(i);
 }
 
-// Launches an element-wise kernel over n elements (nothing when n = 0): vec (the kVec = true
-// instantiation, four elements at a time) when the pointers' alignment allows vector access,
-// else scalar (kVec = false); args are the kernel's arguments.
+// Launches the element-wise kernel `name` over n elements (nothing when n = 0): vec (the
+// kVec = true instantiation, four elements at a time) when the pointers' alignment allows
+// vector access, else scalar (kVec = false); args are the kernel's arguments.
 template <class... Params, class... Args>
-void launch_elementwise(cudaStream_t stream, Index n, bool vector_ok, void (*vec)(Params...),
-                        void (*scalar)(Params...), Args... args) {
+void launch_elementwise(const char* name, cudaStream_t stream, Index n, bool vector_ok,
+                        void (*vec)(Params...), void (*scalar)(Params...), Args... args) {
   if (n <= 0) return;
   if (vector_ok)
-    PDTRAIN_LAUNCH(vec, grid_for(ceil_div(n, 4)), kBlock, 0, stream)(args...);
+    PDTRAIN_LAUNCH_AS(name, vec, grid_for(ceil_div(n, 4)), kBlock, 0, stream)(args...);
   else
-    PDTRAIN_LAUNCH(scalar, grid_for(n), kBlock, 0, stream)(args...);
+    PDTRAIN_LAUNCH_AS(name, scalar, grid_for(n), kBlock, 0, stream)(args...);
   CUDA_CHECK_LAUNCH();
 }
 

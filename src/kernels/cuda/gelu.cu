@@ -72,21 +72,21 @@ __global__ void gelu_backward_kernel(float* __restrict__ dinp, const float* __re
 }  // namespace
 
 void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n) {
-  launch_elementwise(stream, n, aligned(out, 16) && aligned(inp, 16),
+  launch_elementwise("gelu_forward_kernel", stream, n, aligned(out, 16) && aligned(inp, 16),
                      gelu_forward_kernel<true, float>, gelu_forward_kernel<false, float>, out, inp,
                      n);
 }
 void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n) {
-  launch_elementwise(stream, n, aligned(out, 8) && aligned(inp, 16),
+  launch_elementwise("gelu_forward_kernel", stream, n, aligned(out, 8) && aligned(inp, 16),
                      gelu_forward_kernel<true, bf16>, gelu_forward_kernel<false, bf16>, out, inp,
                      n);
 }
 
 void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n,
                    bool overwrite) {
-  launch_elementwise(stream, n, aligned(dinp, 16) && aligned(inp, 16) && aligned(dout, 16),
-                     gelu_backward_kernel<true>, gelu_backward_kernel<false>, dinp, inp, dout, n,
-                     overwrite);
+  const bool vector_ok = aligned(dinp, 16) && aligned(inp, 16) && aligned(dout, 16);
+  launch_elementwise("gelu_backward_kernel", stream, n, vector_ok, gelu_backward_kernel<true>,
+                     gelu_backward_kernel<false>, dinp, inp, dout, n, overwrite);
 }
 
 }  // namespace pdtrain::kernels::cuda

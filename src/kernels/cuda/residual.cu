@@ -42,16 +42,18 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
 }  // namespace
 
 void fill(cudaStream_t stream, float* p, Index n, float value) {
-  launch_elementwise(stream, n, aligned(p, 16), fill_kernel<true>, fill_kernel<false>, p, n, value);
+  launch_elementwise("fill_kernel", stream, n, aligned(p, 16), fill_kernel<true>,
+                     fill_kernel<false>, p, n, value);
 }
 
 void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n) {
-  launch_elementwise(stream, n, aligned(out, 8) && aligned(in, 16), to_bf16_kernel<true>,
-                     to_bf16_kernel<false>, out, in, n);
+  launch_elementwise("to_bf16_kernel", stream, n, aligned(out, 8) && aligned(in, 16),
+                     to_bf16_kernel<true>, to_bf16_kernel<false>, out, in, n);
 }
 
 void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n) {
-  launch_elementwise(stream, n, aligned(out, 16) && aligned(a, 16) && aligned(b, 16),
+  const bool vector_ok = aligned(out, 16) && aligned(a, 16) && aligned(b, 16);
+  launch_elementwise("residual_forward_kernel", stream, n, vector_ok,
                      residual_forward_kernel<true>, residual_forward_kernel<false>, out, a, b, n);
 }
 
