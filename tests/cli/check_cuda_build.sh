@@ -15,7 +15,7 @@ cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPDTRAIN_CUDA=ON \
       -DCMAKE_CUDA_COMPILER="$nvcc" -DPDTRAIN_BUILD_PERF=ON > "$build.configure.log" 2>&1 ||
   { cat "$build.configure.log"; echo "FAIL: configuring the CUDA build"; exit 1; }
 # What has CUDA in it: the binary, the GPU tests (the rest of the tree is the CPU build's code).
-targets=(pdtrain test_backend_cuda test_gpu_training bench_collectives)
+targets=(pdtrain test_backend_cuda test_gpu_training bench_collectives bench_attention_kernels)
 # The NCCL tests exist when the toolkit has NCCL (cmake/PdtrainCuda.cmake).
 # (grep reads the whole list: with -q it would stop early and, under pipefail, the launcher's
 # broken pipe would read as "not found".)

@@ -118,6 +118,7 @@ __device__ __forceinline__ void for_each_element(Index n, Vec4 vec4, One one) {
 template <class... Params, class... Args>
 void launch_elementwise(const char* name, cudaStream_t stream, Index n, bool vector_ok,
                         void (*vec)(Params...), void (*scalar)(Params...), Args... args) {
+  (void)name;  // under nvcc the launch has no name
   if (n <= 0) return;
   if (vector_ok)
     PDTRAIN_LAUNCH_AS(name, vec, grid_for(ceil_div(n, 4)), kBlock, 0, stream)(args...);
