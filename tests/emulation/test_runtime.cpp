@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "fault_on.hpp"
+
 namespace {
 
 // ---- kernels
@@ -92,22 +94,6 @@ bool race_check_on() {
   return v != nullptr && std::string(v) == "1";
 }
 
-// Runs `launch` on a device of its own and returns what the emulation printed; the device's
-// sticky error is `*error`.
-template <class Launch>
-std::string fault_on(int device, Launch launch, cudaError_t* error) {
-  EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
-  int* out = nullptr;
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), 1024 * sizeof(int)), cudaSuccess);
-  testing::internal::CaptureStderr();
-  launch(out);
-  *error = cudaDeviceSynchronize();
-  std::string printed = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(cudaGetLastError(), *error) << "a fault is sticky";
-  cudaSetDevice(0);
-  return printed;
-}
-
 // ---- tests
 
 TEST(EmulatedKernels, BarriersAndShufflesGiveTheBlockSums) {
@@ -162,7 +148,7 @@ TEST(EmulatedKernels, ALaunchAGpuRefusesRunsNothing) {
 
 TEST(EmulatedKernels, ABarrierSomeThreadsNeverReachIsAFaultNamingTheKernel) {
   cudaError_t error = cudaSuccess;
-  const std::string printed = fault_on(1, [](int* out) {
+  const std::string printed = fault_on<int>(1, [](int* out) {
     PDTRAIN_CUDA_EMU_LAUNCH(early_exit_before_barrier, 2, 64, 0, nullptr)(out);
   }, &error);
   EXPECT_EQ(error, cudaErrorLaunchFailure);
@@ -173,7 +159,7 @@ TEST(EmulatedKernels, ABarrierSomeThreadsNeverReachIsAFaultNamingTheKernel) {
 
 TEST(EmulatedKernels, AShuffleReadingALaneOutsideItsMaskIsAFault) {
   cudaError_t error = cudaSuccess;
-  const std::string printed = fault_on(2, [](int* out) {
+  const std::string printed = fault_on<int>(2, [](int* out) {
     PDTRAIN_CUDA_EMU_LAUNCH(shuffle_outside_mask, 1, 32, 0, nullptr)(out);
   }, &error);
   EXPECT_NE(error, cudaSuccess);
@@ -184,7 +170,7 @@ TEST(EmulatedKernels, AShuffleReadingALaneOutsideItsMaskIsAFault) {
 
 TEST(EmulatedKernels, AWarpCallWhoseMaskLacksTheCallerIsAFault) {
   cudaError_t error = cudaSuccess;
-  const std::string printed = fault_on(3, [](int* out) {
+  const std::string printed = fault_on<int>(3, [](int* out) {
     PDTRAIN_CUDA_EMU_LAUNCH(mask_without_caller, 1, 32, 0, nullptr)(out);
   }, &error);
   EXPECT_NE(error, cudaSuccess);
@@ -203,7 +189,7 @@ TEST(EmulatedKernels, TheRaceCheckFindsAMissingSyncthreads) {
   cudaFree(out);
 
   cudaError_t error = cudaSuccess;
-  const std::string printed = fault_on(4, [](int* o) {
+  const std::string printed = fault_on<int>(4, [](int* o) {
     PDTRAIN_CUDA_EMU_LAUNCH(neighbour<false>, 1, 256, 0, nullptr)(o);
   }, &error);
   EXPECT_EQ(error, cudaErrorLaunchFailure);

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "fault_on.hpp"
+
 namespace {
 
 namespace wmma = nvcuda::wmma;
@@ -112,22 +114,6 @@ std::vector<bf16> to_bf16(const std::vector<float>& v) {
   return h;
 }
 
-// Runs `launch` on a device of its own and returns what the emulation printed; the device's
-// sticky error is `*error`.
-template <class Launch>
-std::string fault_on(int device, Launch launch, cudaError_t* error) {
-  EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
-  float* out = nullptr;
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), 1024 * sizeof(float)), cudaSuccess);
-  testing::internal::CaptureStderr();
-  launch(out);
-  *error = cudaDeviceSynchronize();
-  std::string printed = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(cudaGetLastError(), *error) << "a fault is sticky";
-  cudaSetDevice(0);
-  return printed;
-}
-
 // ---- tests
 
 TEST(EmulatedWmma, Bf16RoundingIsToNearestEven) {
@@ -191,7 +177,7 @@ TEST(EmulatedWmma, FragmentsScatterTheirElementsAndScaleElementWise) {
 
 TEST(EmulatedWmma, ADivergentWarpIsAFaultNamingTheKernel) {
   cudaError_t error = cudaSuccess;
-  const std::string printed = fault_on(1, [](float* out) {
+  const std::string printed = fault_on<float>(1, [](float* out) {
     bf16* a = device_copy(to_bf16(values(256, 4)));
     PDTRAIN_CUDA_EMU_LAUNCH(divergent_mma, 1, 32, 0, nullptr)(out, a);
   }, &error);
@@ -203,7 +189,7 @@ TEST(EmulatedWmma, ADivergentWarpIsAFaultNamingTheKernel) {
 
 TEST(EmulatedWmma, AMisalignedPointerIsAFault) {
   cudaError_t error = cudaSuccess;
-  const std::string printed = fault_on(2, [](float* out) {
+  const std::string printed = fault_on<float>(2, [](float* out) {
     PDTRAIN_CUDA_EMU_LAUNCH(misaligned_load, 1, 32, 0, nullptr)(out);
   }, &error);
   EXPECT_EQ(error, cudaErrorLaunchFailure);
@@ -213,7 +199,7 @@ TEST(EmulatedWmma, AMisalignedPointerIsAFault) {
 
 TEST(EmulatedWmma, LanesPassingDifferentPointersAreAFault) {
   cudaError_t error = cudaSuccess;
-  const std::string printed = fault_on(3, [](float* out) {
+  const std::string printed = fault_on<float>(3, [](float* out) {
     PDTRAIN_CUDA_EMU_LAUNCH(lanes_store_apart, 1, 32, 0, nullptr)(out);
   }, &error);
   EXPECT_EQ(error, cudaErrorLaunchFailure);
