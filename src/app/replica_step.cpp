@@ -56,7 +56,7 @@ class ReplicaStep final : public ParameterStep {
   kernels::KernelOps& ops_;
   StepPhases& phases_;
   const Layout& layout_;
-  bool on_device_;  // one replica: the gradients stay on the device (but the few completed)
+  bool one_replica_;  // dp = 1: nothing to sum over replicas
   std::vector<kernels::KernelOps::Tile> tiles_;  // every kept block in the stage's buffers
   std::vector<float> packed_;                    // the reducer's blocks' gradients, packed
   std::vector<float> kept_grads_;                // every kept block's gradient, packed
@@ -72,7 +72,7 @@ ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts
     : replica_(std::move(replica)), stage_(parts.stage), reducer_(parts.reducer),
       ops_(parts.ops), phases_(parts.phases), layout_(parts.layout) {
   const LayoutShape& shape = layout_.shape();
-  on_device_ = shape.dp == 1;
+  one_replica_ = shape.dp == 1;
   // The replica keeps the stage's blocks, in order, as the stage's tiles pack them.
   PDT_CHECK(replica_->kept_blocks() == stage_.needed_blocks(),
             "the replicated baseline's replica must keep its stage's blocks");
@@ -88,7 +88,7 @@ ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts
     if (tied) tied_.push_back(b);
     if (replicated || tied) completed_.push_back(b);
   }
-  if (on_device_ || reducer_.on_device()) return;
+  if (one_replica_ || reducer_.on_device()) return;
   packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
   kept_grads_.resize(static_cast<std::size_t>(replica_->numel()));
 }
@@ -109,25 +109,29 @@ double ReplicaStep::use_version(std::int64_t version) {
 }
 
 void ReplicaStep::gradients_out(std::int64_t step, StepRecord& rec) {
-  if (on_device_)
+  if (one_replica_ || reducer_.on_device())
     update_on_device(step, rec);
   else
     reduce_and_push(step, rec);
 }
 
-// One replica: nothing to reduce; the stage's gradients are packed on the device and the
-// replica's optimizer step runs there. Only the blocks completed across ranks (the tied
-// embedding, tensor-replicated blocks) visit the host.
+// The gradients never leave the device (one replica, or NCCL between the replicas): the stage's
+// are packed on the device, summed over the replicas there in replica order (NCCL:
+// GradReducer::allreduce_on_device, every element added in replica order, so the bits do not
+// depend on how the buffer is cut), and the replica's optimizer step runs there. Only the
+// blocks completed across ranks (the tied embedding, tensor-replicated blocks) visit the host.
 void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
   ops_.optimizer().gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
+  if (!one_replica_) reducer_.allreduce_on_device(replica_->grads(), replica_->numel());
   if (!completed_.empty()) {
     replica_->download_grads(completed_);
     complete_on_host(replica_->grads_host());
     replica_->upload_grads(completed_);
   }
   const double t1 = now_seconds();
-  phases_.record(rec.reduce_ms, "reduce", t0, t1, nullptr, nullptr);
+  phases_.record(rec.reduce_ms, "reduce", t0, t1, one_replica_ ? nullptr : "reduce",
+                 one_replica_ ? nullptr : "dp");
   replica_->update(step, replica_->grads());
   phases_.record(rec.push_ms, "push", t1, now_seconds(), "update", "pd");
 }
@@ -135,25 +139,9 @@ void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
 // Several replicas, on the host: the gradients PD would push are packed, reduce-scattered and
 // all-gathered in a fixed order (GradReducer, as PD's streamer reduces them), completed as the
 // holders complete them, and the replica applies the update (every data-parallel replica the
-// same one). With NCCL the same sums are made on the GPUs (GradReducer::allreduce_on_device:
-// every element added in replica order, so the bits do not depend on how the buffer is cut)
-// and only the completed blocks visit the host.
+// same one). With NCCL, update_on_device() does the same sums on the GPUs.
 void ReplicaStep::reduce_and_push(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
-  if (reducer_.on_device()) {  // NCCL: packed and summed on the GPUs, in the same order
-    ops_.optimizer().gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
-    reducer_.allreduce_on_device(replica_->grads(), replica_->numel());
-    if (!completed_.empty()) {
-      replica_->download_grads(completed_);
-      complete_on_host(replica_->grads_host());
-      replica_->upload_grads(completed_);
-    }
-    const double t1 = now_seconds();
-    phases_.record(rec.reduce_ms, "reduce", t0, t1, "reduce", "dp");
-    replica_->update(step, replica_->grads());
-    phases_.record(rec.push_ms, "push", t1, now_seconds(), "update", "pd");
-    return;
-  }
   const ParamCatalog& cat = stage_.catalog();
   stage_.download_grads();
   float* p = packed_.data();
