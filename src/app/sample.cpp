@@ -69,7 +69,7 @@ std::vector<std::int32_t> generate(const ParamCatalog& cat, const std::vector<fl
     stage.forward(0, window.data(), nullptr, targets.data());
     stage.take_loss_sum();  // keeps the loss ledger from filling up
     const std::int32_t next =
-        pick(stage.logits(0) + (n - 1) * m.vocab_size, m.vocab_size, settings,
+        pick(stage.logits(0) + (n - 1) * stage.logits_row_stride(), m.vocab_size, settings,
              static_cast<std::uint64_t>(all.size()));
     all.push_back(next);
     out.push_back(next);

@@ -91,25 +91,26 @@ class CpuNorm final : public NormOps {
 class CpuGemm final : public GemmOps {
  public:
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
-                      int C, int OC) override {
-    kernels::matmul_forward(exec_, out, inp, w, bias, N, C, OC);
+                      int C, int OC, int ld) override {
+    kernels::matmul_forward(exec_, out, inp, w, bias, N, C, OC, ld);
     exec_.fence();
   }
   void matmul_forward(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int C,
-                      int OC) override {
-    kernels::matmul_forward(exec_, out, inp, w, bias, N, C, OC);
+                      int OC, int ld) override {
+    kernels::matmul_forward(exec_, out, inp, w, bias, N, C, OC, ld);
     exec_.fence();
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC, GradWrite dinp_write) override {
-    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, inp, w, N, C, OC, dinp_write);
+                       const float* w, int N, int C, int OC, int ld,
+                       GradWrite dinp_write) override {
+    kernels::matmul_backward(exec_, dinp, dw, dbias, dout, inp, w, N, C, OC, dinp_write, ld);
     exec_.fence();
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
-                       const bf16* inp, const bf16* w, int N, int C, int OC,
+                       const bf16* inp, const bf16* w, int N, int C, int OC, int ld,
                        GradWrite dinp_write) override {
     kernels::matmul_backward(exec_, dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC,
-                             dinp_write);
+                             dinp_write, ld);
     exec_.fence();
   }
 
@@ -147,25 +148,23 @@ class CpuAttention final : public AttentionOps {
 
 class CpuLoss final : public LossOps {
  public:
-  void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) override {
-    kernels::crossentropy_rowmax(exec_, rowmax, logits, N, V);
+  void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V, int ld) override {
+    kernels::crossentropy_rowmax(exec_, rowmax, logits, N, V, ld);
     exec_.fence();
   }
-  void crossentropy_partials(float* stats, float* probs, const float* logits, const float* rowmax,
-                             const I32* targets, int v0, int N, int V) override {
-    kernels::crossentropy_partials(exec_, stats, probs, logits, rowmax, targets, v0, N, V);
+  void crossentropy_partials(float* stats, const float* logits, const float* rowmax,
+                             const I32* targets, int v0, int N, int V, int ld) override {
+    kernels::crossentropy_partials(exec_, stats, logits, rowmax, targets, v0, N, V, ld);
     exec_.fence();
   }
-  void crossentropy_finish(float* losses, float* probs, const float* stats, int N,
-                           int V) override {
-    kernels::crossentropy_finish(exec_, losses, probs, stats, N, V);
+  void crossentropy_losses(float* losses, const float* stats, int N) override {
+    kernels::crossentropy_losses(exec_, losses, stats, N);
     exec_.fence();
   }
-  void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
-                             const float* dlosses, int N, int V, int v0,
-                             GradWrite write) override {
-    kernels::softmax_crossentropy_backward(exec_, dlogits, probs, targets, dlosses, N, V, v0,
-                                           write);
+  void crossentropy_backward(float* logits, const float* rowmax, const float* stats,
+                             const I32* targets, const float* dlosses, int v0, int N, int V,
+                             int ld) override {
+    kernels::crossentropy_backward(exec_, logits, rowmax, stats, targets, dlosses, v0, N, V, ld);
     exec_.fence();
   }
   void sum_losses(double* sum, const float* losses, int n) override {
@@ -222,7 +221,7 @@ std::unique_ptr<KernelOps> make_cpu_kernel_ops() {
   f.optimizer = std::make_unique<CpuOptimizer>();
   return std::make_unique<KernelOps>(
       std::string("cpu: Kokkos ") + Exec::name() + ", GEMM " + gemm_backend_description(),
-      std::move(f));
+      std::move(f), LogitsRows::dense);
 }
 
 ComputeBackend make_cpu_backend(int /*gpu*/) {

@@ -14,7 +14,7 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
                    StageOrder order)
     : p_(params), program_(params), tp_(tp), k_(ops), dev_(params.device()),
       dims_(dims_of(params.catalog().shape(), params.spec(), micro_batch, seq_len, slots,
-                    recompute, params.bf16(), order, ops.attention())) {
+                    recompute, params.bf16(), order, ops.attention(), ops.logits_rows())) {
   PDT_CHECK(!dims_.layer_major || (dims_.embedding && dims_.head),
             "layer-major order needs the whole model on one stage");
   // This rank's vocabulary shard as StageParams places it (dims_of derives the same bounds
@@ -30,7 +30,8 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
 
 GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                                  std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
-                                 StageOrder order, const kernels::AttentionFootprint& attention) {
+                                 StageOrder order, const kernels::AttentionFootprint& attention,
+                                 kernels::LogitsRows logits_rows) {
   Dims d;
   d.layer_major = order == StageOrder::layer;
   d.B = micro_batch;
@@ -44,6 +45,7 @@ GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::i
   d.v0 = s.tp_rank * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
   d.v1 = (s.tp_rank + 1) * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
   d.V = std::max<std::int64_t>(0, std::min(d.v1, m.vocab_size) - d.v0);
+  d.ld = kernels::logits_row_stride(d.V, logits_rows);
   d.embedding = s.has_embedding;
   d.head = s.has_head;
   d.bf16 = bf16;
@@ -76,7 +78,7 @@ void GptStage::allocate_layer(const Dims& d, LayerActs& l, bool keep_saved, Allo
 
 template <class Alloc>
 void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
-  const std::int64_t N = d.B * d.T, C = d.C, Cl = d.Cl, V = d.V;
+  const std::int64_t N = d.B * d.T, C = d.C, Cl = d.Cl;
   a.slots.resize(static_cast<std::size_t>(d.slots));
   for (SlotActs& s : a.slots) {
     alloc(s.tokens, N), alloc(s.targets, N), alloc(s.input, N * C);
@@ -93,7 +95,7 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
       else
         alloc(s.lnf, N * C);
       alloc(s.lnf_mean, N), alloc(s.lnf_rstd, N);
-      alloc(s.logits, N * V), alloc(s.probs, N * V), alloc(s.losses, N);
+      alloc(s.logits, N * d.ld), alloc(s.losses, N);
       alloc(s.rowmax, N), alloc(s.ce_stats, 2 * N);
     }
     if (d.layer_major) alloc(s.dresidual, N * C);
@@ -106,16 +108,17 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
   alloc(g.dresidual, N * C), alloc(g.dln, N * C), alloc(g.dqkv, N * 3 * Cl);
   alloc(g.datty, N * Cl);
   alloc(g.dfch, N * 4 * Cl), alloc(g.dfch_gelu, N * 4 * Cl);
-  if (d.head) alloc(g.dlogits, N * V), alloc(g.dlosses, N), alloc(a.loss_ledger, kLedgerSize);
-  if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head ? V : 0}));
+  if (d.head) alloc(g.dlosses, N), alloc(a.loss_ledger, kLedgerSize);
+  if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head ? d.ld : 0}));
 }
 
 std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
                                     std::int64_t micro_batch, std::int64_t seq_len, int slots,
                                     Recompute recompute, Precision precision,
-                                    StageOrder order, const kernels::AttentionFootprint& attention) {
+                                    StageOrder order, const kernels::AttentionFootprint& attention,
+                                    kernels::LogitsRows logits_rows) {
   const Dims d = dims_of(m, s, micro_batch, seq_len, slots, recompute,
-                         precision == Precision::bf16, order, attention);
+                         precision == Precision::bf16, order, attention, logits_rows);
   Activations plan;  // buffers stay empty: only their sizes are counted
   std::int64_t bytes = 0;
   allocate(d, plan, [&bytes](auto& buffer, std::int64_t n) {
@@ -125,28 +128,27 @@ std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
 }
 
 void GptStage::linear_forward(float* out, const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
-                              std::int64_t l, const float* bias, std::int64_t C,
-                              std::int64_t OC) {
-  const int N = static_cast<int>(dims_.B * dims_.T);
+                              std::int64_t l, const float* bias, std::int64_t C, std::int64_t OC,
+                              std::int64_t ld) {
+  const int N = static_cast<int>(dims_.B * dims_.T), iC = static_cast<int>(C),
+            iOC = static_cast<int>(OC), ild = static_cast<int>(ld == 0 ? OC : ld);
   if (dims_.bf16)
-    k_.gemm().matmul_forward(out, x_h.data(), p_.param_bf16(w, l), bias, N, static_cast<int>(C),
-                             static_cast<int>(OC));
+    k_.gemm().matmul_forward(out, x_h.data(), p_.param_bf16(w, l), bias, N, iC, iOC, ild);
   else
-    k_.gemm().matmul_forward(out, x.data(), p_.param(w, l), bias, N, static_cast<int>(C),
-                             static_cast<int>(OC));
+    k_.gemm().matmul_forward(out, x.data(), p_.param(w, l), bias, N, iC, iOC, ild);
 }
 
 void GptStage::linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
                                const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
-                               std::int64_t l, std::int64_t C, std::int64_t OC) {
-  const int N = static_cast<int>(dims_.B * dims_.T);
+                               std::int64_t l, std::int64_t C, std::int64_t OC, std::int64_t ld) {
+  const int N = static_cast<int>(dims_.B * dims_.T), iC = static_cast<int>(C),
+            iOC = static_cast<int>(OC), ild = static_cast<int>(ld == 0 ? OC : ld);
   if (dims_.bf16)
     k_.gemm().matmul_backward(dx, dweight, dbias, dout, acts_.grads.dout_h.data(), x_h.data(),
-                              p_.param_bf16(w, l), N, static_cast<int>(C), static_cast<int>(OC),
+                              p_.param_bf16(w, l), N, iC, iOC, ild,
                               kernels::GradWrite::overwrite);
   else
-    k_.gemm().matmul_backward(dx, dweight, dbias, dout, x.data(), p_.param(w, l), N,
-                              static_cast<int>(C), static_cast<int>(OC),
+    k_.gemm().matmul_backward(dx, dweight, dbias, dout, x.data(), p_.param(w, l), N, iC, iOC, ild,
                               kernels::GradWrite::overwrite);
 }
 
@@ -310,19 +312,21 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
 
 void GptStage::head_forward(SlotActs& s, const float* residual) {
   const std::int64_t N = dims_.B * dims_.T, V = dims_.V;
-  const int iN = static_cast<int>(N), iV = static_cast<int>(V);
+  const int iN = static_cast<int>(N), iV = static_cast<int>(V), ild = static_cast<int>(dims_.ld);
   layernorm_forward(s.lnf, s.lnf_h, s.lnf_mean, s.lnf_rstd, residual, Tid::lnfw, Tid::lnfb, 0);
   // Tied head over this rank's vocabulary shard, real tokens only: padded wte rows never enter
-  // (llm.c masks them out of the softmax; skipping them is the same and cheaper).
-  if (V > 0) linear_forward(s.logits.data(), s.lnf, s.lnf_h, Tid::wte, 0, nullptr, dims_.C, V);
-  // Parallel cross-entropy: only per-row statistics cross the group, never logits.
-  k_.loss().crossentropy_rowmax(s.rowmax.data(), s.logits.data(), iN, iV);
+  // (llm.c masks them out of the softmax; skipping them is the same and cheaper). Rows of
+  // logits are ld apart (padded for aligned tensor-core GEMMs).
+  if (V > 0)
+    linear_forward(s.logits.data(), s.lnf, s.lnf_h, Tid::wte, 0, nullptr, dims_.C, V, dims_.ld);
+  // Parallel cross-entropy: only per-row statistics cross the group, never logits; no
+  // probabilities are stored (the backward recomputes them in its one pass).
+  k_.loss().crossentropy_rowmax(s.rowmax.data(), s.logits.data(), iN, iV, ild);
   tp_.allreduce_max(s.rowmax.data(), N);
-  k_.loss().crossentropy_partials(s.ce_stats.data(), s.probs.data(), s.logits.data(),
-                                  s.rowmax.data(), s.targets.data(), static_cast<int>(dims_.v0), iN,
-                                  iV);
+  k_.loss().crossentropy_partials(s.ce_stats.data(), s.logits.data(), s.rowmax.data(),
+                                  s.targets.data(), static_cast<int>(dims_.v0), iN, iV, ild);
   tp_.allreduce_sum(s.ce_stats.data(), 2 * N);
-  k_.loss().crossentropy_finish(s.losses.data(), s.probs.data(), s.ce_stats.data(), iN, iV);
+  k_.loss().crossentropy_losses(s.losses.data(), s.ce_stats.data(), iN);
 }
 
 // The head's backward leaves d(last residual) in the scratch's dresidual; a stage without the
@@ -365,13 +369,14 @@ void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, V = dims_.V;
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
   k_.elementwise().fill(g.dlosses.data(), N, dloss);
-  // Input gradients written, not cleared and added to (GradWrite::overwrite: the same bits).
-  k_.loss().crossentropy_backward(g.dlogits.data(), s.probs.data(), s.targets.data(),
-                                  g.dlosses.data(), iN, static_cast<int>(V),
-                                  static_cast<int>(dims_.v0), kernels::GradWrite::overwrite);
+  // The slot's logits become dlogits (softmax, loss gradient and padding in one pass); input
+  // gradients are written, not cleared and added to (GradWrite::overwrite: the same bits).
+  k_.loss().crossentropy_backward(s.logits.data(), s.rowmax.data(), s.ce_stats.data(),
+                                  s.targets.data(), g.dlosses.data(), static_cast<int>(dims_.v0),
+                                  iN, static_cast<int>(V), static_cast<int>(dims_.ld));
   if (V > 0)
-    linear_backward(g.dln.data(), p_.grad(Tid::wte), nullptr, g.dlogits.data(), s.lnf, s.lnf_h,
-                    Tid::wte, 0, C, V);
+    linear_backward(g.dln.data(), p_.grad(Tid::wte), nullptr, s.logits.data(), s.lnf, s.lnf_h,
+                    Tid::wte, 0, C, V, dims_.ld);
   else
     zero(g.dln);  // a shard of padding rows only: its part of the sum is 0
   tp_.allreduce_sum(g.dln.data(), N * C);  // partial over the vocabulary shards

@@ -116,6 +116,15 @@ void expect_bf16_close(const std::string& what, const std::vector<float>& actual
 
 // The bits of `rounded_fp32` (an fp32 output rounded to bf16) against a bf16 output, both given
 // as floats (exact).
+// The first `cols` columns of `rows` rows stored ld apart, as dense rows.
+std::vector<float> dense_columns(const std::vector<float>& strided, int rows, int cols, int ld) {
+  std::vector<float> out(sz(std::int64_t(rows) * cols));
+  for (int n = 0; n < rows; ++n)
+    std::copy_n(strided.begin() + std::int64_t(n) * ld, cols,
+                out.begin() + std::int64_t(n) * cols);
+  return out;
+}
+
 void expect_is_rounded(const std::string& what, const std::vector<float>& bf16_out,
                        const std::vector<float>& fp32_out) {
   ASSERT_EQ(bf16_out.size(), fp32_out.size());
@@ -362,15 +371,21 @@ TEST_P(KernelOpsTest, MatmulForwardFp32AndBf16) {
   const auto bias = randn(sz(OC), 33);
   const auto xh = rounded(x), wh = rounded(w);
   const std::vector<float> garbage(sz(std::int64_t(N) * OC), 7.0f);  // beta = 0 overwrites
+  const int ld = static_cast<int>(logits_row_stride(OC + 1, LogitsRows::padded));
+  const std::vector<float> padded_garbage(sz(std::int64_t(N) * ld), 7.0f);
   const auto got = deterministic([&] {
     auto dx = up(x), dw = up(w), db = up(bias);
     auto dxh = up(xh), dwh = up(wh);
     auto y = up(garbage), y_nb = up(garbage), yh = up(garbage), yh_nb = up(garbage);
-    gemm_->matmul_forward(y.data(), dx.data(), dw.data(), db.data(), N, C, OC);
-    gemm_->matmul_forward(y_nb.data(), dx.data(), dw.data(), nullptr, N, C, OC);
-    gemm_->matmul_forward(yh.data(), dxh.data(), dwh.data(), db.data(), N, C, OC);
-    gemm_->matmul_forward(yh_nb.data(), dxh.data(), dwh.data(), nullptr, N, C, OC);
-    return Results{down(y), down(y_nb), down(yh), down(yh_nb)};
+    gemm_->matmul_forward(y.data(), dx.data(), dw.data(), db.data(), N, C, OC, OC);
+    gemm_->matmul_forward(y_nb.data(), dx.data(), dw.data(), nullptr, N, C, OC, OC);
+    gemm_->matmul_forward(yh.data(), dxh.data(), dwh.data(), db.data(), N, C, OC, OC);
+    gemm_->matmul_forward(yh_nb.data(), dxh.data(), dwh.data(), nullptr, N, C, OC, OC);
+    // Rows ld apart (the classifier's padded logits): the same values, the padding untouched.
+    auto y_ld = up(padded_garbage), yh_ld = up(padded_garbage);
+    gemm_->matmul_forward(y_ld.data(), dx.data(), dw.data(), db.data(), N, C, OC, ld);
+    gemm_->matmul_forward(yh_ld.data(), dxh.data(), dwh.data(), db.data(), N, C, OC, ld);
+    return Results{down(y), down(y_nb), down(yh), down(yh_nb), down(y_ld), down(yh_ld)};
   });
   const auto reference = [&](const Vec& xd, const Vec& wd, const Vec* bd) {
     Vec y(sz(std::int64_t(N) * OC));
@@ -387,6 +402,12 @@ TEST_P(KernelOpsTest, MatmulForwardFp32AndBf16) {
                   sum_bounds(reference(ax, aw, &abd), C));
     expect_within(p + "without bias", got[half ? 3 : 1], reference(xd, wd, nullptr),
                   sum_bounds(reference(ax, aw, nullptr), C));
+    const std::vector<float>& padded = got[half ? 5 : 4];
+    expect_within(p + "rows ld apart", dense_columns(padded, N, OC, ld), reference(xd, wd, &bd),
+                  sum_bounds(reference(ax, aw, &abd), C));
+    for (int n = 0; n < N; ++n)
+      for (int o = OC; o < ld; ++o)
+        ASSERT_EQ(padded[sz(std::int64_t(n) * ld + o)], 7.0f) << p << "padding written " << n;
   }
 }
 
@@ -397,6 +418,13 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
   const auto dout = randn(sz(std::int64_t(N) * OC), 36);
   const auto xh = rounded(x), wh = rounded(w);
   const auto dx0 = randn(x.size(), 37), dw0 = randn(w.size(), 38), db0 = randn(sz(OC), 39);
+  const int ld = static_cast<int>(logits_row_stride(OC + 1, LogitsRows::padded));
+  const auto padded = [&](const std::vector<float>& dense, float pad) {
+    std::vector<float> out(sz(std::int64_t(N) * ld), pad);
+    for (int n = 0; n < N; ++n)
+      std::copy_n(dense.begin() + std::int64_t(n) * OC, OC, out.begin() + std::int64_t(n) * ld);
+    return out;
+  };
   const auto got = deterministic([&] {
     auto g = up(dout), dx_in = up(x), dw_in = up(w);
     auto dxh_in = up(xh), dwh_in = up(wh);
@@ -404,25 +432,35 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     auto dxh = up(dx0), dwh = up(dw0), dbh = up(db0);
     auto g_h = zeros<bf16>(std::int64_t(N) * OC);
     gemm_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), dx_in.data(), dw_in.data(), N,
-                           C, OC, GradWrite::accumulate);
+                           C, OC, OC, GradWrite::accumulate);
     gemm_->matmul_backward(nullptr, dw_only.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
-                           N, C, OC, GradWrite::accumulate);
+                           N, C, OC, OC, GradWrite::accumulate);
     gemm_->matmul_backward(dxh.data(), dwh.data(), dbh.data(), g.data(), g_h.data(), dxh_in.data(),
-                           dwh_in.data(), N, C, OC, GradWrite::accumulate);
+                           dwh_in.data(), N, C, OC, OC, GradWrite::accumulate);
     // dinp from zeros and overwritten, fp32 and bf16 (weight gradients into scratch copies).
     const std::vector<float> nan_x(x.size(), kNaN);
     auto dxz = zeros<float>(std::int64_t(N) * C), dxn = up(nan_x), dwt = up(dw0);
     auto dxhz = zeros<float>(std::int64_t(N) * C), dxhn = up(nan_x);
     gemm_->matmul_backward(dxz.data(), dwt.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
-                           N, C, OC, GradWrite::accumulate);
+                           N, C, OC, OC, GradWrite::accumulate);
     gemm_->matmul_backward(dxn.data(), dwt.data(), nullptr, g.data(), dx_in.data(), dw_in.data(),
-                           N, C, OC, GradWrite::overwrite);
+                           N, C, OC, OC, GradWrite::overwrite);
     gemm_->matmul_backward(dxhz.data(), dwt.data(), nullptr, g.data(), g_h.data(), dxh_in.data(),
-                           dwh_in.data(), N, C, OC, GradWrite::accumulate);
+                           dwh_in.data(), N, C, OC, OC, GradWrite::accumulate);
     gemm_->matmul_backward(dxhn.data(), dwt.data(), nullptr, g.data(), g_h.data(), dxh_in.data(),
-                           dwh_in.data(), N, C, OC, GradWrite::overwrite);
-    return Results{down(dx),  down(dw),  down(db),  down(dw_only), down(dxh), down(dwh),
-                   down(dbh), down(g_h), down(dxz), down(dxn),     down(dxhz), down(dxhn)};
+                           dwh_in.data(), N, C, OC, OC, GradWrite::overwrite);
+    // dout's rows ld apart: fp32 with NaN padding (never read), bf16 with 0 padding (rounded
+    // with the rows, never multiplied in).
+    auto gp_nan = up(padded(dout, kNaN)), gp_zero = up(padded(dout, 0.0f));
+    auto dxp = up(dx0), dwp = up(dw0), dbp = up(db0), dxhp = up(dx0), dwhp = up(dw0);
+    auto gp_h = zeros<bf16>(std::int64_t(N) * ld);
+    gemm_->matmul_backward(dxp.data(), dwp.data(), dbp.data(), gp_nan.data(), dx_in.data(),
+                           dw_in.data(), N, C, OC, ld, GradWrite::accumulate);
+    gemm_->matmul_backward(dxhp.data(), dwhp.data(), nullptr, gp_zero.data(), gp_h.data(),
+                           dxh_in.data(), dwh_in.data(), N, C, OC, ld, GradWrite::accumulate);
+    return Results{down(dx),  down(dw),  down(db),   down(dw_only), down(dxh),  down(dwh),
+                   down(dbh), down(g_h), down(dxz),  down(dxn),     down(dxhz), down(dxhn),
+                   down(dxp), down(dwp), down(dbp),  down(dxhp),    down(dwhp)};
   });
   // dinp += g W, dweight += g^T x; dbias += column sums of the fp32 dout (bias_g) also when the
   // products use its bf16 rounding (g).
@@ -458,6 +496,11 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
     if (device_->is_host()) {
       EXPECT_TRUE(same_bits(got[z + 1], got[z])) << p << "overwritten dinp differs from zeros'";
     }
+    // dout's rows ld apart: the dense products (bf16: without the bias gradient).
+    const std::size_t q = half ? 15 : 12;
+    expect_within(p + "dinp, dout rows ld apart", got[q], dx, sum_bounds(mx, OC));
+    expect_within(p + "dweight, dout rows ld apart", got[q + 1], dw, sum_bounds(mw, N));
+    if (!half) expect_within("dbias, dout rows ld apart", got[14], db, sum_bounds(mb, N));
   }
   expect_is_rounded("dout_bf16", got[7], dout);
 }
@@ -582,46 +625,42 @@ struct Shard {
   int begin, width;  // vocabulary columns [begin, begin + width) of V
 };
 
+// Logits' rows ld apart with NaN padding: the forward must not read it, the backward (in place)
+// must write it 0. Each phase from the reference's inputs, so each is checked alone.
 TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
   const Shape s = shape();
   const int N = s.B * s.T;
   Tokens targets = random_tokens(sz(N), s.V, 48);
   for (const Shard sh : {Shard{0, s.V}, Shard{3, s.V - 5}, Shard{s.V, 0}}) {
     SCOPED_TRACE("shard [" + std::to_string(sh.begin) + ", +" + std::to_string(sh.width) + ")");
-    const int V = sh.width;
-    const auto logits = randn(sz(std::int64_t(N) * V), 49, 2.0);
-    const auto dlosses = randn(sz(N), 50), dlogits0 = randn(logits.size(), 51);
-    // Backward input: the double forward's probabilities as floats (the same for both sides).
-    Vec rowmax(sz(N)), stats(2 * sz(N)), probs(logits.size()), losses(sz(N));
+    const int V = sh.width, ld = static_cast<int>(logits_row_stride(V + 1, LogitsRows::padded));
+    std::vector<float> logits(sz(std::int64_t(N) * ld), kNaN);
+    const auto values = randn(sz(std::int64_t(N) * V), 49, 2.0);
+    for (int n = 0; n < N; ++n)
+      std::copy_n(values.begin() + std::int64_t(n) * V, V, logits.begin() + std::int64_t(n) * ld);
+    const auto dlosses = randn(sz(N), 50);
+    // The double reference: statistics of this shard, then as if the shards were combined.
+    Vec rowmax(sz(N)), stats(2 * sz(N)), losses(sz(N));
     const Vec z = widen(logits);
-    crossentropy_rowmax(host(), rowmax.data(), z.data(), N, V);
-    crossentropy_partials(host(), stats.data(), probs.data(), z.data(), rowmax.data(),
-                          targets.data(), sh.begin, N, V);
-    const Vec partial_stats = stats, unnormalized = probs;
+    crossentropy_rowmax(host(), rowmax.data(), z.data(), N, V, ld);
+    crossentropy_partials(host(), stats.data(), z.data(), rowmax.data(), targets.data(), sh.begin,
+                          N, V, ld);
+    const Vec partial_stats = stats;
     if (V == 0) std::fill(stats.begin(), stats.begin() + N, 1.0);  // as if other shards summed
-    crossentropy_finish(host(), losses.data(), probs.data(), stats.data(), N, V);
-    std::vector<float> probs_f(probs.begin(), probs.end()), stats_f(stats.begin(), stats.end());
+    crossentropy_losses(host(), losses.data(), stats.data(), N);
+    const std::vector<float> rowmax_f(rowmax.begin(), rowmax.end()),
+        stats_f(stats.begin(), stats.end());
 
     const auto got = deterministic([&] {
       auto t = up(targets);
-      auto zl = up(logits), dl = up(dlosses), p_in = up(probs_f);
-      auto m = zeros<float>(N), st = zeros<float>(2 * std::int64_t(N));
-      auto p = zeros<float>(std::int64_t(N) * V), l = zeros<float>(N), st_in = up(stats_f);
-      auto d = up(dlogits0), dz = zeros<float>(std::int64_t(N) * V);
-      auto dn = up(std::vector<float>(logits.size(), kNaN));
-      loss_->crossentropy_rowmax(m.data(), zl.data(), N, V);
-      loss_->crossentropy_partials(st.data(), p.data(), zl.data(), m.data(), t.data(), sh.begin, N,
-                                   V);
-      const auto partial = down(st), unnorm = down(p);
-      // Phase 3 from the reference's combined statistics, so each phase is checked alone.
-      loss_->crossentropy_finish(l.data(), p.data(), st_in.data(), N, V);
-      loss_->crossentropy_backward(d.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
-                                   GradWrite::accumulate);
-      loss_->crossentropy_backward(dz.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
-                                   GradWrite::accumulate);
-      loss_->crossentropy_backward(dn.data(), p_in.data(), t.data(), dl.data(), N, V, sh.begin,
-                                   GradWrite::overwrite);
-      return Results{down(m), partial, unnorm, down(l), down(p), down(d), down(dz), down(dn)};
+      auto zl = up(logits), dl = up(dlosses), m_in = up(rowmax_f), st_in = up(stats_f);
+      auto m = zeros<float>(N), st = zeros<float>(2 * std::int64_t(N)), l = zeros<float>(N);
+      loss_->crossentropy_rowmax(m.data(), zl.data(), N, V, ld);
+      loss_->crossentropy_partials(st.data(), zl.data(), m.data(), t.data(), sh.begin, N, V, ld);
+      loss_->crossentropy_losses(l.data(), st_in.data(), N);
+      loss_->crossentropy_backward(zl.data(), m_in.data(), st_in.data(), t.data(), dl.data(),
+                                   sh.begin, N, V, ld);
+      return Results{down(m), down(st), down(l), down(zl)};
     });
     for (int n = 0; n < N; ++n)  // the max is exact in any order; an empty shard gives lowest()
       ASSERT_EQ(got[0][sz(n)], V > 0 ? static_cast<float>(rowmax[sz(n)]) : -FLT_MAX) << n;
@@ -629,20 +668,16 @@ TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
                  Vec(partial_stats.begin(), partial_stats.begin() + N), kTol);
     expect_close("target logit - max", std::vector<float>(got[1].begin() + N, got[1].end()),
                  Vec(partial_stats.begin() + N, partial_stats.end()), kTol);
-    expect_close("unnormalized probs", got[2], unnormalized, kTol, 0.0);
-    expect_close("losses", got[3], losses, kTol);
-    // probs from the float statistics the op was given: within kTol of the double ones.
-    expect_close("probs", got[4], probs, 2 * kTol, 0.0);
-    Vec dlogits = widen(dlogits0);
-    const Vec pd = widen(probs_f), dld = widen(dlosses);
-    softmax_crossentropy_backward(host(), dlogits.data(), pd.data(), targets.data(), dld.data(), N,
-                                  V, sh.begin);
-    expect_close("dlogits", got[5], dlogits, kTol);
-    EXPECT_TRUE(same_bits(got[7], got[6])) << "overwritten dlogits differ from zeros'";
-    Vec dz(logits.size(), 0.0);
-    softmax_crossentropy_backward(host(), dz.data(), pd.data(), targets.data(), dld.data(), N, V,
-                                  sh.begin);
-    expect_close("dlogits overwritten", got[7], dz, kTol);
+    expect_close("losses", got[2], losses, kTol);
+    Vec dlogits = z;
+    const Vec dld = widen(dlosses);
+    crossentropy_backward(host(), dlogits.data(), rowmax.data(), stats.data(), targets.data(),
+                          dld.data(), sh.begin, N, V, ld);
+    for (double d : dlogits) ASSERT_FALSE(std::isnan(d)) << "the reference left padding";
+    expect_close("dlogits (padding 0)", got[3], dlogits, kTol);
+    for (int n = 0; n < N; ++n)
+      for (int v = V; v < ld; ++v)
+        ASSERT_EQ(got[3][sz(std::int64_t(n) * ld + v)], 0.0f) << "padding " << n << ", " << v;
   }
 }
 

@@ -53,14 +53,14 @@ Vec to_vec(const std::vector<Real>& v) {
   return Vec(v.begin(), v.end());
 }
 
-// The three cross-entropy phases on one shard holding every column (targets in [0, V)).
+// The cross-entropy's forward phases on one shard holding every column (targets in [0, V),
+// dense rows); rowmax [N] and stats [2N] are what its backward takes.
 template <class Real>
-void softmax_crossentropy_forward(Real* losses, Real* probs, const Real* logits,
+void softmax_crossentropy_forward(Real* losses, Real* rowmax, Real* stats, const Real* logits,
                                   const std::int32_t* targets, int N, int V) {
-  std::vector<Real> rowmax(static_cast<std::size_t>(N)), stats(2 * static_cast<std::size_t>(N));
-  crossentropy_rowmax(host(), rowmax.data(), logits, N, V);
-  crossentropy_partials(host(), stats.data(), probs, logits, rowmax.data(), targets, 0, N, V);
-  crossentropy_finish(host(), losses, probs, stats.data(), N, V);
+  crossentropy_rowmax(host(), rowmax, logits, N, V, V);
+  crossentropy_partials(host(), stats, logits, rowmax, targets, 0, N, V, V);
+  crossentropy_losses(host(), losses, stats, N);
   host().fence();
 }
 
@@ -281,13 +281,14 @@ struct CrossEntropyCase {
 
   template <class Real>
   struct Saved {
-    std::vector<Real> losses = std::vector<Real>(N), probs = std::vector<Real>(N * V);
+    std::vector<Real> losses = std::vector<Real>(N), rowmax = std::vector<Real>(N),
+                      stats = std::vector<Real>(2 * N);
   };
   template <class Real>
   Saved<Real> run(const std::vector<Real>& z) const {
     Saved<Real> s;
-    softmax_crossentropy_forward(s.losses.data(), s.probs.data(), z.data(), targets.data(),
-                                 N, V);
+    softmax_crossentropy_forward(s.losses.data(), s.rowmax.data(), s.stats.data(), z.data(),
+                                 targets.data(), N, V);
     return s;
   }
   template <class Real>
@@ -296,13 +297,20 @@ struct CrossEntropyCase {
   }
   template <class Real>
   std::vector<Vec> backward(const Vec& R, int calls) const {
-    const Saved<Real> s = run(as<Real>(logits));
+    const std::vector<Real> z = as<Real>(logits);
+    const Saved<Real> s = run(z);
     auto dlosses = as<Real>(R);
-    std::vector<Real> dlogits(logits.size());
-    for (int k = 0; k < calls; ++k)
-      softmax_crossentropy_backward(host(), dlogits.data(), s.probs.data(), targets.data(),
-                                    dlosses.data(), N, V);
-    return {to_vec(dlogits)};
+    // The backward writes dlogits over the logits: each call on a fresh copy, the results
+    // summed here (so "accumulates" checks that every call gives the same gradient).
+    Vec dlogits(logits.size(), 0.0);
+    for (int k = 0; k < calls; ++k) {
+      std::vector<Real> d = z;
+      crossentropy_backward(host(), d.data(), s.rowmax.data(), s.stats.data(), targets.data(),
+                            dlosses.data(), 0, N, V, V);
+      const Vec got = to_vec(d);
+      for (std::size_t i = 0; i < got.size(); ++i) dlogits[i] += got[i];
+    }
+    return {dlogits};
   }
 };
 
@@ -489,9 +497,9 @@ TEST(KernelForward, CrossEntropyMatchesReferenceAndIsStable) {
   // a target probability that underflows must still give a finite loss.
   const std::vector<float> logits = {1000.f, 999.f, 998.f, 1000.f, 0.f, -1000.f};
   const Tokens targets = {0, 2};
-  std::vector<float> losses(2), probs(6);
-  softmax_crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(),
-                               2, 3);
+  std::vector<float> losses(2), rowmax(2), stats(4);
+  softmax_crossentropy_forward(losses.data(), rowmax.data(), stats.data(), logits.data(),
+                               targets.data(), 2, 3);
   const Vec got = to_vec(losses);
   EXPECT_NEAR(got[0], 0.4076059644443804, 1e-6);  // log(1 + e^-1 + e^-2)
   EXPECT_NEAR(got[1], 2000.0, 1e-3);
@@ -511,44 +519,50 @@ TEST(KernelForward, FillAndResidual) {
 // Vocabulary parallelism: the lookup and the cross-entropy computed on shards of the vocabulary
 // and combined (sum of lookups; max, then sums of statistics) equal the one-shard results, and
 // each shard's logit gradient is its slice of the full one. Shard 2 holds only padding rows.
+// Shard rows are padded (row stride w + 5): the padding is NaN in forward, never read, and the
+// backward writes it 0.
 TEST(KernelVocabParallel, ShardsCombineToTheFullResult) {
   const int bounds[] = {0, 4, 11, 16};  // three shards of a 16-row (padded) vocabulary of 11
+  constexpr int kPad = 5;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
   const Vec logits = random_vec(N * V, 21, 3.0);
   const Tokens targets = random_tokens(N, V, 22);
-  std::vector<double> losses(N), probs(N * V);
-  softmax_crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(),
-                               N, V);
+  std::vector<double> losses(N), full_max(N), full_stats(2 * N);
+  softmax_crossentropy_forward(losses.data(), full_max.data(), full_stats.data(), logits.data(),
+                               targets.data(), N, V);
   std::vector<double> rowmax(N, std::numeric_limits<double>::lowest()), stats(2 * N, 0.0);
-  std::vector<std::vector<double>> shard_logits(3), shard_probs(3);
+  std::vector<std::vector<double>> shard_logits(3);
+  int width[3];
   for (int s = 0; s < 3; ++s) {
-    const int w = std::max(0, std::min(bounds[s + 1], V) - bounds[s]);
-    shard_logits[s].resize(static_cast<std::size_t>(N * w));
-    shard_probs[s].resize(shard_logits[s].size());
+    const int w = width[s] = std::max(0, std::min(bounds[s + 1], V) - bounds[s]), ld = w + kPad;
+    shard_logits[s].assign(static_cast<std::size_t>(N * ld), nan);
     for (int n = 0; n < N; ++n)
-      for (int v = 0; v < w; ++v) shard_logits[s][n * w + v] = logits[n * V + bounds[s] + v];
+      for (int v = 0; v < w; ++v) shard_logits[s][n * ld + v] = logits[n * V + bounds[s] + v];
     std::vector<double> m(N);
-    crossentropy_rowmax(host(), m.data(), shard_logits[s].data(), N, w);
+    crossentropy_rowmax(host(), m.data(), shard_logits[s].data(), N, w, ld);
     for (int n = 0; n < N; ++n) rowmax[n] = std::max(rowmax[n], m[n]);  // the max combine
   }
   for (int s = 0; s < 3; ++s) {
-    const int w = static_cast<int>(shard_logits[s].size()) / N;
     std::vector<double> part(2 * N);
-    crossentropy_partials(host(), part.data(), shard_probs[s].data(), shard_logits[s].data(),
-                          rowmax.data(), targets.data(), bounds[s], N, w);
+    crossentropy_partials(host(), part.data(), shard_logits[s].data(), rowmax.data(),
+                          targets.data(), bounds[s], N, width[s], width[s] + kPad);
     for (int i = 0; i < 2 * N; ++i) stats[i] += part[i];  // the sum combine
   }
   std::vector<double> shard_losses(N);
+  crossentropy_losses(host(), shard_losses.data(), stats.data(), N);
+  const Vec dl = random_vec(N, 23);
+  std::vector<double> dfull(logits.begin(), logits.end());
+  crossentropy_backward(host(), dfull.data(), full_max.data(), full_stats.data(), targets.data(),
+                        dl.data(), 0, N, V, V);
   for (int s = 0; s < 3; ++s) {
-    const int w = static_cast<int>(shard_logits[s].size()) / N;
-    crossentropy_finish(host(), shard_losses.data(), shard_probs[s].data(), stats.data(), N, w);
-    const Vec dl = random_vec(N, 23);
-    std::vector<double> dfull(N * V, 0.0), dshard(shard_logits[s].size(), 0.0);
-    softmax_crossentropy_backward(host(), dfull.data(), probs.data(), targets.data(), dl.data(), N, V);
-    softmax_crossentropy_backward(host(), dshard.data(), shard_probs[s].data(), targets.data(),
-                                  dl.data(), N, w, bounds[s]);
-    for (int n = 0; n < N; ++n)
-      for (int v = 0; v < w; ++v)
-        EXPECT_NEAR(dshard[n * w + v], dfull[n * V + bounds[s] + v], 1e-12);
+    const int w = width[s], ld = w + kPad;
+    std::vector<double>& d = shard_logits[s];
+    crossentropy_backward(host(), d.data(), rowmax.data(), stats.data(), targets.data(),
+                          dl.data(), bounds[s], N, w, ld);
+    for (int n = 0; n < N; ++n) {
+      for (int v = 0; v < w; ++v) EXPECT_NEAR(d[n * ld + v], dfull[n * V + bounds[s] + v], 1e-12);
+      for (int v = w; v < ld; ++v) EXPECT_EQ(d[n * ld + v], 0.0) << "padding " << n << "," << v;
+    }
   }
   expect_close("sharded losses", Vec(shard_losses.begin(), shard_losses.end()),
                Vec(losses.begin(), losses.end()), 1e-12);

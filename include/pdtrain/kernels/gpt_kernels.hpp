@@ -96,14 +96,21 @@ KOKKOS_INLINE_FUNCTION Real combine_lanes(const Real* acc) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// sum_i x[i]
+// acc[i % kLanes] += x[i]: the lanes of sum() (a longer sum fed in pieces of a multiple of
+// kLanes elements, the last one any length, gets sum()'s bits).
 template <class Real>
-KOKKOS_INLINE_FUNCTION Real sum(const Real* x, Index n) {
-  Real acc[kLanes] = {};
+KOKKOS_INLINE_FUNCTION void add_to_lanes(Real* acc, const Real* x, Index n) {
   Index i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
   for (int j = 0; i + j < n; ++j) acc[j] += x[i + j];
+}
+
+// sum_i x[i]
+template <class Real>
+KOKKOS_INLINE_FUNCTION Real sum(const Real* x, Index n) {
+  Real acc[kLanes] = {};
+  add_to_lanes(acc, x, n);
   return combine_lanes(acc);
 }
 
@@ -230,6 +237,22 @@ void gelu_grad_span(float* dinp, const float* inp, const float* dout, Index n, b
 int vector_lanes();
 int set_vector_lanes(int lanes);
 #endif
+
+// sum_i exp(x[i] - shift) without storing the exponentials: the same bits as exp_shifted into
+// an array and sum() over it (pieces of kExpChunk, a multiple of kLanes, through a stack buffer).
+constexpr Index kExpChunk = 256;
+static_assert(kExpChunk % kLanes == 0, "pieces must keep sum()'s lanes");
+template <class Real>
+KOKKOS_INLINE_FUNCTION Real sum_exp_shifted(const Real* x, Real shift, Index n) {
+  Real acc[kLanes] = {};
+  Real e[kExpChunk];
+  for (Index begin = 0; begin < n; begin += kExpChunk) {
+    const Index len = n - begin < kExpChunk ? n - begin : kExpChunk;
+    exp_shifted(e, x + begin, shift, len);
+    add_to_lanes(acc, e, len);
+  }
+  return combine_lanes(acc);
+}
 
 }  // namespace detail
 
@@ -395,35 +418,43 @@ void layernorm_backward(const Exec& exec, Real* dinp, Real* dweight, Real* dbias
 }
 
 // ---------------------------------------------------------------------------------------------
-// Matmul: out[N,OC] = inp[N,C] * weight[OC,C]^T + bias[OC], through gemm() (BLAS).
+// Matmul: out[N,OC] = inp[N,C] * weight[OC,C]^T + bias[OC], through gemm() (BLAS). out's (and
+// in backward dout's) rows are ld apart; ld = 0 means OC (dense rows). A wider ld (the
+// classifier's padded logits rows) leaves the columns OC..ld-1 of out untouched and unread.
+
+// out[n,:] = bias, the seed a product with bias adds onto (beta = 1): one pass over out.
+template <class Exec, class Real>
+void bias_fill(const Exec& exec, Real* out, const NotDeduced<Real>* bias, int N, int OC, int ld) {
+  detail::for_each(
+      "pdtrain::matmul_forward_bias", exec, N, KOKKOS_LAMBDA(const Index n) {
+        Real* y = out + n * ld;
+        for (int o = 0; o < OC; ++o) y[o] = bias[o];
+      });
+}
 
 // bias may be null.
 template <class Exec, class Real>
 void matmul_forward(const Exec& exec, Real* out, const Real* inp, const Real* weight,
-                    const NotDeduced<Real>* bias, int N, int C, int OC) {
-  // Seed out with the bias and let the GEMM add onto it (beta = 1): one pass over out.
-  if (bias != nullptr) {
-    detail::for_each(
-        "pdtrain::matmul_forward_bias", exec, N, KOKKOS_LAMBDA(const Index n) {
-          Real* y = out + n * OC;
-          for (int o = 0; o < OC; ++o) y[o] = bias[o];
-        });
-  }
+                    const NotDeduced<Real>* bias, int N, int C, int OC, int ld = 0) {
+  if (ld == 0) ld = OC;
+  if (bias != nullptr) bias_fill(exec, out, bias, N, OC, ld);
   exec.fence();  // BLAS runs on the host, outside exec's queue
   gemm(false, true, N, OC, C, Real(1), inp, C, weight, C, bias != nullptr ? Real(1) : Real(0), out,
-       OC);
+       ld);
 }
 
-// dbias[OC] += column sums of dout[N,OC], parallel over column panels, sequential over rows.
+// dbias[OC] += column sums of dout[N,OC] (rows ld apart), parallel over column panels,
+// sequential over rows.
 template <class Exec, class Real>
-void column_sums_add(const Exec& exec, Real* dbias, const Real* dout, int N, int OC) {
+void column_sums_add(const Exec& exec, Real* dbias, const Real* dout, int N, int OC, int ld = 0) {
+  if (ld == 0) ld = OC;
   constexpr int P = detail::kPanel;
   detail::for_each(
       "pdtrain::matmul_backward_bias", exec, (OC + P - 1) / P, KOKKOS_LAMBDA(const Index k) {
         const Index o0 = k * P, w = o0 + P < OC ? P : OC - o0;
         Real acc[P] = {};
         for (Index n = 0; n < N; ++n) {
-          const Real* g = dout + n * OC + o0;
+          const Real* g = dout + n * ld + o0;
           for (Index j = 0; j < w; ++j) acc[j] += g[j];
         }
         for (Index j = 0; j < w; ++j) dbias[o0 + j] += acc[j];
@@ -437,41 +468,42 @@ void column_sums_add(const Exec& exec, Real* dbias, const Real* dout, int N, int
 template <class Exec, class Real>
 void matmul_backward(const Exec& exec, NotDeduced<Real>* dinp, Real* dweight,
                      NotDeduced<Real>* dbias, const Real* dout, const Real* inp, const Real* weight,
-                     int N, int C, int OC, GradWrite dinp_write = GradWrite::accumulate) {
+                     int N, int C, int OC, GradWrite dinp_write = GradWrite::accumulate,
+                     int ld = 0) {
+  if (ld == 0) ld = OC;
   exec.fence();  // dout may still be being written on exec; BLAS reads it on the host
   const Real beta = dinp_write == GradWrite::overwrite ? Real(0) : Real(1);
-  if (dinp != nullptr) gemm(false, false, N, C, OC, Real(1), dout, OC, weight, C, beta, dinp, C);
-  gemm(true, false, OC, C, N, Real(1), dout, OC, inp, C, Real(1), dweight, C);
-  if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC);
+  if (dinp != nullptr) gemm(false, false, N, C, OC, Real(1), dout, ld, weight, C, beta, dinp, C);
+  gemm(true, false, OC, C, N, Real(1), dout, ld, inp, C, Real(1), dweight, C);
+  if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC, ld);
 }
 
 // Mixed precision (train.precision = "bf16"): the same products with bf16 inputs and weights,
 // fp32 accumulation and fp32 outputs/gradients. dout is rounded to bf16 once (into
-// dout_bf16, N*OC) for both backward products; bias gradients use the fp32 dout.
+// dout_bf16, N*ld, the same row stride) for both backward products; bias gradients use the fp32
+// dout. dout's padding columns OC..ld-1 are rounded too: they must be finite (the classifier's
+// backward writes them 0).
 template <class Exec>
 void matmul_forward(const Exec& exec, float* out, const bf16* inp, const bf16* weight,
-                    const float* bias, int N, int C, int OC) {
-  if (bias != nullptr) {
-    detail::for_each(
-        "pdtrain::matmul_forward_bias", exec, N, KOKKOS_LAMBDA(const Index n) {
-          float* y = out + n * OC;
-          for (int o = 0; o < OC; ++o) y[o] = bias[o];
-        });
-  }
+                    const float* bias, int N, int C, int OC, int ld = 0) {
+  if (ld == 0) ld = OC;
+  if (bias != nullptr) bias_fill(exec, out, bias, N, OC, ld);
   exec.fence();
-  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, bias != nullptr ? 1.0f : 0.0f, out, OC);
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, bias != nullptr ? 1.0f : 0.0f, out, ld);
 }
 
 template <class Exec>
 void matmul_backward(const Exec& exec, float* dinp, float* dweight, float* dbias,
                      const float* dout, bf16* dout_bf16, const bf16* inp, const bf16* weight,
-                     int N, int C, int OC, GradWrite dinp_write = GradWrite::accumulate) {
+                     int N, int C, int OC, GradWrite dinp_write = GradWrite::accumulate,
+                     int ld = 0) {
+  if (ld == 0) ld = OC;
   exec.fence();
-  to_bf16(dout, dout_bf16, static_cast<std::int64_t>(N) * OC);
+  to_bf16(dout, dout_bf16, static_cast<std::int64_t>(N) * ld);
   const float beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f;
-  if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout_bf16, OC, weight, C, beta, dinp, C);
-  gemm(true, false, OC, C, N, 1.0f, dout_bf16, OC, inp, C, 1.0f, dweight, C);
-  if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC);
+  if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout_bf16, ld, weight, C, beta, dinp, C);
+  gemm(true, false, OC, C, N, 1.0f, dout_bf16, ld, inp, C, 1.0f, dweight, C);
+  if (dbias != nullptr) column_sums_add(exec, dbias, dout, N, OC, ld);
 }
 
 // out[N,OC] += bias[OC]: the bias of a row-parallel layer, added once after the tensor-parallel
@@ -620,72 +652,68 @@ void residual_forward(const Exec& exec, Real* out, const Real* a, const Real* b,
 
 
 // ---------------------------------------------------------------------------------------------
-// Softmax + cross-entropy, vocabulary-parallel. A rank holds the logits of V vocabulary
-// columns starting at vocab_begin (V may be 0 on a shard that holds only padding rows). Three
-// phases; between them the caller combines per-row statistics over the vocabulary shards (max
-// after phase 1, sum after phase 2), so no rank ever materializes full-vocabulary logits. With
-// one shard the combines are no-ops. The loss is log-sum-exp minus the target logit, so a tiny
-// target probability never becomes log(0). Every phase is parallel over rows.
+// Softmax + cross-entropy, vocabulary-parallel, with no probability array. A rank holds the
+// logits of V vocabulary columns starting at vocab_begin (V may be 0 on a shard that holds only
+// padding rows), rows ld apart (kernel_ops.hpp's logits_row_stride: V, or on a GPU V padded to
+// a multiple of 64 so a row starts aligned for tensor-core GEMMs; columns V..ld-1 are not
+// logits). Forward: two passes over
+// the logits, between them the caller combines per-row statistics over the vocabulary shards
+// (max after the first, sums after the second), so no rank ever materializes full-vocabulary
+// logits (with one shard the combines are no-ops); then the losses from the statistics alone.
+// Backward: one pass recomputes the softmax and writes dlogits in place of the logits. The loss
+// is log-sum-exp minus the target logit, so a tiny target probability never becomes log(0).
+// Every phase is parallel over rows.
 
-// Phase 1: rowmax[n] = max_v logits[n,v] (lowest float on an empty shard).
+// Forward 1: rowmax[n] = max_v logits[n,v] (lowest float on an empty shard).
 template <class Exec, class Real>
-void crossentropy_rowmax(const Exec& exec, Real* rowmax, const Real* logits, int N, int V) {
+void crossentropy_rowmax(const Exec& exec, Real* rowmax, const Real* logits, int N, int V,
+                         int ld) {
   detail::for_each(
       "pdtrain::crossentropy_rowmax", exec, N,
-      KOKKOS_LAMBDA(const Index n) { rowmax[n] = detail::max(logits + n * V, V); });
+      KOKKOS_LAMBDA(const Index n) { rowmax[n] = detail::max(logits + n * ld, V); });
 }
 
-// Phase 2 (rowmax is the global max): probs[n,v] = exp(logits - rowmax) (unnormalized);
-// stats[n] = this shard's sum of those; stats[N + n] = the target's logit minus rowmax if this
-// shard holds the target column, else 0.
+// Forward 2 (rowmax is the global max): stats[n] = this shard's sum of exp(logits - rowmax);
+// stats[N + n] = the target's logit minus rowmax if this shard holds the target column, else 0.
 template <class Exec, class Real>
-void crossentropy_partials(const Exec& exec, Real* stats, Real* probs, const Real* logits,
-                           const Real* rowmax, const std::int32_t* targets, int vocab_begin, int N,
-                           int V) {
+void crossentropy_partials(const Exec& exec, Real* stats, const Real* logits, const Real* rowmax,
+                           const std::int32_t* targets, int vocab_begin, int N, int V, int ld) {
   detail::for_each(
       "pdtrain::crossentropy_partials", exec, N, KOKKOS_LAMBDA(const Index n) {
-        const Real* z = logits + n * V;
-        Real* p = probs + n * V;
+        const Real* z = logits + n * ld;
         const Real m = rowmax[n];
-        detail::exp_shifted(p, z, m, Index(V));
         const int t = targets[n] - vocab_begin;
-        stats[n] = detail::sum(p, V);
+        stats[n] = detail::sum_exp_shifted(z, m, Index(V));
         stats[N + n] = t >= 0 && t < V ? z[t] - m : Real(0);
       });
 }
 
-// Phase 3 (stats summed over shards): losses[n] = log(sum) - (target logit - max);
-// probs normalized in place.
+// Forward 3 (stats summed over shards): losses[n] = log(sum) - (target logit - max).
 template <class Exec, class Real>
-void crossentropy_finish(const Exec& exec, Real* losses, Real* probs, const Real* stats, int N,
-                         int V) {
+void crossentropy_losses(const Exec& exec, Real* losses, const Real* stats, int N) {
   detail::for_each(
-      "pdtrain::crossentropy_finish", exec, N, KOKKOS_LAMBDA(const Index n) {
-        const Real inv = Real(1) / stats[n];
-        Real* p = probs + n * V;
-        for (int v = 0; v < V; ++v) p[v] *= inv;
-        losses[n] = detail::log(stats[n]) - stats[N + n];
-      });
+      "pdtrain::crossentropy_losses", exec, N,
+      KOKKOS_LAMBDA(const Index n) { losses[n] = detail::log(stats[n]) - stats[N + n]; });
 }
 
-
-// dlogits[N,V] += (probs - onehot(target)) * dlosses[n] (or = with GradWrite::overwrite), with
-// the target's column counted only on the shard that holds it. Parallel over rows.
+// Backward, in place: logits[n,v] becomes dlogits = (softmax - onehot(target)) * dlosses[n],
+// softmax = exp(logit - rowmax) / sum from the forward's (combined) rowmax and stats; the target
+// column counts only on the shard that holds it; columns V..ld-1 become 0.
 template <class Exec, class Real>
-void softmax_crossentropy_backward(const Exec& exec, Real* dlogits, const Real* probs,
-                                   const std::int32_t* targets, const Real* dlosses, int N, int V,
-                                   int vocab_begin = 0, GradWrite write = GradWrite::accumulate) {
-  const bool overwrite = write == GradWrite::overwrite;
+void crossentropy_backward(const Exec& exec, Real* logits, const Real* rowmax, const Real* stats,
+                           const std::int32_t* targets, const Real* dlosses, int vocab_begin,
+                           int N, int V, int ld) {
   detail::for_each(
-      "pdtrain::softmax_crossentropy_backward", exec, N, KOKKOS_LAMBDA(const Index n) {
-        const Real dl = dlosses[n];
-        const Real* p = probs + n * V;
-        Real* d = dlogits + n * V;
+      "pdtrain::crossentropy_backward", exec, N, KOKKOS_LAMBDA(const Index n) {
+        Real* z = logits + n * ld;
+        const Real inv = Real(1) / stats[n], dl = dlosses[n];
         const int t = targets[n] - vocab_begin;
-        const bool here = t >= 0 && t < V;
-        const Real keep = here && !overwrite ? d[t] : Real(0);
-        for (int v = 0; v < V; ++v) d[v] = (overwrite ? Real(0) : d[v]) + p[v] * dl;
-        if (here) d[t] = keep + (p[t] - Real(1)) * dl;
+        detail::exp_shifted(z, z, rowmax[n], Index(V));
+        for (int v = 0; v < V; ++v) {
+          const Real p = z[v] * inv;
+          z[v] = (v == t ? p - Real(1) : p) * dl;
+        }
+        for (int v = V; v < ld; ++v) z[v] = Real(0);
       });
 }
 

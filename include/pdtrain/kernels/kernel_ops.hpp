@@ -80,23 +80,26 @@ class NormOps {
 };
 
 // Matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null). fp32, or bf16
-// inputs and weights with fp32 accumulation and output.
+// inputs and weights with fp32 accumulation and output. out's rows (in backward dout's) are ld
+// apart, ld >= OC (OC: dense; the classifier's logits: logits_row_stride()); columns OC..ld-1
+// of out are left alone.
 class GemmOps {
  public:
   virtual ~GemmOps() = default;
   virtual void matmul_forward(float* out, const float* inp, const float* weight,
-                              const float* bias, int N, int C, int OC) = 0;
+                              const float* bias, int N, int C, int OC, int ld) = 0;
   virtual void matmul_forward(float* out, const bf16* inp, const bf16* weight, const float* bias,
-                              int N, int C, int OC) = 0;
+                              int N, int C, int OC, int ld) = 0;
   // dinp (may be null) += (or =, beta = 0) dout weight; dweight += dout^T inp; dbias (may be
-  // null) += column sums of dout. bf16: dout is rounded once into dout_bf16 [N*OC] for both
-  // products; the bias gradient uses the fp32 dout.
+  // null) += column sums of dout. bf16: dout is rounded once into dout_bf16 [N*ld] for both
+  // products (dout's columns OC..ld-1 too: they must be finite); the bias gradient uses the fp32
+  // dout.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, int N, int C, int OC,
-                               GradWrite dinp_write) = 0;
+                               int ld, GradWrite dinp_write) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                bf16* dout_bf16, const bf16* inp, const bf16* weight, int N, int C,
-                               int OC, GradWrite dinp_write) = 0;
+                               int OC, int ld, GradWrite dinp_write) = 0;
 };
 
 // One call's shape: C and NH are the local (tensor-parallel) width and head count. bf16_inputs:
@@ -137,23 +140,37 @@ class AttentionOps : public AttentionFootprint {
                         const float* out, const float* saved, const AttentionShape& s) = 0;
 };
 
-// Softmax cross-entropy over a vocabulary shard of V columns starting at vocab_begin, in three
-// phases; the caller combines rowmax (max) and stats (sum) over the shards between them.
+// The classifier's logits rows: V floats apart on the CPU (its BLAS gains nothing from padding,
+// while its sums' order depends on the leading dimension: the CPU's results stay those of dense
+// rows), V padded to a multiple of 64 floats on a GPU (every row 256-byte aligned for the
+// tensor-core GEMMs: llm.c's padded vocabulary). Padding columns are never logits.
+enum class LogitsRows { dense, padded };
+constexpr int kLogitsRowAlign = 64;
+constexpr Index logits_row_stride(Index V, LogitsRows rows) {
+  return rows == LogitsRows::dense ? V
+                                   : (V + kLogitsRowAlign - 1) / kLogitsRowAlign * kLogitsRowAlign;
+}
+
+// Softmax cross-entropy over a vocabulary shard of V columns starting at vocab_begin, logits'
+// rows ld apart, with no probability array (gpt_kernels.hpp's reference). Forward: rowmax, then
+// partials (the caller combines rowmax by max and stats by sum over the shards after each), then
+// the losses from the statistics alone. Backward: one pass that recomputes the softmax and writes
+// dlogits over the logits.
 class LossOps {
  public:
   virtual ~LossOps() = default;
-  virtual void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) = 0;
-  // probs = exp(logits - rowmax); stats[n] = shard sum, stats[N+n] = target logit - max here.
-  virtual void crossentropy_partials(float* stats, float* probs, const float* logits,
-                                     const float* rowmax, const std::int32_t* targets,
-                                     int vocab_begin, int N, int V) = 0;
-  // losses[n] = log(sum) - (target logit - max); probs normalized in place.
-  virtual void crossentropy_finish(float* losses, float* probs, const float* stats, int N,
-                                   int V) = 0;
-  // dlogits += (or =) (probs - onehot(target)) * dlosses[n] (target counted on its shard only).
-  virtual void crossentropy_backward(float* dlogits, const float* probs,
-                                     const std::int32_t* targets, const float* dlosses, int N,
-                                     int V, int vocab_begin, GradWrite write) = 0;
+  virtual void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V, int ld) = 0;
+  // stats[n] = the shard's sum of exp(logits - rowmax); stats[N+n] = target logit - max here.
+  virtual void crossentropy_partials(float* stats, const float* logits, const float* rowmax,
+                                     const std::int32_t* targets, int vocab_begin, int N, int V,
+                                     int ld) = 0;
+  // losses[n] = log(sum) - (target logit - max).
+  virtual void crossentropy_losses(float* losses, const float* stats, int N) = 0;
+  // In place: logits become dlogits = (softmax - onehot(target)) * dlosses[n] (the target
+  // counted on its shard only; columns V..ld-1 become 0: a bf16 GEMM rounds whole rows).
+  virtual void crossentropy_backward(float* logits, const float* rowmax, const float* stats,
+                                     const std::int32_t* targets, const float* dlosses,
+                                     int vocab_begin, int N, int V, int ld) = 0;
   // *sum = losses[0] + losses[1] + ... + losses[n-1], in double, in that order (one micro-batch's
   // loss, bit-identical on every backend).
   virtual void sum_losses(double* sum, const float* losses, int n) = 0;
@@ -203,9 +220,10 @@ class KernelOps {
  public:
   using Tile = kernels::Tile;
   // `description`: the backend's, e.g. "cpu: Kokkos Serial, GEMM oneDNN 2.7" or
-  // "cuda: <device>, cuBLASLt 13.0 (...)". Every family must be given.
-  KernelOps(std::string description, OpFamilies families)
-      : description_(std::move(description)), f_(std::move(families)) {
+  // "cuda: <device>, cuBLASLt 13.0 (...)". Every family must be given. `logits_rows`: how the
+  // classifier's logits rows are laid out for this backend's GEMMs.
+  KernelOps(std::string description, OpFamilies families, LogitsRows logits_rows)
+      : description_(std::move(description)), f_(std::move(families)), logits_rows_(logits_rows) {
     PDT_CHECK(f_.elementwise && f_.norm && f_.gemm && f_.attention && f_.loss && f_.optimizer,
               "KernelOps of \"" + description_ + "\": every op family must be given");
   }
@@ -219,6 +237,7 @@ class KernelOps {
   AttentionOps& attention() const { return *f_.attention; }
   LossOps& loss() const { return *f_.loss; }
   OptimizerOps& optimizer() const { return *f_.optimizer; }
+  LogitsRows logits_rows() const { return logits_rows_; }
 
   // Another attention on the same device and queue (e.g. a fused kernel in place of the
   // reference algorithm). Before any model sizes its buffers from attention(): they follow the
@@ -231,6 +250,7 @@ class KernelOps {
  private:
   std::string description_;
   OpFamilies f_;
+  LogitsRows logits_rows_;
 };
 
 // A compute rank's device and the kernels that run on it (made by a backend_registry.hpp

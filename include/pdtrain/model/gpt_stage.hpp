@@ -73,20 +73,24 @@ class GptStage {
   // Device memory: the residual stream after the last layer [B*T*C], d(input) after backward.
   const float* output(int slot) const;
   const float* dinput() const { return acts_.grads.dresidual.data(); }
-  // Device memory: the last stage's logits of the forward in `slot`, [B*T rows, this rank's
-  // real vocabulary rows] (what a sampler reads; the loss has been taken from them already).
+  // Device memory: the last stage's logits of the forward in `slot`, B*T rows of this rank's
+  // real vocabulary columns, logits_row_stride() floats apart (what a sampler reads; the loss has
+  // been taken from them already; the slot's backward overwrites them with their gradient).
   const float* logits(int slot) const { return acts_.slots[slot].logits.data(); }
+  std::int64_t logits_row_stride() const { return dims_.ld; }
   std::int64_t activation_numel() const { return dims_.B * dims_.T * dims_.C; }
   // Bytes of activations (all slots), backward scratch and loss ledger a stage allocates: the
   // same allocation plan the constructor follows (for --dry-run and `pdtrain plan`), with the
-  // attention buffers `attention` asks for (by default the CPU reference's).
+  // attention buffers `attention` asks for and the logits rows of `logits_rows` (by default the
+  // CPU backend's).
   static std::int64_t memory_bytes(const ModelShape& m, const StageSpec& s,
                                    std::int64_t micro_batch, std::int64_t seq_len, int slots,
                                    Recompute recompute = Recompute::none,
                                    Precision precision = Precision::fp32,
                                    StageOrder order = StageOrder::micro_batch,
                                    const kernels::AttentionFootprint& attention =
-                                       kernels::cpu_attention());
+                                       kernels::cpu_attention(),
+                                   kernels::LogitsRows logits_rows = kernels::LogitsRows::dense);
 
  private:
   template <class T>
@@ -103,13 +107,14 @@ class GptStage {
     Buf<std::int32_t> tokens, targets;
     Buf<float> input;  // embedding output or the previous stage's output
     std::vector<LayerActs> layers;
-    Buf<float> lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+    Buf<float> lnf, lnf_mean, lnf_rstd, losses;
+    Buf<float> logits;  // [B*T, ld]; the head's backward turns them into dlogits in place
     Buf<bf16> lnf_h;
     Buf<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp)
     Buf<float> dresidual;  // layer-major: this micro-batch's residual gradient between units
   };
   struct GradScratch {
-    Buf<float> dresidual, dln, dqkv, datty, dfch, dfch_gelu, dlogits, dlosses;
+    Buf<float> dresidual, dln, dqkv, datty, dfch, dfch_gelu, dlosses;
     Buf<bf16> dout_h;  // bf16 precision: a matmul's output gradient, rounded
   };
   // Everything the stage allocates, sized by allocate() from the stage's dimensions.
@@ -124,6 +129,7 @@ class GptStage {
   struct Dims {
     std::int64_t B = 0, T = 0, C = 0, Cl = 0, NHl = 0, layers = 0;
     std::int64_t v0 = 0, v1 = 0, V = 0;  // vocabulary shard rows, real-token logits here
+    std::int64_t ld = 0;                 // logits' row stride (kernels::logits_row_stride)
     kernels::AttentionShape attn;         // one layer's attention call
     std::int64_t attn_saved = 0, attn_scratch = 0;  // its floats (the attention family's)
     bool embedding = false, head = false, bf16 = false, layer_major = false;
@@ -134,7 +140,8 @@ class GptStage {
 
   static Dims dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                       std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
-                      StageOrder order, const kernels::AttentionFootprint& attention);
+                      StageOrder order, const kernels::AttentionFootprint& attention,
+                      kernels::LogitsRows logits_rows);
   // Sizes every buffer of `a` with alloc(buffer, elements): the constructor allocates,
   // memory_bytes() counts.
   template <class Alloc>
@@ -144,12 +151,13 @@ class GptStage {
 
   // A matmul of this stage's precision: out = x W^T (+ b), x given in fp32 and in bf16 (the
   // one of the precision in use is read), and its backward (dx overwritten, the parameter
-  // gradients added to).
+  // gradients added to). out's (dout's) rows are ld apart (0: OC, dense).
   void linear_forward(float* out, const Buf<float>& x, const Buf<bf16>& x_h, TensorId w,
-                      std::int64_t l, const float* bias, std::int64_t C, std::int64_t OC);
+                      std::int64_t l, const float* bias, std::int64_t C, std::int64_t OC,
+                      std::int64_t ld = 0);
   void linear_backward(float* dx, float* dweight, float* dbias, const float* dout,
                        const Buf<float>& x, const Buf<bf16>& x_h, TensorId w, std::int64_t l,
-                       std::int64_t C, std::int64_t OC);
+                       std::int64_t C, std::int64_t OC, std::int64_t ld = 0);
   void layernorm_forward(Buf<float>& out, Buf<bf16>& out_h, Buf<float>& mean, Buf<float>& rstd,
                          const float* inp, TensorId w, TensorId b, std::int64_t l);
 

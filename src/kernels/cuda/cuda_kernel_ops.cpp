@@ -148,52 +148,53 @@ class CudaGemm final : public GemmOps {
   explicit CudaGemm(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
 
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
-                      int C, int OC) override {
-    forward(out, inp, w, bias, N, C, OC, GemmInput::f32);
+                      int C, int OC, int ld) override {
+    forward(out, inp, w, bias, N, C, OC, ld, GemmInput::f32);
   }
   void matmul_forward(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int C,
-                      int OC) override {
-    forward(out, inp, w, bias, N, C, OC, GemmInput::bf16);
+                      int OC, int ld) override {
+    forward(out, inp, w, bias, N, C, OC, ld, GemmInput::bf16);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC, GradWrite dinp_write) override {
-    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, GemmInput::f32, dinp_write);
+                       const float* w, int N, int C, int OC, int ld,
+                       GradWrite dinp_write) override {
+    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, ld, GemmInput::f32, dinp_write);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
-                       const bf16* inp, const bf16* w, int N, int C, int OC,
+                       const bf16* inp, const bf16* w, int N, int C, int OC, int ld,
                        GradWrite dinp_write) override {
-    cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * OC);
-    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, GemmInput::bf16, dinp_write);
+    cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * ld);
+    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, ld, GemmInput::bf16, dinp_write);
   }
 
  private:
-  // out[N,OC] = inp[N,C] weight[OC,C]^T (+ bias: out is seeded with it and the GEMM adds onto
-  // it, beta = 1, as the CPU does).
+  // out[N,OC] (rows ld apart) = inp[N,C] weight[OC,C]^T (+ bias: out is seeded with it and the
+  // GEMM adds onto it, beta = 1, as the CPU does).
   void forward(float* out, const void* inp, const void* weight, const float* bias, int N, int C,
-               int OC, GemmInput input) {
-    if (bias != nullptr) cuda::bias_fill(stream_, out, bias, N, OC);
+               int OC, int ld, GemmInput input) {
+    if (bias != nullptr) cuda::bias_fill(stream_, out, bias, N, OC, ld);
     ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
                       .A = inp, .lda = C, .B = weight, .ldb = C,
-                      .beta = bias != nullptr ? 1.0f : 0.0f, .C = out, .ldc = OC,
+                      .beta = bias != nullptr ? 1.0f : 0.0f, .C = out, .ldc = ld,
                       .input = input});
   }
 
   // dinp += (or =, beta = 0) dout weight, dweight += dout^T inp (dout_gemm: dout itself or its
-  // bf16 copy); dbias += column sums of the fp32 dout.
+  // bf16 copy, rows ld apart); dbias += column sums of the fp32 dout.
   void backward(float* dinp, float* dweight, float* dbias, const float* dout,
                 const void* dout_gemm, const void* inp, const void* weight, int N, int C, int OC,
-                GemmInput input, GradWrite dinp_write) {
+                int ld, GemmInput input, GradWrite dinp_write) {
     if (dinp != nullptr)
       ctx_->gemm().run({.M = N, .N = C, .K = OC,
-                        .A = dout_gemm, .lda = OC, .B = weight, .ldb = C,
+                        .A = dout_gemm, .lda = ld, .B = weight, .ldb = C,
                         .beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f, .C = dinp,
                         .ldc = C, .input = input});
     ctx_->gemm().run({.trans_a = true, .M = OC, .N = C, .K = N,
-                      .A = dout_gemm, .lda = OC, .B = inp, .ldb = C,
+                      .A = dout_gemm, .lda = ld, .B = inp, .ldb = C,
                       .beta = 1.0f, .C = dweight, .ldc = C, .input = input});
     if (dbias != nullptr)
       cuda::bias_backward(stream_, ctx_->scratch(cuda::bias_backward_scratch(N, OC)), dbias, dout,
-                          N, OC);
+                          N, OC, ld);
   }
 
   Context ctx_;
@@ -276,22 +277,20 @@ class CudaLoss final : public LossOps {
  public:
   explicit CudaLoss(Context ctx) : ctx_(std::move(ctx)), stream_(ctx_->stream()) {}
 
-  void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V) override {
-    cuda::crossentropy_rowmax(stream_, rowmax, logits, N, V);
+  void crossentropy_rowmax(float* rowmax, const float* logits, int N, int V, int ld) override {
+    cuda::crossentropy_rowmax(stream_, rowmax, logits, N, V, ld);
   }
-  void crossentropy_partials(float* stats, float* probs, const float* logits, const float* rowmax,
-                             const I32* targets, int v0, int N, int V) override {
-    cuda::crossentropy_partials(stream_, stats, probs, logits, rowmax, targets, v0, N, V);
+  void crossentropy_partials(float* stats, const float* logits, const float* rowmax,
+                             const I32* targets, int v0, int N, int V, int ld) override {
+    cuda::crossentropy_partials(stream_, stats, logits, rowmax, targets, v0, N, V, ld);
   }
-  void crossentropy_finish(float* losses, float* probs, const float* stats, int N,
-                           int V) override {
-    cuda::crossentropy_finish(stream_, losses, probs, stats, N, V);
+  void crossentropy_losses(float* losses, const float* stats, int N) override {
+    cuda::crossentropy_losses(stream_, losses, stats, N);
   }
-  void crossentropy_backward(float* dlogits, const float* probs, const I32* targets,
-                             const float* dlosses, int N, int V, int v0,
-                             GradWrite write) override {
-    cuda::crossentropy_backward(stream_, dlogits, probs, targets, dlosses, N, V, v0,
-                                write == GradWrite::overwrite);
+  void crossentropy_backward(float* logits, const float* rowmax, const float* stats,
+                             const I32* targets, const float* dlosses, int v0, int N, int V,
+                             int ld) override {
+    cuda::crossentropy_backward(stream_, logits, rowmax, stats, targets, dlosses, v0, N, V, ld);
   }
   void sum_losses(double* sum, const float* losses, int n) override {
     cuda::sum_losses(stream_, sum, losses, n);
@@ -357,7 +356,7 @@ std::unique_ptr<KernelOps> make_cuda_kernel_ops(CudaDevice& device) {
   return std::make_unique<KernelOps>(
       "cuda: " + device.describe() + ", cuBLASLt " + cublaslt_version() +
           " (fp32 without TF32; bf16 inputs with fp32 accumulation)",
-      std::move(f));
+      std::move(f), LogitsRows::padded);
 }
 
 // The CUDA backend on GPU `gpu` of this node.

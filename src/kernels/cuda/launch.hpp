@@ -120,15 +120,16 @@ class Gemm {
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
-// out[N,OC] = bias[OC] broadcast over rows (the seed a matmul with bias accumulates onto).
-void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC);
+// out[N,OC] (rows ld apart) = bias[OC] broadcast over rows (the seed a matmul with bias
+// accumulates onto).
+void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC, int ld);
 // out[N,OC] += bias[OC]
 void bias_add(cudaStream_t stream, float* out, const float* bias, int N, int OC);
 // Floats of scratch bias_backward needs.
 Index bias_backward_scratch(int N, int OC);
-// dbias[OC] += column sums of dout[N,OC].
+// dbias[OC] += column sums of dout[N,OC] (rows ld apart).
 void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const float* dout, int N,
-                   int OC);
+                   int OC, int ld);
 
 // ---------------------------------------------------------------------------------------------
 // attention.cu: score and value products through `gemm` (cuBLASLt, one call per sequence b with
@@ -141,15 +142,18 @@ void attention_backward(Gemm& gemm, cudaStream_t stream, float* dqkv, float* dpr
                         int NH);
 
 // ---------------------------------------------------------------------------------------------
-// crossentropy.cu: one block per row, fixed-order block reductions.
-void crossentropy_rowmax(cudaStream_t stream, float* rowmax, const float* logits, int N, int V);
-void crossentropy_partials(cudaStream_t stream, float* stats, float* probs, const float* logits,
-                           const float* rowmax, const I32* targets, int vocab_begin, int N, int V);
-void crossentropy_finish(cudaStream_t stream, float* losses, float* probs, const float* stats,
-                         int N, int V);
-void crossentropy_backward(cudaStream_t stream, float* dlogits, const float* probs,
-                           const I32* targets, const float* dlosses, int N, int V, int vocab_begin,
-                           bool overwrite);
+// crossentropy.cu: one block per row, fixed-order block reductions; logits' rows ld apart; no
+// probability array (kernel_ops.hpp's LossOps).
+void crossentropy_rowmax(cudaStream_t stream, float* rowmax, const float* logits, int N, int V,
+                         int ld);
+void crossentropy_partials(cudaStream_t stream, float* stats, const float* logits,
+                           const float* rowmax, const I32* targets, int vocab_begin, int N, int V,
+                           int ld);
+void crossentropy_losses(cudaStream_t stream, float* losses, const float* stats, int N);
+// In place: the logits become dlogits (the padding columns V..ld-1 become 0).
+void crossentropy_backward(cudaStream_t stream, float* logits, const float* rowmax,
+                           const float* stats, const I32* targets, const float* dlosses,
+                           int vocab_begin, int N, int V, int ld);
 // *sum = losses[0] + ... + losses[n-1] in double, in order, by one thread (the CPU's bits).
 void sum_losses(cudaStream_t stream, double* sum, const float* losses, int n);
 

@@ -216,49 +216,51 @@ void Gemm::run_cublas(const GemmArgs& g) {
 
 namespace {
 
-// out[n,o] = bias[o] (kAdd false) or out[n,o] += bias[o] (kAdd true), grid-stride over N*OC.
+// out[n,o] = bias[o] (kAdd false) or out[n,o] += bias[o] (kAdd true), rows ld apart,
+// grid-stride over N*OC.
 template <bool kAdd>
 __global__ void bias_kernel(float* __restrict__ out, const float* __restrict__ bias, Index NOC,
-                            int OC) {
+                            int OC, int ld) {
   for (Index i = global_thread(); i < NOC; i += grid_threads()) {
     const float b = bias[i % OC];
-    out[i] = kAdd ? out[i] + b : b;
+    float& y = out[i / OC * ld + i % OC];
+    y = kAdd ? y + b : b;
   }
 }
 
 // The term of dbias of row n, column o (dout itself), for column_sums.
 struct BiasGradTerm {
   const float* __restrict__ dout;
-  int OC;
+  int ld;
   __device__ __forceinline__ void operator()(Index n, Index o, float (&acc)[1]) const {
-    acc[0] += dout[n * OC + o];
+    acc[0] += dout[n * ld + o];
   }
 };
 
 template <bool kAdd>
-void launch_bias(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
+void launch_bias(cudaStream_t stream, float* out, const float* bias, int N, int OC, int ld) {
   const Index NOC = Index(N) * OC;
   if (NOC <= 0) return;
-  PDTRAIN_LAUNCH(bias_kernel<kAdd>, grid_for(NOC), kBlock, 0, stream)(out, bias, NOC, OC);
+  PDTRAIN_LAUNCH(bias_kernel<kAdd>, grid_for(NOC), kBlock, 0, stream)(out, bias, NOC, OC, ld);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
-  launch_bias<false>(stream, out, bias, N, OC);
+void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC, int ld) {
+  launch_bias<false>(stream, out, bias, N, OC, ld);
 }
 
 void bias_add(cudaStream_t stream, float* out, const float* bias, int N, int OC) {
-  launch_bias<true>(stream, out, bias, N, OC);
+  launch_bias<true>(stream, out, bias, N, OC, OC);
 }
 
 Index bias_backward_scratch(int N, int OC) { return column_sums_scratch(1, N, OC); }
 
 void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const float* dout, int N,
-                   int OC) {
+                   int OC, int ld) {
   if (N <= 0 || OC <= 0) return;
-  column_sums<1>(stream, scratch, {dbias}, N, OC, BiasGradTerm{dout, OC});
+  column_sums<1>(stream, scratch, {dbias}, N, OC, BiasGradTerm{dout, ld});
 }
 
 }  // namespace pdtrain::kernels::cuda

@@ -88,7 +88,7 @@ TEST(CudaGemm, TheSameShapeGivesTheSameBitsAtAnyAlignment) {
     b.device->copy(ws.data() + at, w.data(), w.size() * sizeof(float));
     b.device->synchronize();
     b.ops->gemm().matmul_forward(at == 0 ? out_a.data() : out_b.data(), ins.data() + at,
-                                 ws.data() + at, nullptr, N, C, OC);
+                                 ws.data() + at, nullptr, N, C, OC, OC);
   }
   EXPECT_TRUE(same_bits(to_host(*b.device, out_a), to_host(*b.device, out_b)))
       << "a GEMM's bits depend on where its matrices lie";
