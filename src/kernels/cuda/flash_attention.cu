@@ -7,6 +7,13 @@
 // columns are zeros and add nothing). A warp owns 16 rows of a tile; its 16x16 products go
 // through WarpTile<E> below, the only place the two element types differ.
 //
+// The three tiled kernels are built from the same pieces, each written once: KeyTile and
+// QueryTile (a block's k/v rows, or its q/dout rows with their lse and D, loaded from global
+// memory), for_each_key_tile (the causal loop over key tiles of the forward and dq),
+// warp_scores (every score-shaped product: S, S^T, dP, dP^T), warp_accumulate (every product
+// summed in registers across the loop: dv, dk, dq), probs_and_grads (P and dS from the scores,
+// for dk/dv on the transposed tile) and add_rows (the gradients added to dqkv at the end).
+//
 //  forward      block: a tile of queries of one (b,h); loops over the key/value tiles up to its
 //               last query (causal). Per warp: S = q k^T into shared memory, the online softmax
 //               one row at a time (lane j takes key j of the 32-key tile), the output rows
@@ -100,38 +107,100 @@ struct WarpTile<bf16_t> {
   }
 };
 
-// fp32: lane l holds elements l, l+32, ..., l+224 of the tile (row e/16, column e%16), each a
-// dot product summed in k order.
+// fp32: lane l holds elements l, l+32, ..., l+224 of the tile: column l % 16 of rows l / 16,
+// l / 16 + 2, ..., l / 16 + 14. Each element is a dot product summed in k order. mma walks k
+// outermost so that the lane's one B value of each k serves all its 8 rows (9 shared loads per
+// k instead of 16), unrolled 4 times only: fully unrolled, nvcc hoisted the loads of every k at
+// once and the fp32 kernels with 48- and 64-channel heads spilled (ptxas -v). Each sum is in k
+// order either way: the same bits.
 template <>
 struct WarpTile<float> {
   static constexpr int kPerLane = kTile * kTile / kWarp;
+  static constexpr int kRowStep = kWarp / kTile;  // rows between a lane's elements
   float x[kPerLane];
 
-  __device__ __forceinline__ static int element(int i) {
-    return static_cast<int>(threadIdx.x % kWarp) + kWarp * i;
+  __device__ __forceinline__ static int row(int i) {
+    return static_cast<int>(threadIdx.x % kWarp) / kTile + kRowStep * i;
   }
+  __device__ __forceinline__ static int col() { return static_cast<int>(threadIdx.x % kTile); }
   __device__ __forceinline__ void zero() {
     for (float& v : x) v = 0.0f;
   }
   __device__ __forceinline__ void load(const float* p, int ld) {
-    for (int i = 0; i < kPerLane; ++i) x[i] = p[element(i) / kTile * ld + element(i) % kTile];
+    for (int i = 0; i < kPerLane; ++i) x[i] = p[row(i) * ld + col()];
   }
   __device__ __forceinline__ void store(float* p, int ld) const {
-    for (int i = 0; i < kPerLane; ++i) p[element(i) / kTile * ld + element(i) % kTile] = x[i];
+    for (int i = 0; i < kPerLane; ++i) p[row(i) * ld + col()] = x[i];
   }
   template <bool kBT>
   __device__ __forceinline__ void mma(const float* a, int lda, const float* b, int ldb, int K) {
-    for (int i = 0; i < kPerLane; ++i) {
-      const int r = element(i) / kTile, c = element(i) % kTile;
-      float s = x[i];
-      for (int k = 0; k < K; ++k) s += a[r * lda + k] * (kBT ? b[c * ldb + k] : b[k * ldb + c]);
-      x[i] = s;
+    const int c = col();
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+      const float bk = kBT ? b[c * ldb + k] : b[k * ldb + c];
+      for (int i = 0; i < kPerLane; ++i) x[i] += a[row(i) * lda + k] * bk;
     }
   }
 };
 
 // ---------------------------------------------------------------------------------------------
+// The warp's products. Every product of these kernels is one of these two, over the warp's 16
+// rows `a`: rows of the head's kHS channels, or of a 16 x K score tile.
+
+// dst[16 x kCols] (ld kCols) = a b^T with b kCols rows of kHS channels (the k, v, q or dout
+// rows of a tile): the scores S = q k^T, S^T = k q^T and their gradients dP = dout v^T,
+// dP^T = v dout^T.
+template <class E, int kHS, int kCols>
+__device__ __forceinline__ void warp_scores(float* dst, const E* a, const E* b) {
+  for (int j = 0; j < kCols / kTile; ++j) {
+    WarpTile<E> acc;
+    acc.zero();
+    acc.template mma<true>(a, kHS, b + j * kTile * kHS, kHS, kHS);
+    acc.store(dst + j * kTile, kCols);
+  }
+}
+
+// acc[j] += a b[:, 16j ..] with `a` a 16 x K score tile (ld K), b K rows of kHS channels:
+// dv += P^T dout, dk += dS^T q, dq += dS k, accumulated in registers across the loop's tiles.
+template <class E, int kHS, int K>
+__device__ __forceinline__ void warp_accumulate(WarpTile<E> (&acc)[kHS / kTile], const E* a,
+                                                const E* b) {
+#pragma unroll
+  for (int j = 0; j < kHS / kTile; ++j) acc[j].template mma<false>(a, K, b + j * kTile, kHS, K);
+}
+
+template <class E, int kHS>
+__device__ __forceinline__ void zero_all(WarpTile<E> (&acc)[kHS / kTile]) {
+#pragma unroll
+  for (int j = 0; j < kHS / kTile; ++j) acc[j].zero();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Tiles from global memory.
+
+// The block's head, (b, h) = blockIdx.y: where its rows start in each array. qkv and dqkv are
+// [B,T,3C] with q at +0, k at +C, v at +2C; out and dout [B,T,C]; lse and D [B*NH,T].
+struct BlockHead {
+  int T, C, HS;
+  Index qkv_at, act_at, rows_at;  // (b, t = 0, head h) in qkv/dqkv, out/dout; (b, h, 0) in lse/D
+};
+
+__device__ __forceinline__ BlockHead block_head(int T, int C, int NH) {
+  const int bh = static_cast<int>(blockIdx.y), b = bh / NH, h = bh % NH, HS = C / NH;
+  return {T, C, HS, Index(b) * T * 3 * C + Index(h) * HS, Index(b) * T * C + Index(h) * HS,
+          Index(bh) * T};
+}
+
+enum QkvPart { kPartQ = 0, kPartK = 1, kPartV = 2 };  // offsets in C of a qkv row
+
+__device__ __forceinline__ int warp_index() { return static_cast<int>(threadIdx.x) / kWarp; }
+__device__ __forceinline__ int lane_index() { return static_cast<int>(threadIdx.x) % kWarp; }
+
+// The warp's 16 rows of a block's tile whose rows are ld elements.
+template <class T>
+__device__ __forceinline__ T* warp_rows(T* tile, int ld) {
+  return tile + warp_index() * kTile * ld;
+}
 
 // dst[rows x kHS] (E, row-major) = rows row0 .. row0+rows-1 of src (row stride ld, HS columns),
 // zeros for rows past T and columns past HS. The whole block calls it.
@@ -144,24 +213,79 @@ __device__ __forceinline__ void load_rows(E* dst, const float* src, Index ld, in
   }
 }
 
-// dst[rows] = src[row0 ..] (0 past T). The whole block calls it.
-__device__ __forceinline__ void load_row_values(float* dst, const float* src, int row0, int rows,
-                                                int T) {
-  for (int i = static_cast<int>(threadIdx.x); i < rows; i += static_cast<int>(blockDim.x))
-    dst[i] = row0 + i < T ? src[row0 + i] : 0.0f;
+// The head's q, k or v rows row0 .. of qkv.
+template <class E, int kHS>
+__device__ __forceinline__ void load_qkv_rows(E* dst, const float* qkv, const BlockHead& hd,
+                                              QkvPart part, int row0, int rows) {
+  load_rows<E, kHS>(dst, qkv + hd.qkv_at + part * Index(hd.C), 3 * Index(hd.C), row0, rows, hd.T,
+                    hd.HS);
 }
 
-// dst[row0 + r, d] += acc[r, d - col0] for the warp's 16x16 tile (rows < T, columns < HS), via
+// dst[rows] = src[row0 ..] of the head's row of lse or D (0 past T). The whole block calls it.
+__device__ __forceinline__ void load_row_values(float* dst, const float* src, const BlockHead& hd,
+                                                int row0, int rows) {
+  for (int i = static_cast<int>(threadIdx.x); i < rows; i += static_cast<int>(blockDim.x))
+    dst[i] = row0 + i < hd.T ? src[hd.rows_at + row0 + i] : 0.0f;
+}
+
+// A tile of kRows keys and their values in shared memory.
+template <class E, int kHS, int kRows>
+struct KeyTile {
+  alignas(128) E k[kRows * kHS];
+  alignas(128) E v[kRows * kHS];
+
+  __device__ __forceinline__ void load(const float* qkv, const BlockHead& hd, int k0) {
+    load_qkv_rows<E, kHS>(k, qkv, hd, kPartK, k0, kRows);
+    load_qkv_rows<E, kHS>(v, qkv, hd, kPartV, k0, kRows);
+  }
+};
+
+// A tile of kRows queries with what the backward needs of them: dout, lse and D.
+template <class E, int kHS, int kRows>
+struct QueryTile {
+  alignas(128) E q[kRows * kHS];
+  alignas(128) E dout[kRows * kHS];
+  float lse[kRows], D[kRows];
+
+  __device__ __forceinline__ void load(const float* qkv, const float* dout_, const float* lse_,
+                                       const float* D_, const BlockHead& hd, int q0) {
+    load_qkv_rows<E, kHS>(q, qkv, hd, kPartQ, q0, kRows);
+    load_rows<E, kHS>(dout, dout_ + hd.act_at, hd.C, q0, kRows, hd.T, hd.HS);
+    load_row_values(lse, lse_, hd, q0, kRows);
+    load_row_values(D, D_, hd, q0, kRows);
+  }
+};
+
+// The key tiles a block of the queries q0 .. q0+rows-1 sees (causal: none past its last query),
+// loaded one after the other into `keys`; body(k0) then runs with the tile of keys k0 ...
+template <class E, int kHS, class Body>
+__device__ __forceinline__ void for_each_key_tile(KeyTile<E, kHS, kKeys>& keys, const float* qkv,
+                                                  const BlockHead& hd, int q0, int rows,
+                                                  Body&& body) {
+  const int keys_end = hd.T < q0 + rows ? hd.T : q0 + rows;
+  for (int k0 = 0; k0 < keys_end; k0 += kKeys) {
+    __syncthreads();  // every warp is done with the previous tile (and the block's own loads)
+    keys.load(qkv, hd, k0);
+    __syncthreads();
+    body(k0);
+  }
+}
+
+// dst[row0 + r, d] += acc[j][r, d - 16j] for the warp's 16 rows (rows < T, columns < HS), via
 // `stage` (16x16 floats of the warp's shared memory). The whole warp calls it.
-template <class E>
-__device__ __forceinline__ void add_tile(float* dst, Index ld, const WarpTile<E>& acc, float* stage,
-                                         int row0, int col0, int T, int HS) {
-  __syncwarp();  // stage may still be read
-  acc.store(stage, kTile);
-  __syncwarp();
-  for (int i = static_cast<int>(threadIdx.x % kWarp); i < kTile * kTile; i += kWarp) {
-    const int r = row0 + i / kTile, d = col0 + i % kTile;
-    if (r < T && d < HS) dst[Index(r) * ld + d] += stage[i];
+template <class E, int kHS>
+__device__ __forceinline__ void add_rows(float* dst, const WarpTile<E> (&acc)[kHS / kTile],
+                                         float* stage, const BlockHead& hd, int row0) {
+  const Index ld = 3 * Index(hd.C);
+#pragma unroll
+  for (int j = 0; j < kHS / kTile; ++j) {
+    __syncwarp();  // stage may still be read
+    acc[j].store(stage, kTile);
+    __syncwarp();
+    for (int i = lane_index(); i < kTile * kTile; i += kWarp) {
+      const int r = row0 + i / kTile, d = j * kTile + i % kTile;
+      if (r < hd.T && d < hd.HS) dst[Index(r) * ld + d] += stage[i];
+    }
   }
 }
 
@@ -175,12 +299,62 @@ template <class E, int kHS>
 struct ForwardShared {
   static constexpr int kRows = kTile * kQueryWarps<E>;
   alignas(128) E q[kRows * kHS];
-  alignas(128) E k[kKeys * kHS];
-  alignas(128) E v[kKeys * kHS];
+  KeyTile<E, kHS, kKeys> keys;
   alignas(128) float s[kRows * kKeys];
   alignas(128) float o[kRows * kHS];
   alignas(128) ScoresAs<E, kRows * kKeys> p;
 };
+
+// The online softmax over one key tile for the warp's 16 rows, one row at a time (lane = key):
+// m and l, the rows' running max and sum (the same in every lane), take in the tile's scores s;
+// p = exp(scale s - m) goes to p as E, and the output rows o are rescaled to the new max.
+template <class E, int kHS>
+__device__ __forceinline__ void online_softmax(float (&m)[kTile], float (&l)[kTile], E* p,
+                                               float* o, const float* s, int row0, int k0, int T,
+                                               float scale) {
+  const int lane = lane_index(), key = k0 + lane;
+#pragma unroll
+  for (int r = 0; r < kTile; ++r) {
+    const bool seen = visible(row0 + r, key, T);  // none in the rows past T: never written
+    const float x = seen ? s[r * kKeys + lane] * scale : -FLT_MAX;
+    const float m_new = fmaxf(m[r], warp_max(x));
+    const float e = seen ? expf(x - m_new) : 0.0f;
+    // 0 at the first tile (m = -FLT_MAX, m_new finite: key 0 is seen), 1 where no key is seen
+    const float alpha = expf(m[r] - m_new);
+    l[r] = alpha * l[r] + warp_sum(e);
+    m[r] = m_new;
+    p[r * kKeys + lane] = to_element<E>(e);
+    for (int d = lane; d < kHS; d += kWarp) o[r * kHS + d] *= alpha;
+  }
+}
+
+// O += P v for the warp's 16 rows, O in shared memory (the softmax rescales it by row there).
+template <class E, int kHS>
+__device__ __forceinline__ void add_pv(float* o, const E* p, const E* v) {
+  for (int j = 0; j < kHS / kTile; ++j) {
+    WarpTile<E> acc;
+    acc.load(o + j * kTile, kHS);
+    acc.template mma<false>(p, kKeys, v + j * kTile, kHS, kKeys);
+    acc.store(o + j * kTile, kHS);
+  }
+}
+
+// out = O / l and lse = m + log l for the warp's rows below T.
+template <int kHS>
+__device__ __forceinline__ void write_rows(float* out, float* lse, const float* o,
+                                           const float (&m)[kTile], const float (&l)[kTile],
+                                           const BlockHead& hd, int row0) {
+  const int lane = lane_index();
+#pragma unroll
+  for (int r = 0; r < kTile; ++r) {
+    const int t = row0 + r;
+    if (t >= hd.T) break;  // the same t in every lane
+    const float inv = 1.0f / l[r];  // l >= 1: the max term is exp(0)
+    for (int d = lane; d < hd.HS; d += kWarp)
+      out[hd.act_at + Index(t) * hd.C + d] = o[r * kHS + d] * inv;
+    if (lane == 0) lse[hd.rows_at + t] = m[r] + logf(l[r]);
+  }
+}
 
 template <class E, int kHS>
 __global__ void __launch_bounds__(kQueryWarps<E>* kWarp)
@@ -189,70 +363,31 @@ __global__ void __launch_bounds__(kQueryWarps<E>* kWarp)
   using Shared = ForwardShared<E, kHS>;
   constexpr int kRows = Shared::kRows;
   __shared__ Shared sh;
-  const int HS = C / NH, bh = static_cast<int>(blockIdx.y), b = bh / NH, h = bh % NH;
-  const Index C3 = 3 * Index(C);
+  const BlockHead hd = block_head(T, C, NH);
   const int q0 = static_cast<int>(blockIdx.x) * kRows;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
-  const float* seq = qkv + Index(b) * T * C3 + Index(h) * HS;
 
-  load_rows<E, kHS>(sh.q, seq, C3, q0, kRows, T, HS);
+  load_qkv_rows<E, kHS>(sh.q, qkv, hd, kPartQ, q0, kRows);
   for (int i = static_cast<int>(threadIdx.x); i < kRows * kHS; i += static_cast<int>(blockDim.x))
     sh.o[i] = 0.0f;
-  const E* q_w = sh.q + warp * kTile * kHS;
-  float* s_w = sh.s + warp * kTile * kKeys;
-  E* p_w = sh.p.in(sh.s) + warp * kTile * kKeys;
-  float* o_w = sh.o + warp * kTile * kHS;
-  const int row0 = q0 + warp * kTile;  // the warp's first query
+  const E* q_w = warp_rows(sh.q, kHS);
+  float* s_w = warp_rows(sh.s, kKeys);
+  E* p_w = warp_rows(sh.p.in(sh.s), kKeys);
+  float* o_w = warp_rows(sh.o, kHS);
+  const int row0 = q0 + warp_index() * kTile;  // the warp's first query
 
-  float m[kTile], l[kTile];  // running max and sum of the warp's rows (the same in every lane)
+  float m[kTile], l[kTile];
 #pragma unroll
   for (int r = 0; r < kTile; ++r) m[r] = -FLT_MAX, l[r] = 0.0f;
 
-  const int keys_end = T < q0 + kRows ? T : q0 + kRows;  // no query of the block sees a later key
-  for (int k0 = 0; k0 < keys_end; k0 += kKeys) {
-    __syncthreads();  // every warp is done with the previous k and v tiles
-    load_rows<E, kHS>(sh.k, seq + C, C3, k0, kKeys, T, HS);
-    load_rows<E, kHS>(sh.v, seq + 2 * C, C3, k0, kKeys, T, HS);
-    __syncthreads();
-    for (int j = 0; j < kKeys / kTile; ++j) {  // S = q k^T (unscaled)
-      WarpTile<E> acc;
-      acc.zero();
-      acc.template mma<true>(q_w, kHS, sh.k + j * kTile * kHS, kHS, kHS);
-      acc.store(s_w + j * kTile, kKeys);
-    }
+  for_each_key_tile(sh.keys, qkv, hd, q0, kRows, [&](int k0) {
+    warp_scores<E, kHS, kKeys>(s_w, q_w, sh.keys.k);  // S = q k^T (unscaled)
     __syncwarp();
-    const int key = k0 + lane;
-#pragma unroll
-    for (int r = 0; r < kTile; ++r) {  // online softmax, lane = key
-      const bool seen = visible(row0 + r, key, T);  // none in the rows past T: never written
-      const float s = seen ? s_w[r * kKeys + lane] * scale : -FLT_MAX;
-      const float m_new = fmaxf(m[r], warp_max(s));
-      const float p = seen ? expf(s - m_new) : 0.0f;
-      // 0 at the first tile (m = -FLT_MAX, m_new finite: key 0 is seen), 1 where no key is seen
-      const float alpha = expf(m[r] - m_new);
-      l[r] = alpha * l[r] + warp_sum(p);
-      m[r] = m_new;
-      p_w[r * kKeys + lane] = to_element<E>(p);
-      for (int d = lane; d < kHS; d += kWarp) o_w[r * kHS + d] *= alpha;
-    }
+    online_softmax<E, kHS>(m, l, p_w, o_w, s_w, row0, k0, T, scale);
     __syncwarp();
-    for (int j = 0; j < kHS / kTile; ++j) {  // O += P v
-      WarpTile<E> acc;
-      acc.load(o_w + j * kTile, kHS);
-      acc.template mma<false>(p_w, kKeys, sh.v + j * kTile, kHS, kKeys);
-      acc.store(o_w + j * kTile, kHS);
-    }
-  }
+    add_pv<E, kHS>(o_w, p_w, sh.keys.v);
+  });
   __syncwarp();
-  float* out_seq = out + Index(b) * T * C + Index(h) * HS;
-#pragma unroll
-  for (int r = 0; r < kTile; ++r) {
-    const int t = row0 + r;
-    if (t >= T) break;  // the same t in every lane
-    const float inv = 1.0f / l[r];  // l >= 1: the max term is exp(0)
-    for (int d = lane; d < HS; d += kWarp) out_seq[Index(t) * C + d] = o_w[r * kHS + d] * inv;
-    if (lane == 0) lse[Index(bh) * T + t] = m[r] + logf(l[r]);
-  }
+  write_rows<kHS>(out, lse, o_w, m, l, hd, row0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -272,15 +407,24 @@ __global__ void flash_backward_rowdot_kernel(float* __restrict__ D, const float*
   if (lane == 0) D[row] = sum;
 }
 
-// The probability and its score gradient for one element of a tile: p = exp(scale s - lse)
-// where the query sees the key (else 0), ds = scale p (dp - D).
-struct ProbAndGrad {
-  float p, ds;
-};
-__device__ __forceinline__ ProbAndGrad prob_and_grad(bool seen, float s, float dp, float lse,
-                                                     float D, float scale) {
-  const float p = seen ? expf(s * scale - lse) : 0.0f;
-  return {p, scale * (p * (dp - D))};
+// The probabilities and score gradients of the warp's 16 x kCols tile of scores s and their
+// gradients dp: p = exp(scale s - lse) where the query sees the key (else 0), ds = scale p (dp -
+// D), as E into p (skipped when null: dq needs only ds) and ds, which may be s and dp themselves
+// (each element is read and rewritten by one lane). The tile's rows are keys and its columns
+// queries with kKeyRows (the dk/dv kernel's S^T), else the other way round; lse and D are the
+// values of the tile's queries, from query 0 of the tile.
+template <class E, int kCols, bool kKeyRows>
+__device__ __forceinline__ void probs_and_grads(E* p, E* ds, const float* s, const float* dp,
+                                                const float* lse, const float* D, int row0,
+                                                int col0, int T, float scale) {
+  for (int i = lane_index(); i < kTile * kCols; i += kWarp) {
+    const int r = i / kCols, c = i % kCols, query = kKeyRows ? c : r;
+    const bool seen = kKeyRows ? visible(col0 + c, row0 + r, T) : visible(row0 + r, col0 + c, T);
+    const float prob = seen ? expf(s[i] * scale - lse[query]) : 0.0f;
+    const float grad = scale * (prob * (dp[i] - D[query]));
+    if (p != nullptr) p[i] = to_element<E>(prob);
+    ds[i] = to_element<E>(grad);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -289,14 +433,11 @@ __device__ __forceinline__ ProbAndGrad prob_and_grad(bool seen, float s, float d
 template <class E, int kHS>
 struct DkdvShared {
   static constexpr int kKeyRows = kTile * kDkdvWarps, kQ = kDkdvQueries;
-  alignas(128) E k[kKeyRows * kHS];
-  alignas(128) E v[kKeyRows * kHS];
-  alignas(128) E q[kQ * kHS];
-  alignas(128) E dout[kQ * kHS];
+  KeyTile<E, kHS, kKeyRows> keys;
+  QueryTile<E, kHS, kQ> queries;
   alignas(128) float st[kKeyRows * kQ];   // S^T, then P^T for fp32
   alignas(128) float dpt[kKeyRows * kQ];  // dP^T, then dS^T for fp32
   alignas(128) ScoresAs<E, kKeyRows * kQ> pt, dst;
-  float lse[kQ], D[kQ];
 };
 
 template <class E, int kHS>
@@ -307,64 +448,37 @@ __global__ void __launch_bounds__(kDkdvWarps* kWarp)
   using Shared = DkdvShared<E, kHS>;
   constexpr int kKeyRows = Shared::kKeyRows, kQ = Shared::kQ;
   __shared__ Shared sh;
-  const int HS = C / NH, bh = static_cast<int>(blockIdx.y), b = bh / NH, h = bh % NH;
-  const Index C3 = 3 * Index(C);
+  const BlockHead hd = block_head(T, C, NH);
   const int k0 = static_cast<int>(blockIdx.x) * kKeyRows;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
-  const float* seq = qkv + Index(b) * T * C3 + Index(h) * HS;
-  const float* dout_seq = dout + Index(b) * T * C + Index(h) * HS;
 
-  load_rows<E, kHS>(sh.k, seq + C, C3, k0, kKeyRows, T, HS);
-  load_rows<E, kHS>(sh.v, seq + 2 * C, C3, k0, kKeyRows, T, HS);
-  const E* k_w = sh.k + warp * kTile * kHS;
-  const E* v_w = sh.v + warp * kTile * kHS;
-  float* st_w = sh.st + warp * kTile * kQ;
-  float* dpt_w = sh.dpt + warp * kTile * kQ;
-  E* pt_w = sh.pt.in(sh.st) + warp * kTile * kQ;
-  E* dst_w = sh.dst.in(sh.dpt) + warp * kTile * kQ;
-  const int key0 = k0 + warp * kTile;  // the warp's first key
+  sh.keys.load(qkv, hd, k0);
+  const E* k_w = warp_rows(sh.keys.k, kHS);
+  const E* v_w = warp_rows(sh.keys.v, kHS);
+  float* st_w = warp_rows(sh.st, kQ);
+  float* dpt_w = warp_rows(sh.dpt, kQ);
+  E* pt_w = warp_rows(sh.pt.in(sh.st), kQ);
+  E* dst_w = warp_rows(sh.dst.in(sh.dpt), kQ);
+  const int key0 = k0 + warp_index() * kTile;  // the warp's first key
 
   WarpTile<E> dk[kHS / kTile], dv[kHS / kTile];
-#pragma unroll
-  for (int j = 0; j < kHS / kTile; ++j) dk[j].zero(), dv[j].zero();
-
+  zero_all<E, kHS>(dk);
+  zero_all<E, kHS>(dv);
   for (int q0 = k0 / kQ * kQ; q0 < T; q0 += kQ) {  // earlier queries see none of the keys
     __syncthreads();  // every warp is done with the previous query tile
-    load_rows<E, kHS>(sh.q, seq, C3, q0, kQ, T, HS);
-    load_rows<E, kHS>(sh.dout, dout_seq, C, q0, kQ, T, HS);
-    load_row_values(sh.lse, lse + Index(bh) * T, q0, kQ, T);
-    load_row_values(sh.D, D + Index(bh) * T, q0, kQ, T);
+    sh.queries.load(qkv, dout, lse, D, hd, q0);
     __syncthreads();
-    for (int j = 0; j < kQ / kTile; ++j) {  // S^T = k q^T, dP^T = v dout^T
-      WarpTile<E> s, dp;
-      s.zero();
-      s.template mma<true>(k_w, kHS, sh.q + j * kTile * kHS, kHS, kHS);
-      s.store(st_w + j * kTile, kQ);
-      dp.zero();
-      dp.template mma<true>(v_w, kHS, sh.dout + j * kTile * kHS, kHS, kHS);
-      dp.store(dpt_w + j * kTile, kQ);
-    }
+    warp_scores<E, kHS, kQ>(st_w, k_w, sh.queries.q);      // S^T = k q^T
+    warp_scores<E, kHS, kQ>(dpt_w, v_w, sh.queries.dout);  // dP^T = v dout^T
     __syncwarp();
-    for (int i = lane; i < kTile * kQ; i += kWarp) {
-      const int r = i / kQ, c = i % kQ;
-      const ProbAndGrad g =
-          prob_and_grad(visible(q0 + c, key0 + r, T), st_w[i], dpt_w[i], sh.lse[c], sh.D[c], scale);
-      pt_w[i] = to_element<E>(g.p);
-      dst_w[i] = to_element<E>(g.ds);
-    }
+    probs_and_grads<E, kQ, true>(pt_w, dst_w, st_w, dpt_w, sh.queries.lse, sh.queries.D, key0, q0,
+                                 T, scale);
     __syncwarp();
-#pragma unroll
-    for (int j = 0; j < kHS / kTile; ++j) {  // dv += P^T dout, dk += dS^T q
-      dv[j].template mma<false>(pt_w, kQ, sh.dout + j * kTile, kHS, kQ);
-      dk[j].template mma<false>(dst_w, kQ, sh.q + j * kTile, kHS, kQ);
-    }
+    warp_accumulate<E, kHS, kQ>(dv, pt_w, sh.queries.dout);  // dv += P^T dout
+    warp_accumulate<E, kHS, kQ>(dk, dst_w, sh.queries.q);    // dk += dS^T q
   }
-  float* dseq = dqkv + Index(b) * T * C3 + Index(h) * HS;
-#pragma unroll
-  for (int j = 0; j < kHS / kTile; ++j) {
-    add_tile(dseq + C, C3, dk[j], st_w, key0, j * kTile, T, HS);
-    add_tile(dseq + 2 * C, C3, dv[j], st_w, key0, j * kTile, T, HS);
-  }
+  float* dseq = dqkv + hd.qkv_at;
+  add_rows<E, kHS>(dseq + kPartK * Index(C), dk, st_w, hd, key0);
+  add_rows<E, kHS>(dseq + kPartV * Index(C), dv, st_w, hd, key0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -373,14 +487,11 @@ __global__ void __launch_bounds__(kDkdvWarps* kWarp)
 template <class E, int kHS>
 struct DqShared {
   static constexpr int kRows = kTile * kQueryWarps<E>;
-  alignas(128) E q[kRows * kHS];
-  alignas(128) E dout[kRows * kHS];
-  alignas(128) E k[kKeys * kHS];
-  alignas(128) E v[kKeys * kHS];
+  QueryTile<E, kHS, kRows> queries;
+  KeyTile<E, kHS, kKeys> keys;
   alignas(128) float s[kRows * kKeys];
   alignas(128) float dp[kRows * kKeys];  // dP, then dS for fp32
   alignas(128) ScoresAs<E, kRows * kKeys> ds;
-  float lse[kRows], D[kRows];
 };
 
 template <class E, int kHS>
@@ -391,58 +502,30 @@ __global__ void __launch_bounds__(kQueryWarps<E>* kWarp)
   using Shared = DqShared<E, kHS>;
   constexpr int kRows = Shared::kRows;
   __shared__ Shared sh;
-  const int HS = C / NH, bh = static_cast<int>(blockIdx.y), b = bh / NH, h = bh % NH;
-  const Index C3 = 3 * Index(C);
+  const BlockHead hd = block_head(T, C, NH);
   const int q0 = static_cast<int>(blockIdx.x) * kRows;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
-  const float* seq = qkv + Index(b) * T * C3 + Index(h) * HS;
 
-  load_rows<E, kHS>(sh.q, seq, C3, q0, kRows, T, HS);
-  load_rows<E, kHS>(sh.dout, dout + Index(b) * T * C + Index(h) * HS, C, q0, kRows, T, HS);
-  load_row_values(sh.lse, lse + Index(bh) * T, q0, kRows, T);
-  load_row_values(sh.D, D + Index(bh) * T, q0, kRows, T);
-  const E* q_w = sh.q + warp * kTile * kHS;
-  const E* dout_w = sh.dout + warp * kTile * kHS;
-  float* s_w = sh.s + warp * kTile * kKeys;
-  float* dp_w = sh.dp + warp * kTile * kKeys;
-  E* ds_w = sh.ds.in(sh.dp) + warp * kTile * kKeys;
-  const int row0 = q0 + warp * kTile;
+  sh.queries.load(qkv, dout, lse, D, hd, q0);
+  const E* q_w = warp_rows(sh.queries.q, kHS);
+  const E* dout_w = warp_rows(sh.queries.dout, kHS);
+  const float* lse_w = warp_rows(sh.queries.lse, 1);
+  const float* D_w = warp_rows(sh.queries.D, 1);
+  float* s_w = warp_rows(sh.s, kKeys);
+  float* dp_w = warp_rows(sh.dp, kKeys);
+  E* ds_w = warp_rows(sh.ds.in(sh.dp), kKeys);
+  const int row0 = q0 + warp_index() * kTile;
 
   WarpTile<E> dq[kHS / kTile];
-#pragma unroll
-  for (int j = 0; j < kHS / kTile; ++j) dq[j].zero();
-
-  const int keys_end = T < q0 + kRows ? T : q0 + kRows;
-  for (int k0 = 0; k0 < keys_end; k0 += kKeys) {
-    __syncthreads();  // every warp is done with the previous k and v tiles (and q, dout loaded)
-    load_rows<E, kHS>(sh.k, seq + C, C3, k0, kKeys, T, HS);
-    load_rows<E, kHS>(sh.v, seq + 2 * C, C3, k0, kKeys, T, HS);
-    __syncthreads();
-    for (int j = 0; j < kKeys / kTile; ++j) {  // S = q k^T, dP = dout v^T
-      WarpTile<E> s, dp;
-      s.zero();
-      s.template mma<true>(q_w, kHS, sh.k + j * kTile * kHS, kHS, kHS);
-      s.store(s_w + j * kTile, kKeys);
-      dp.zero();
-      dp.template mma<true>(dout_w, kHS, sh.v + j * kTile * kHS, kHS, kHS);
-      dp.store(dp_w + j * kTile, kKeys);
-    }
+  zero_all<E, kHS>(dq);
+  for_each_key_tile(sh.keys, qkv, hd, q0, kRows, [&](int k0) {
+    warp_scores<E, kHS, kKeys>(s_w, q_w, sh.keys.k);      // S = q k^T
+    warp_scores<E, kHS, kKeys>(dp_w, dout_w, sh.keys.v);  // dP = dout v^T
     __syncwarp();
-    for (int i = lane; i < kTile * kKeys; i += kWarp) {
-      const int r = i / kKeys, c = i % kKeys;
-      const float row_lse = sh.lse[warp * kTile + r], row_D = sh.D[warp * kTile + r];
-      const ProbAndGrad g =
-          prob_and_grad(visible(row0 + r, k0 + c, T), s_w[i], dp_w[i], row_lse, row_D, scale);
-      ds_w[i] = to_element<E>(g.ds);
-    }
+    probs_and_grads<E, kKeys, false>(nullptr, ds_w, s_w, dp_w, lse_w, D_w, row0, k0, T, scale);
     __syncwarp();
-#pragma unroll
-    for (int j = 0; j < kHS / kTile; ++j)  // dq += dS k
-      dq[j].template mma<false>(ds_w, kKeys, sh.k + j * kTile, kHS, kKeys);
-  }
-  float* dseq = dqkv + Index(b) * T * C3 + Index(h) * HS;
-#pragma unroll
-  for (int j = 0; j < kHS / kTile; ++j) add_tile(dseq, C3, dq[j], s_w, row0, j * kTile, T, HS);
+    warp_accumulate<E, kHS, kKeys>(dq, ds_w, sh.keys.k);  // dq += dS k
+  });
+  add_rows<E, kHS>(dqkv + hd.qkv_at, dq, s_w, hd, row0);
 }
 
 // ---------------------------------------------------------------------------------------------

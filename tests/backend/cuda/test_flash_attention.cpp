@@ -3,8 +3,8 @@
 // log-sum-exp, and dq, dk, dv accumulated into a non-zero dqkv; both variants (bf16 tiles on
 // tensor cores, fp32 tiles on the CUDA cores); the same bits run to run. Shapes: T not a
 // multiple of any tile (the masked tails) or shorter than one, head sizes 8 (padded to 16), 16,
-// 24 (padded to 32) and 64 (GPT-2's), B = 2, NH = 2 or 3. Small: on the emulated target every kernel runs twice in
-// the race check.
+// 24 (padded to 32), 40 (padded to 48) and 64 (GPT-2's), B = 1 or 2, NH = 2 or 3. Small: on
+// the emulated target every kernel runs twice in the race check.
 //
 // Tolerances, |got - ref| <= tol * max(1, |ref|) as the other attention tests (each check
 // prints its largest error in these units):
@@ -149,6 +149,7 @@ const AttnShape kShapes[] = {
     {2, 21, 2, 24},  // HS padded to 32; one partial tile of everything
     {2, 40, 2, 64},  // GPT-2's head size
     {2, 5, 3, 16},   // T shorter than one WMMA tile
+    {1, 45, 2, 40},  // HS padded to 48 (the one padded head size left)
 };
 
 // The inputs as the bf16 variant's tiles hold them: q, k, v and dout rounded to bf16 (dqkv0 is
