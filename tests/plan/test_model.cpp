@@ -63,11 +63,13 @@ TEST(PlanModel, ActivationsAreTheStagesOwnAllocationPlan) {
   const PlanInput in = input(k124M, {1, 2, 1, 1});
   const Prediction p = predict(in, machine("a100-80gb.toml"));
   const StageSpec whole{0, 12, true, true, 1, 0};
-  // A GPU machine: the CUDA backend's attention buffers (the fused kernels' per-row floats).
+  // A GPU machine: the CUDA backend's attention buffers (the fused kernels' per-row floats)
+  // and logits rows (padded to a multiple of 64).
   EXPECT_DOUBLE_EQ(p.stages[0].memory.activations,
                    static_cast<double>(GptStage::memory_bytes(
                        in.model, whole, 32, 1024, 1, Recompute::none, Precision::fp32,
-                       StageOrder::micro_batch, kernels::cuda_attention_footprint())));
+                       StageOrder::micro_batch, kernels::cuda_attention_footprint(),
+                       kernels::LogitsRows::padded)));
   EXPECT_LT(p.stages[0].memory.activations,
             static_cast<double>(GptStage::memory_bytes(in.model, whole, 32, 1024, 1)));
   // Full recomputation keeps less.

@@ -61,7 +61,8 @@ __global__ void backward_kernel(float* __restrict__ logits, const float* __restr
   const Index n = blockIdx.x;
   float* z = logits + n * ld;
   const float m = rowmax[n], inv = 1.0f / stats[n], dl = dlosses[n];
-  const I32 t = targets[n] - vocab_begin;  // a column of this shard when 0 <= t < V
+  const I32 shifted = targets[n] - vocab_begin;
+  const I32 t = shifted < V ? shifted : -1;  // the target's column if this shard holds it
   for (int v = static_cast<int>(threadIdx.x); v < ld; v += kCeBlock) {
     const float p = v < V ? expf(z[v] - m) * inv : 0.0f;
     z[v] = (v == t ? p - 1.0f : p) * dl;
