@@ -22,10 +22,20 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
   PDT_CHECK(!(dims_.embedding || dims_.head) ||
                 (dims_.v0 == params.vocab_begin() && dims_.v1 == params.vocab_end()),
             "vocabulary shard of the stage and of its parameters differ");
+  const AllocationLabel label(dev_, activations_label(dims_, allocated_bytes(dims_)));
   allocate(dims_, acts_, [this](auto& buffer, std::int64_t n) {
     using Elem = std::remove_reference_t<decltype(*buffer.data())>;
     buffer = Buffer<Elem>(dev_, n);
   });
+}
+
+// What an out-of-memory error names while the stage allocates, with what would need less.
+std::string GptStage::activations_label(const Dims& d, std::int64_t bytes) {
+  return "the stage's activations and backward scratch (" + std::to_string(bytes) +
+         " bytes in all: " + std::to_string(d.slots) + " micro-batch slot(s) of " +
+         std::to_string(d.B) + " x " + std::to_string(d.T) + " tokens, " +
+         std::to_string(d.layers) + " layer(s)" + (d.head ? " and the classifier" : "") +
+         "; train.recompute or a smaller micro-batch needs less)";
 }
 
 GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
@@ -119,6 +129,10 @@ std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
                                     kernels::LogitsRows logits_rows) {
   const Dims d = dims_of(m, s, micro_batch, seq_len, slots, recompute,
                          precision == Precision::bf16, order, attention, logits_rows);
+  return allocated_bytes(d);
+}
+
+std::int64_t GptStage::allocated_bytes(const Dims& d) {
   Activations plan;  // buffers stay empty: only their sizes are counted
   std::int64_t bytes = 0;
   allocate(d, plan, [&bytes](auto& buffer, std::int64_t n) {

@@ -99,6 +99,15 @@ echo "baseline (holders 0): $(final base-unlimited); device peak $(mib "$base_pe
 [ "$(losses base-unlimited)" = "$(losses pd-unlimited)" ] && [ "$(final base-unlimited)" = "$(final pd-unlimited)" ] ||
   fail "the baseline's losses or checksum differ from PD's"
 
+# (d) PD with a batch whose activations do not fit: the error names the activations, their
+#     bytes and what needs less.
+run pd-big-batch 2 "${limit_mib}M" --set train.batch_size=64
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$secs" -le 60 ] ||
+  { cat "$out/pd-big-batch.log"; fail "PD with batch 64 on the ${limit_mib} MiB GPU: status $rc after ${secs}s"; }
+grep -qE "out of GPU memory on cuda:0 .*allocating the stage's activations and backward scratch \([0-9]+ bytes in all: 1 micro-batch slot\(s\) of 64 x 16 tokens, 8 layer\(s\) and the classifier; train.recompute or a smaller micro-batch needs less\)" "$out/pd-big-batch.log" ||
+  { cat "$out/pd-big-batch.log"; fail "the out-of-memory error does not name the stage's activations"; }
+echo "PD with batch 64 on ${limit_mib} MiB: exit $rc after ${secs}s, the activations named"
+
 # (c) The plan's device bytes for PD's run (stage 0, the only one) against the run's peak.
 plan=$("$pdtrain" plan "$deck" --machine h200 --ranks 2 2>&1) || { echo "$plan"; fail "pdtrain plan failed"; }
 predicted=$(echo "$plan" | grep -oE "stage0_bytes=[0-9]+" | cut -d= -f2)

@@ -15,6 +15,7 @@
 // TensorParallelOps (on device memory: NCCL, or MPI staged through the host on a GPU rank).
 // With NoTensorParallel the same code is the single-rank model.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pdtrain/core/collectives.hpp"
@@ -148,6 +149,9 @@ class GptStage {
   static void allocate(const Dims& d, Activations& a, Alloc&& alloc);
   template <class Alloc>
   static void allocate_layer(const Dims& d, LayerActs& l, bool keep_saved, Alloc&& alloc);
+  // The bytes allocate() asks for, and what an out-of-memory error names while it does.
+  static std::int64_t allocated_bytes(const Dims& d);
+  static std::string activations_label(const Dims& d, std::int64_t bytes);
 
   // A matmul of this stage's precision: out = x W^T (+ b), x given in fp32 and in bf16 (the
   // one of the precision in use is read), and its backward (dx overwritten, the parameter
