@@ -114,6 +114,37 @@ class CpuGemm final : public GemmOps {
     exec_.fence();
   }
 
+  // Unfused: the matmul, then the GELU (the bits of the two ops called one after the other).
+  void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* w,
+                           const float* bias, int N, int C, int OC) override {
+    kernels::matmul_forward(exec_, pre, inp, w, bias, N, C, OC);
+    kernels::gelu_forward(exec_, out, pre, Index(N) * OC);
+    exec_.fence();
+  }
+  void matmul_gelu_forward(float* pre, bf16* out, const bf16* inp, const bf16* w,
+                           const float* bias, int N, int C, int OC) override {
+    kernels::matmul_forward(exec_, pre, inp, w, bias, N, C, OC);
+    kernels::gelu_forward(exec_, out, pre, Index(N) * OC);
+    exec_.fence();
+  }
+  // dpre = dout w first, then gelu'(pre) * dpre in place (element by element: each element is
+  // read before it is written, so the bits are those of a separate buffer).
+  void matmul_backward_gelu(float* dpre, float* dw, float* dbias, const float* dout,
+                            const float* pre, const float* inp, const float* w, int N, int C,
+                            int OC) override {
+    kernels::matmul_backward(exec_, dpre, dw, dbias, dout, inp, w, N, C, OC, GradWrite::overwrite);
+    kernels::gelu_backward(exec_, dpre, pre, dpre, Index(N) * C, GradWrite::overwrite);
+    exec_.fence();
+  }
+  void matmul_backward_gelu(float* dpre, float* dw, float* dbias, const float* dout,
+                            bf16* dout_bf16, const float* pre, const bf16* inp, const bf16* w,
+                            int N, int C, int OC) override {
+    kernels::matmul_backward(exec_, dpre, dw, dbias, dout, dout_bf16, inp, w, N, C, OC,
+                             GradWrite::overwrite);
+    kernels::gelu_backward(exec_, dpre, pre, dpre, Index(N) * C, GradWrite::overwrite);
+    exec_.fence();
+  }
+
  private:
   Exec exec_;
 };

@@ -313,11 +313,14 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   k_.elementwise().residual_forward(a.residual2.data(), residual, a.attproj.data(), N * C);
   layernorm_forward(a.ln2, a.ln2_h, a.ln2_mean, a.ln2_rstd, a.residual2.data(), Tid::ln2w,
                     Tid::ln2b, l);
-  linear_forward(a.fch.data(), a.ln2, a.ln2_h, Tid::fcw, l, p_.param(Tid::fcb, l), C, 4 * Cl);
+  // The MLP's first layer and its GELU in one call (a GPU fuses them into the GEMM).
+  const int iH = static_cast<int>(4 * Cl);
   if (dims_.bf16)
-    k_.elementwise().gelu_forward(a.fch_gelu_h.data(), a.fch.data(), N * 4 * Cl);
+    k_.gemm().matmul_gelu_forward(a.fch.data(), a.fch_gelu_h.data(), a.ln2_h.data(),
+                                  p_.param_bf16(Tid::fcw, l), p_.param(Tid::fcb, l), iN, iC, iH);
   else
-    k_.elementwise().gelu_forward(a.fch_gelu.data(), a.fch.data(), N * 4 * Cl);
+    k_.gemm().matmul_gelu_forward(a.fch.data(), a.fch_gelu.data(), a.ln2.data(),
+                                  p_.param(Tid::fcw, l), p_.param(Tid::fcb, l), iN, iC, iH);
   linear_forward(a.fcproj.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, nullptr, 4 * Cl, C);
   tp_.allreduce_sum(a.fcproj.data(), N * C);
   k_.elementwise().bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
@@ -401,16 +404,23 @@ void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
 
 // On entry g.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
 // gradient flows through unchanged and each LayerNorm backward adds its branch into it. The
-// branch gradients (dfch_gelu, dfch, dln, datty) are written by the op that makes them
+// branch gradients (dfch, dln, datty) are written by the op that makes them
 // (GradWrite::overwrite), never cleared first; dqkv is cleared (attention adds into it).
 void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& a) {
   GradScratch& g = acts_.grads;
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
-  linear_backward(g.dfch_gelu.data(), p_.grad(Tid::fcprojw, l), p_.grad(Tid::fcprojb, l),
-                  g.dresidual.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, 4 * Cl, C);
-  k_.elementwise().gelu_backward(g.dfch.data(), a.fch.data(), g.dfch_gelu.data(), N * 4 * Cl,
-                                 kernels::GradWrite::overwrite);
+  // The projection's backward through the GELU too: dfch = gelu'(fch) * (dresidual W).
+  const int iH = static_cast<int>(4 * Cl);
+  if (dims_.bf16)
+    k_.gemm().matmul_backward_gelu(g.dfch.data(), p_.grad(Tid::fcprojw, l),
+                                   p_.grad(Tid::fcprojb, l), g.dresidual.data(), g.dout_h.data(),
+                                   a.fch.data(), a.fch_gelu_h.data(),
+                                   p_.param_bf16(Tid::fcprojw, l), iN, iH, iC);
+  else
+    k_.gemm().matmul_backward_gelu(g.dfch.data(), p_.grad(Tid::fcprojw, l),
+                                   p_.grad(Tid::fcprojb, l), g.dresidual.data(), a.fch.data(),
+                                   a.fch_gelu.data(), p_.param(Tid::fcprojw, l), iN, iH, iC);
   linear_backward(g.dln.data(), p_.grad(Tid::fcw, l), p_.grad(Tid::fcb, l), g.dfch.data(), a.ln2,
                   a.ln2_h, Tid::fcw, l, C, 4 * Cl);
   tp_.allreduce_sum(g.dln.data(), N * C);  // column-parallel input gradient

@@ -505,6 +505,138 @@ TEST_P(KernelOpsTest, MatmulBackwardFp32AndBf16) {
   expect_is_rounded("dout_bf16", got[7], dout);
 }
 
+// The MLP's first layer and its GELU in one call (a GPU fuses them into the GEMM's epilogue):
+// pre is the matmul with bias (the sum bound), out is gelu of the backend's own pre (kTol; bf16:
+// plus its rounding), so a GEMM error is not counted twice. On the CPU both are exactly the bits
+// of matmul_forward then gelu_forward.
+TEST_P(KernelOpsTest, MatmulGeluForwardFp32AndBf16) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;
+  const std::int64_t NOC = std::int64_t(N) * OC;
+  const auto x = randn(sz(std::int64_t(N) * C), 48), w = randn(sz(std::int64_t(OC) * C), 49, 0.2);
+  const auto bias = randn(sz(OC), 50, 2.0);  // pre spans GELU's curved part and its tails
+  const auto xh = rounded(x), wh = rounded(w);
+  const std::vector<float> garbage(sz(NOC), 7.0f);  // outputs are written, never read
+  const auto got = deterministic([&] {
+    auto dx = up(x), dw = up(w), db = up(bias);
+    auto dxh = up(xh), dwh = up(wh);
+    auto pre = up(garbage), out = up(garbage), pre_h = up(garbage);
+    auto out_h = up(rounded(garbage));
+    gemm_->matmul_gelu_forward(pre.data(), out.data(), dx.data(), dw.data(), db.data(), N, C, OC);
+    gemm_->matmul_gelu_forward(pre_h.data(), out_h.data(), dxh.data(), dwh.data(), db.data(), N, C,
+                               OC);
+    // The two ops unfused (the CPU's bits).
+    auto pre2 = up(garbage), out2 = up(garbage), pre2_h = up(garbage);
+    auto out2_h = up(rounded(garbage));
+    gemm_->matmul_forward(pre2.data(), dx.data(), dw.data(), db.data(), N, C, OC, OC);
+    elem_->gelu_forward(out2.data(), pre2.data(), NOC);
+    gemm_->matmul_forward(pre2_h.data(), dxh.data(), dwh.data(), db.data(), N, C, OC, OC);
+    elem_->gelu_forward(out2_h.data(), pre2_h.data(), NOC);
+    return Results{down(pre),  down(out),  down(pre_h),  down(out_h),
+                   down(pre2), down(out2), down(pre2_h), down(out2_h)};
+  });
+  const auto reference = [&](const Vec& xd, const Vec& wd, const Vec& bd) {
+    Vec y(sz(NOC));
+    matmul_forward(host(), y.data(), xd.data(), wd.data(), bd.data(), N, C, OC);
+    return y;
+  };
+  const Vec bd = widen(bias);
+  for (const bool half : {false, true}) {
+    const Vec xd = half ? widen(xh) : widen(x), wd = half ? widen(wh) : widen(w);
+    const std::string p = half ? "bf16 " : "fp32 ";
+    const std::size_t k = half ? 2 : 0;
+    expect_within(p + "pre", got[k], reference(xd, wd, bd),
+                  sum_bounds(reference(absolute(xd), absolute(wd), absolute(bd)), C));
+    Vec gelu_of_pre(sz(NOC), 0.0);
+    const Vec pre = widen(got[k]);
+    gelu_forward(host(), gelu_of_pre.data(), pre.data(), NOC);
+    if (half)
+      expect_bf16_close("bf16 out", got[k + 1], gelu_of_pre);
+    else
+      expect_close("fp32 out", got[k + 1], gelu_of_pre, kTol);
+  }
+  if (device_->is_host()) {
+    for (std::size_t i = 0; i < 4; ++i)
+      EXPECT_TRUE(same_bits(got[i], got[i + 4]))
+          << "output " << i << " differs from the unfused ops'";
+  }
+}
+
+// The projection's backward through the GELU (a GPU multiplies by gelu'(pre) in the input
+// gradient GEMM's epilogue): dpre = gelu'(pre) * (dout W) written over NaN (never read), against
+// the double reference; the bound is the product's sum bound times |gelu'| plus GELU's gradient
+// tolerance (relative to the product). dweight and dbias accumulate as in matmul_backward. On
+// the CPU every output has exactly the bits of matmul_backward then gelu_backward.
+TEST_P(KernelOpsTest, MatmulBackwardGeluFp32AndBf16) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;  // C: the GELU's width (pre and inp are [N,C])
+  const std::int64_t NC = std::int64_t(N) * C;
+  const auto pre = randn(sz(NC), 51, 2.0), x = randn(sz(NC), 52);
+  const auto w = randn(sz(std::int64_t(OC) * C), 53, 0.2);
+  const auto dout = randn(sz(std::int64_t(N) * OC), 54);
+  const auto xh = rounded(x), wh = rounded(w);
+  const auto dw0 = randn(w.size(), 55), db0 = randn(sz(OC), 56);
+  const std::vector<float> nan_x(sz(NC), kNaN);
+  const auto got = deterministic([&] {
+    auto g = up(dout), p = up(pre), in = up(x), wt = up(w);
+    auto in_h = up(xh), wt_h = up(wh);
+    auto d = up(nan_x), dw = up(dw0), db = up(db0);
+    auto d_h = up(nan_x), dw_h = up(dw0), db_h = up(db0);
+    auto g_h = zeros<bf16>(std::int64_t(N) * OC);
+    gemm_->matmul_backward_gelu(d.data(), dw.data(), db.data(), g.data(), p.data(), in.data(),
+                                wt.data(), N, C, OC);
+    gemm_->matmul_backward_gelu(d_h.data(), dw_h.data(), db_h.data(), g.data(), g_h.data(),
+                                p.data(), in_h.data(), wt_h.data(), N, C, OC);
+    // The two ops unfused (the CPU's bits), through a separate dout W.
+    auto t = up(nan_x), u = up(nan_x), u_dw = up(dw0), u_db = up(db0);
+    auto t_h = up(nan_x), u_h = up(nan_x), u_dw_h = up(dw0), u_db_h = up(db0);
+    gemm_->matmul_backward(t.data(), u_dw.data(), u_db.data(), g.data(), in.data(), wt.data(), N,
+                           C, OC, OC, GradWrite::overwrite);
+    elem_->gelu_backward(u.data(), p.data(), t.data(), NC, GradWrite::overwrite);
+    gemm_->matmul_backward(t_h.data(), u_dw_h.data(), u_db_h.data(), g.data(), g_h.data(),
+                           in_h.data(), wt_h.data(), N, C, OC, OC, GradWrite::overwrite);
+    elem_->gelu_backward(u_h.data(), p.data(), t_h.data(), NC, GradWrite::overwrite);
+    return Results{down(d), down(dw), down(db), down(d_h), down(dw_h), down(db_h),
+                   down(u), down(u_dw), down(u_db), down(u_h), down(u_dw_h), down(u_db_h)};
+  });
+  const auto reference = [&](const Vec& gd, const Vec& xd, const Vec& wd, const Vec& bias_g,
+                             Vec dw, Vec db) {
+    Vec dx(sz(NC), 0.0);
+    matmul_backward(host(), dx.data(), dw.data(), nullptr, gd.data(), xd.data(), wd.data(), N, C,
+                    OC);
+    column_sums_add(host(), db.data(), bias_g.data(), N, OC);
+    return std::tuple(dx, dw, db);
+  };
+  Vec grad(sz(NC), 0.0);  // gelu'(pre)
+  const Vec pre_d = widen(pre), ones(sz(NC), 1.0);
+  gelu_backward(host(), grad.data(), pre_d.data(), ones.data(), NC);
+  const Vec g32 = widen(dout);
+  for (const bool half : {false, true}) {
+    const Vec gd = half ? widen(rounded(dout)) : g32;
+    const Vec xd = half ? widen(xh) : widen(x), wd = half ? widen(wh) : widen(w);
+    const auto [dx, dw, db] = reference(gd, xd, wd, g32, widen(dw0), widen(db0));
+    const auto [mx, mw, mb] = reference(absolute(gd), absolute(xd), absolute(wd), absolute(g32),
+                                        absolute(widen(dw0)), absolute(widen(db0)));
+    const Vec sx = sum_bounds(mx, OC);
+    Vec dpre(sz(NC)), bound(sz(NC));
+    for (std::size_t i = 0; i < dpre.size(); ++i) {
+      dpre[i] = grad[i] * dx[i];
+      bound[i] = std::abs(grad[i]) * sx[i] +
+                 kGeluGradTol * std::max(1.0, std::abs(grad[i])) * std::max(1.0, std::abs(dx[i]));
+    }
+    const std::string p = half ? "bf16 " : "fp32 ";
+    const std::size_t k = half ? 3 : 0;
+    expect_within(p + "dpre", got[k], dpre, bound);
+    expect_within(p + "dweight", got[k + 1], dw, sum_bounds(mw, N));
+    expect_within(p + "dbias", got[k + 2], db, sum_bounds(mb, N));
+  }
+  if (device_->is_host()) {
+    for (std::size_t i = 0; i < 6; ++i)
+      EXPECT_TRUE(same_bits(got[i], got[i + 6]))
+          << "output " << i << " differs from the unfused ops'";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Attention
 

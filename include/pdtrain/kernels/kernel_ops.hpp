@@ -100,6 +100,26 @@ class GemmOps {
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                bf16* dout_bf16, const bf16* inp, const bf16* weight, int N, int C,
                                int OC, int ld, GradWrite dinp_write) = 0;
+
+  // The MLP's first layer and its activation in one call, so a backend may fuse them (CUDA:
+  // cuBLASLt's GELU_AUX_BIAS epilogue): pre[N,OC] = inp weight^T + bias (may be null), and
+  // out = gelu(pre) as fp32 (fp32 inputs) or bf16 (bf16 inputs), dense rows (ld = OC). The CPU
+  // computes exactly matmul_forward then ElementwiseOps::gelu_forward (the same bits).
+  virtual void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight,
+                                   const float* bias, int N, int C, int OC) = 0;
+  virtual void matmul_gelu_forward(float* pre, bf16* out, const bf16* inp, const bf16* weight,
+                                   const float* bias, int N, int C, int OC) = 0;
+  // matmul_backward of a layer whose input was gelu(pre), taking the gradient through the GELU
+  // too (CUDA: cuBLASLt's DGELU epilogue): dpre = gelu'(pre) * (dout weight), written
+  // (GradWrite::overwrite); dweight += dout^T inp, dbias (may be null) += column sums of dout,
+  // inp = gelu(pre) as the forward gave it; dense rows. The CPU computes exactly matmul_backward
+  // into dpre then ElementwiseOps::gelu_backward in place (the same bits).
+  virtual void matmul_backward_gelu(float* dpre, float* dweight, float* dbias, const float* dout,
+                                    const float* pre, const float* inp, const float* weight, int N,
+                                    int C, int OC) = 0;
+  virtual void matmul_backward_gelu(float* dpre, float* dweight, float* dbias, const float* dout,
+                                    bf16* dout_bf16, const float* pre, const bf16* inp,
+                                    const bf16* weight, int N, int C, int OC) = 0;
 };
 
 // One call's shape: C and NH are the local (tensor-parallel) width and head count. bf16_inputs:

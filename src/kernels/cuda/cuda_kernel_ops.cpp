@@ -167,28 +167,64 @@ class CudaGemm final : public GemmOps {
     backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, ld, GemmInput::bf16, dinp_write);
   }
 
+  // fp32: one GEMM, its epilogue adds the bias, keeps that in pre and writes gelu(pre) to out.
+  void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* w,
+                           const float* bias, int N, int C, int OC) override {
+    if (bias == nullptr) {
+      forward(pre, inp, w, nullptr, N, C, OC, OC, GemmInput::f32);
+      return cuda::gelu_forward(stream_, out, pre, Index(N) * OC);
+    }
+    ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
+                      .A = inp, .lda = C, .B = w, .ldb = C, .C = out, .ldc = OC,
+                      .epilogue = cuda::GemmEpilogue::gelu_bias, .bias = bias, .gelu_in = pre});
+  }
+  // bf16: the GEMM writes fp32 only (its bias in the epilogue), the GELU kernel rounds to bf16.
+  void matmul_gelu_forward(float* pre, bf16* out, const bf16* inp, const bf16* w,
+                           const float* bias, int N, int C, int OC) override {
+    forward(pre, inp, w, bias, N, C, OC, OC, GemmInput::bf16);
+    cuda::gelu_forward(stream_, out, pre, Index(N) * OC);
+  }
+  // The input-gradient GEMM's epilogue multiplies by gelu'(pre) (DGELU).
+  void matmul_backward_gelu(float* dpre, float* dw, float* dbias, const float* dout,
+                            const float* pre, const float* inp, const float* w, int N, int C,
+                            int OC) override {
+    backward(dpre, dw, dbias, dout, dout, inp, w, N, C, OC, OC, GemmInput::f32,
+             GradWrite::overwrite, pre);
+  }
+  void matmul_backward_gelu(float* dpre, float* dw, float* dbias, const float* dout,
+                            bf16* dout_bf16, const float* pre, const bf16* inp, const bf16* w,
+                            int N, int C, int OC) override {
+    cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * OC);
+    backward(dpre, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, OC, GemmInput::bf16,
+             GradWrite::overwrite, pre);
+  }
+
  private:
-  // out[N,OC] (rows ld apart) = inp[N,C] weight[OC,C]^T (+ bias: out is seeded with it and the
-  // GEMM adds onto it, beta = 1, as the CPU does).
+  // out[N,OC] (rows ld apart) = inp[N,C] weight[OC,C]^T (+ bias, in the GEMM's epilogue).
   void forward(float* out, const void* inp, const void* weight, const float* bias, int N, int C,
                int OC, int ld, GemmInput input) {
-    if (bias != nullptr) cuda::bias_fill(stream_, out, bias, N, OC, ld);
     ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
-                      .A = inp, .lda = C, .B = weight, .ldb = C,
-                      .beta = bias != nullptr ? 1.0f : 0.0f, .C = out, .ldc = ld,
-                      .input = input});
+                      .A = inp, .lda = C, .B = weight, .ldb = C, .C = out, .ldc = ld,
+                      .input = input,
+                      .epilogue = bias != nullptr ? cuda::GemmEpilogue::bias
+                                                  : cuda::GemmEpilogue::none,
+                      .bias = bias});
   }
 
   // dinp += (or =, beta = 0) dout weight, dweight += dout^T inp (dout_gemm: dout itself or its
-  // bf16 copy, rows ld apart); dbias += column sums of the fp32 dout.
+  // bf16 copy, rows ld apart); dbias += column sums of the fp32 dout. With gelu_pre (overwrite
+  // only): dinp = gelu'(gelu_pre) * (dout weight), the GELU's gradient in the GEMM's epilogue.
   void backward(float* dinp, float* dweight, float* dbias, const float* dout,
                 const void* dout_gemm, const void* inp, const void* weight, int N, int C, int OC,
-                int ld, GemmInput input, GradWrite dinp_write) {
+                int ld, GemmInput input, GradWrite dinp_write, const float* gelu_pre = nullptr) {
     if (dinp != nullptr)
       ctx_->gemm().run({.M = N, .N = C, .K = OC,
                         .A = dout_gemm, .lda = ld, .B = weight, .ldb = C,
                         .beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f, .C = dinp,
-                        .ldc = C, .input = input});
+                        .ldc = C, .input = input,
+                        .epilogue = gelu_pre != nullptr ? cuda::GemmEpilogue::dgelu
+                                                        : cuda::GemmEpilogue::none,
+                        .dgelu_in = gelu_pre});
     ctx_->gemm().run({.trans_a = true, .M = OC, .N = C, .K = N,
                       .A = dout_gemm, .lda = ld, .B = inp, .ldb = C,
                       .beta = 1.0f, .C = dweight, .ldc = C, .input = input});

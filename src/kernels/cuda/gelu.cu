@@ -50,9 +50,11 @@ __global__ void gelu_forward_kernel(Out* __restrict__ out, const float* __restri
       [&](Index i) { store1(out, i, gelu_value(inp[i])); });
 }
 
+// dinp and dout may be the same array (in place: Gemm's unfused DGELU epilogue): each element
+// is read before it is written, by the same thread, so neither is __restrict__.
 template <bool kVec>
-__global__ void gelu_backward_kernel(float* __restrict__ dinp, const float* __restrict__ inp,
-                                     const float* __restrict__ dout, Index n, bool overwrite) {
+__global__ void gelu_backward_kernel(float* dinp, const float* __restrict__ inp,
+                                     const float* dout, Index n, bool overwrite) {
   for_each_element<kVec>(
       n,
       [&](Index i) {

@@ -48,6 +48,7 @@ void residual_forward(cudaStream_t stream, float* out, const float* a, const flo
 void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n);
 void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n);
 // overwrite (here and below): dinp = 0 + ... instead of +=, dinp unread (GradWrite::overwrite).
+// dinp may be dout (in place).
 void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n,
                    bool overwrite);
 
@@ -73,6 +74,13 @@ void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float*
 
 enum class GemmInput { f32, bf16 };
 
+// What happens to each product t = alpha (op(A) op(B))[i,j] before it is stored in C (cuBLASLt's
+// epilogue, fused into the GEMM): none; bias: C = t + bias[j]; gelu_bias: gelu_in[i,j] =
+// t + bias[j] and C = gelu(gelu_in[i,j]); dgelu: C = t * gelu'(dgelu_in[i,j]). An epilogue
+// needs beta = 0 and one product (batch 1); the GELU ones a contiguous C (ldc = N), gelu_in and
+// dgelu_in laid out as C.
+enum class GemmEpilogue { none, bias, gelu_bias, dgelu };
+
 // C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, row-major with row strides lda/ldb/ldc as
 // stored (before op), like the CPU's kernels::gemm(); `batch` products, the i-th at
 // A + i*stride_a, B + i*stride_b, C + i*stride_c (element strides). A and B are fp32 or bf16
@@ -91,13 +99,18 @@ struct GemmArgs {
   Index ldc = 0, stride_c = 0;
   int batch = 1;
   GemmInput input = GemmInput::f32;
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  const float* bias = nullptr;      // [N]: bias, gelu_bias
+  float* gelu_in = nullptr;         // [M,N]: gelu_bias writes the GELU's input here
+  const float* dgelu_in = nullptr;  // [M,N]: dgelu reads the forward's GELU input here
 };
 
 // cuBLASLt on one stream with a caller-owned workspace. The algorithm for a shape (and the
 // matrices' alignments, capped at 16 bytes: matmul.cu) is chosen once by cuBLASLt's heuristic
 // and cached with its descriptors, so the same shape always runs the same algorithm (the same
 // bits). A shape cuBLASLt has no algorithm for, or refuses to run, goes to cuBLAS
-// (cublasGemmStridedBatchedEx) instead, said once on stderr. Not thread-safe.
+// (cublasGemmStridedBatchedEx) instead, said once on stderr; its epilogue then runs unfused
+// (the bias seeds C with beta = 1, the GELU kernels of gelu.cu follow). Not thread-safe.
 class Gemm {
  public:
   Gemm(cudaStream_t stream, void* workspace, std::size_t workspace_bytes);
@@ -108,8 +121,10 @@ class Gemm {
 
  private:
   struct Plan;
-  using Key = std::array<std::int64_t, 16>;
+  using Key = std::array<std::int64_t, 19>;
   Plan& plan(const GemmArgs& g, const Key& key);
+  void set_epilogue_pointers(Plan& p, const GemmArgs& g);
+  void run_unfused(const GemmArgs& g);
   void run_cublas(const GemmArgs& g);
 
   cudaStream_t stream_;

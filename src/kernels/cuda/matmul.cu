@@ -1,6 +1,7 @@
-// Matmul: GEMMs through cuBLASLt (fp32, or bf16 inputs with fp32 accumulation and output), the
-// bias broadcast that seeds a forward product, the row-parallel bias add, and the bias gradient
-// as a deterministic two-stage column sum.
+// Matmul: GEMMs through cuBLASLt (fp32, or bf16 inputs with fp32 accumulation and output) with
+// their epilogues (bias, GELU, GELU's gradient), the bias broadcast that seeds a product cuBLAS
+// runs instead, the row-parallel bias add, and the bias gradient as a deterministic two-stage
+// column sum.
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
@@ -38,7 +39,8 @@ struct Gemm::Plan {
 
 namespace {
 
-// Where run() puts the alignments of our A, B and C in a plan's key.
+// Where run() puts the alignments of our A, B and C in a plan's key (then the epilogue and the
+// alignments of its bias and GELU-input pointers).
 constexpr int kAlignA = 13, kAlignB = 14, kAlignC = 15;
 
 // The alignment a plan assumes for the matrices of a batch: the lowest set bit of the start and
@@ -73,12 +75,57 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, Index rows, Index cols, 
   return layout;
 }
 
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::none: break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+const char* epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::bias: return " epilogue BIAS";
+    case GemmEpilogue::gelu_bias: return " epilogue GELU_AUX_BIAS";
+    case GemmEpilogue::dgelu: return " epilogue DGELU";
+    case GemmEpilogue::none: break;
+  }
+  return "";
+}
+
+// The matrix the GELU epilogues write (gelu_bias) or read (dgelu): cuBLASLt's AUX.
+const void* gelu_aux(const GemmArgs& g) {
+  return g.epilogue == GemmEpilogue::gelu_bias ? static_cast<const void*>(g.gelu_in)
+                                               : static_cast<const void*>(g.dgelu_in);
+}
+bool uses_bias(const GemmArgs& g) {
+  return g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::gelu_bias;
+}
+bool uses_aux(const GemmArgs& g) {
+  return g.epilogue == GemmEpilogue::gelu_bias || g.epilogue == GemmEpilogue::dgelu;
+}
+
 std::string describe(const GemmArgs& g) {
   return std::string(g.input == GemmInput::bf16 ? "bf16" : "fp32") + " GEMM " +
          (g.trans_a ? "T" : "N") + (g.trans_b ? "T" : "N") + " M=" + std::to_string(g.M) +
          " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K) +
          " lda=" + std::to_string(g.lda) + " ldb=" + std::to_string(g.ldb) +
-         " ldc=" + std::to_string(g.ldc) + " batch=" + std::to_string(g.batch);
+         " ldc=" + std::to_string(g.ldc) + " batch=" + std::to_string(g.batch) +
+         epilogue_name(g.epilogue);
+}
+
+// An epilogue's conditions (launch.hpp): what the fused and the unfused path both assume.
+void check_epilogue(const GemmArgs& g) {
+  if (g.epilogue == GemmEpilogue::none) return;
+  const bool ok = g.beta == 0.0f && g.batch == 1 && (!uses_aux(g) || g.ldc == g.N) &&
+                  (!uses_bias(g) || g.bias != nullptr) && (!uses_aux(g) || gelu_aux(g) != nullptr);
+  if (!ok)
+    fatal_abort(ExitCode::runtime,
+                where(__FILE__, __LINE__) + ": " + describe(g) +
+                    ": an epilogue needs beta = 0, batch 1, its bias / GELU input, and for GELU "
+                    "ldc = N");
 }
 
 // Says once per process which shape cuBLASLt would not run and why (cuBLAS runs it instead).
@@ -122,6 +169,17 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  if (g.epilogue != GemmEpilogue::none) {
+    const cublasLtEpilogue_t epilogue = lt_epilogue(g.epilogue);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                sizeof epilogue));
+    if (uses_aux(g)) {
+      const std::int64_t aux_ld = g.ldc;  // laid out as C
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &aux_ld, sizeof aux_ld));
+    }
+    set_epilogue_pointers(*p, g);  // the heuristic reads their alignment
+  }
   // cuBLASLt's op(A) is m x k = N x K: stored K x N when transposed. Its op(B) is k x n = K x M:
   // stored M x K when transposed. C is m x n = N x M.
   p->lt_a = make_layout(in_type, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch,
@@ -146,6 +204,14 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+  // NVIDIA documents the GELU input's leading dimension (EPILOGUE_AUX_LD) as a multiple of 8:
+  // other widths run unfused.
+  if (uses_aux(g) && g.ldc % 8 != 0) {
+    cublasLtMatmulPreferenceDestroy(pref);
+    p->lt = false;
+    note_fallback(g, "the GELU epilogue needs a leading dimension of a multiple of 8");
+    return *plans_.emplace(key, std::move(p)).first->second;
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(
@@ -162,8 +228,23 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
+// The plan's descriptor is shared by every call of its key: this call's bias and GELU input.
+void Gemm::set_epilogue_pointers(Plan& p, const GemmArgs& g) {
+  if (uses_bias(g)) {
+    const void* bias = g.bias;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
+  }
+  if (uses_aux(g)) {
+    const void* aux = gelu_aux(g);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux, sizeof aux));
+  }
+}
+
 void Gemm::run(const GemmArgs& g) {
   if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return;
+  check_epilogue(g);
   if (g.K <= 0) {
     if (g.beta == 1.0f) return;  // C += nothing
     fatal_abort(ExitCode::runtime, where(__FILE__, __LINE__) + ": " + describe(g) +
@@ -185,9 +266,13 @@ void Gemm::run(const GemmArgs& g) {
                 static_cast<std::int64_t>(g.input),
                 alignment(g.A, g.stride_a, in_bytes, g.batch),
                 alignment(g.B, g.stride_b, in_bytes, g.batch),
-                alignment(g.C, g.stride_c, sizeof(float), g.batch)};
+                alignment(g.C, g.stride_c, sizeof(float), g.batch),
+                static_cast<std::int64_t>(g.epilogue),
+                alignment(uses_bias(g) ? g.bias : nullptr, 0, sizeof(float), 1),
+                alignment(uses_aux(g) ? gelu_aux(g) : nullptr, 0, sizeof(float), 1)};
   Plan& p = plan(g, key);
   if (p.lt) {
+    if (g.epilogue != GemmEpilogue::none) set_epilogue_pointers(p, g);
     const cublasStatus_t rc =
         cublasLtMatmul(handle_, p.desc, &g.alpha, g.B, p.lt_a, g.A, p.lt_b, &g.beta, g.C, p.lt_c,
                        g.C, p.lt_c, &p.algo, workspace_, workspace_bytes_, stream_);
@@ -197,7 +282,34 @@ void Gemm::run(const GemmArgs& g) {
     note_fallback(g, std::string("cublasLtMatmul refused its algorithm: ") +
                          cublasLtGetStatusString(rc));
   }
-  run_cublas(g);
+  run_unfused(g);
+}
+
+// The product through cuBLAS and its epilogue as separate kernels: the bias seeds the output
+// (beta = 1, as the CPU's matmul_forward does), the GELU kernels follow.
+void Gemm::run_unfused(const GemmArgs& g) {
+  const Index MN = Index(g.M) * g.N;
+  GemmArgs seeded = g;
+  seeded.beta = 1.0f;
+  switch (g.epilogue) {
+    case GemmEpilogue::none:
+      run_cublas(g);
+      return;
+    case GemmEpilogue::bias:
+      bias_fill(stream_, g.C, g.bias, g.M, g.N, static_cast<int>(g.ldc));
+      run_cublas(seeded);
+      return;
+    case GemmEpilogue::gelu_bias:
+      bias_fill(stream_, g.gelu_in, g.bias, g.M, g.N, g.N);
+      seeded.C = g.gelu_in;
+      run_cublas(seeded);
+      gelu_forward(stream_, g.C, g.gelu_in, MN);
+      return;
+    case GemmEpilogue::dgelu:
+      run_cublas(g);
+      gelu_backward(stream_, g.C, g.dgelu_in, g.C, MN, /*overwrite=*/true);
+      return;
+  }
 }
 
 // The same product through cuBLAS (column-major, as for cuBLASLt above: its A is our B), fp32
