@@ -117,7 +117,7 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
   GradScratch& g = a.grads;
   alloc(g.dresidual, N * C), alloc(g.dln, N * C), alloc(g.dqkv, N * 3 * Cl);
   alloc(g.datty, N * Cl);
-  alloc(g.dfch, N * 4 * Cl), alloc(g.dfch_gelu, N * 4 * Cl);
+  alloc(g.dfch, N * 4 * Cl);
   if (d.head) alloc(g.dlosses, N), alloc(a.loss_ledger, kLedgerSize);
   if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head ? d.ld : 0}));
 }

@@ -115,7 +115,7 @@ class GptStage {
     Buf<float> dresidual;  // layer-major: this micro-batch's residual gradient between units
   };
   struct GradScratch {
-    Buf<float> dresidual, dln, dqkv, datty, dfch, dfch_gelu, dlosses;
+    Buf<float> dresidual, dln, dqkv, datty, dfch, dlosses;
     Buf<bf16> dout_h;  // bf16 precision: a matmul's output gradient, rounded
   };
   // Everything the stage allocates, sized by allocate() from the stage's dimensions.
