@@ -25,6 +25,7 @@
 #include "pdtrain/core/counts.hpp"
 #include "pdtrain/core/mpi_check.hpp"
 #include "pdtrain/core/mpi_collectives.hpp"
+#include "pdtrain/deck/deck.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/device/nccl_collectives.hpp"
 #include "pdtrain/kernels/backend_registry.hpp"
@@ -117,7 +118,8 @@ std::unique_ptr<Collectives> make_transport(const Options& o, Memory& mem) {
   if (comm_rank(MPI_COMM_WORLD) == 0) id = make_nccl_id();
   MPI_CHECK(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD));
   return make_nccl_collectives(*mem.backend.device, comm_rank(MPI_COMM_WORLD),
-                               comm_size(MPI_COMM_WORLD), id, "world");
+                               comm_size(MPI_COMM_WORLD), id, "world",
+                               ParallelConfig{}.nccl_timeout_s);  // the deck's default watchdog
 }
 
 // Best of `iters` timed calls (after one warm-up), the slowest rank's time of each.

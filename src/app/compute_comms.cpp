@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "pdtrain/app/compute_device.hpp"
@@ -76,16 +77,20 @@ CommChoice agree_on_comm(const Deck& deck, const Layout& layout, const std::stri
   MPI_CHECK(MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, layout.world()));
   CommChoice c;
   c.nccl = everywhere == 1;
+  c.nccl_timeout_s = deck.parallel.nccl_timeout_s;
   const std::string asked = "parallel.comm = " + deck.parallel.comm;
+  char watchdog[96];
+  std::snprintf(watchdog, sizeof watchdog, "; watchdog: parallel.nccl_timeout_s = %g%s",
+                deck.parallel.nccl_timeout_s, deck.parallel.nccl_timeout_s > 0 ? " s" : " (off)");
   const std::string over_nccl = "tp, dp and pp over NCCL on device memory";
   const std::string over_mpi =
       deck.compute.device == "cpu" ? "tp, dp and pp over MPI"
                                    : "tp, dp and pp over MPI through pinned host memory";
   if (c.nccl && layout.is_holder())
-    c.why = asked + ": " + over_nccl + " among the compute ranks";  // holders never touch NCCL
+    c.why = asked + ": " + over_nccl + " among the compute ranks" + watchdog;  // holders: no NCCL
   else if (c.nccl)
     c.why = asked + ": every compute rank has a GPU of its own: " + over_nccl + "; " +
-            pin_deterministic_nccl() + " (NCCL " + nccl_version() + ")";
+            pin_deterministic_nccl() + " (NCCL " + nccl_version() + ")" + watchdog;
   else if (deck.parallel.comm == "mpi")
     c.why = asked + ": " + over_mpi;
   else
@@ -98,14 +103,15 @@ namespace {
 
 // A NCCL communicator over one group of compute ranks: its id made on the group's first rank
 // and broadcast within the group's MPI communicator (compute ranks only).
-std::unique_ptr<Collectives> nccl_group(MPI_Comm group, Device& device, const char* name) {
+std::unique_ptr<Collectives> nccl_group(MPI_Comm group, Device& device, const char* name,
+                                        double stall_limit_s) {
   int rank = 0, size = 1;
   MPI_CHECK(MPI_Comm_rank(group, &rank));
   MPI_CHECK(MPI_Comm_size(group, &size));
   NcclId id{};
   if (rank == 0) id = make_nccl_id();
   MPI_CHECK(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group));
-  return make_nccl_collectives(device, rank, size, id, name);
+  return make_nccl_collectives(device, rank, size, id, name, stall_limit_s);
 }
 
 }  // namespace
@@ -115,9 +121,9 @@ ComputeComms make_compute_comms(const CommChoice& choice, const Layout& layout, 
   if (choice.nccl) {
     // Every rank makes its groups in the same order (tp, dp, pp), so no group's set-up waits
     // on another's.
-    c.tp = nccl_group(layout.tp_comm(), device, "tp");
-    c.dp = nccl_group(layout.dp_comm(), device, "dp");
-    c.pp = nccl_group(layout.pp_comm(), device, "pp");
+    c.tp = nccl_group(layout.tp_comm(), device, "tp", choice.nccl_timeout_s);
+    c.dp = nccl_group(layout.dp_comm(), device, "dp", choice.nccl_timeout_s);
+    c.pp = nccl_group(layout.pp_comm(), device, "pp", choice.nccl_timeout_s);
     return c;
   }
   c.tp = std::make_unique<MpiCollectives>(layout.tp_comm());

@@ -49,11 +49,16 @@ void stall_point(std::string_view point) {
   if (!v) return;
   const std::string spec(v);
   const std::size_t colon = spec.find(':');
-  if (colon == std::string::npos || spec.substr(colon + 1) != point) return;
+  if (colon == std::string::npos) return;
+  const std::size_t count_colon = spec.find(':', colon + 1);
+  if (spec.substr(colon + 1, count_colon - colon - 1) != point) return;
   int rank = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (std::atoi(spec.substr(0, colon).c_str()) != rank) return;
-  std::fprintf(stderr, "pdtrain: test hook: rank %d stalls at %s\n", rank, spec.c_str() + colon + 1);
+  static int reached = 0;  // the one point a run stalls at: its calls so far
+  const int nth = count_colon == std::string::npos ? 1 : std::atoi(spec.c_str() + count_colon + 1);
+  if (++reached < nth) return;
+  std::fprintf(stderr, "pdtrain: test hook: rank %d stalls at %s\n", rank, v + colon + 1);
   std::fflush(stderr);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }

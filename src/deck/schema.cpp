@@ -184,6 +184,16 @@ std::vector<KeySpec> build_schema() {
           "is an error). auto: nccl when all of that holds, else mpi; the run header says which "
           "and why. Pipeline messages and the data-parallel gradient reduce use MPI either way.")
           .one_of({"auto", "mpi", "nccl"}),
+      key(&D::parallel, &ParallelConfig::nccl_timeout_s, "parallel.nccl_timeout_s",
+          "NCCL's watchdog (NCCL itself waits forever on a peer that is alive but stalled): "
+          "when a NCCL group's work on a compute rank has had its inputs ready and made no "
+          "progress for this many seconds, the rank aborts the group's communicator and ends "
+          "the job, naming the group (tp, dp or pp), the rank and the operation it waited on. "
+          "Only time waiting on peers counts (not a long kernel or host work of this rank), but "
+          "a peer legitimately busy elsewhere that long (a slow checkpoint write) trips it too. "
+          "0: off.")
+          .at_least(0)
+          .at_most(1e7),
 
       key(&D::train, &TrainConfig::batch_size, "train.batch_size",
           "Sequences per optimizer step, over all data-parallel ranks.")

@@ -89,56 +89,57 @@ const std::vector<std::string> kFullDeck = {
     "schedule = \"gpipe\"",              // 31
     "order = \"layer\"",                 // 32
     "comm = \"nccl\"",                  // 33
-    "[train]",                           // 34
-    "batch_size = 64",                   // 35
-    "eval_every = 0",                    // 36
-    "sample_every = 5",                  // 37
-    "eval_batches = 10",                 // 38
-    "recompute = \"full\"",              // 39
-    "precision = \"bf16\"",              // 40
-    "on_divergence = \"rewind\"",        // 41
-    "rewind_lr_factor = 0.25",           // 42
-    "max_rewinds = 2",                   // 43
-    "loss_spike_factor = 4.0",           // 44
-    "loss_spike_window = 8",             // 45
-    "[optimizer]",                       // 46
-    "lr = 6e-4",                         // 47
-    "min_lr = 6e-5",                     // 48
-    "warmup_steps = 700",                // 49
-    "weight_decay = 0.0",                // 50
-    "grad_clip = 0.5",                   // 51
-    "beta1 = 0.85",                      // 52
-    "beta2 = 0.999",                     // 53
-    "eps = 1e-6",                        // 54
-    "[pd]",                              // 55
-    "fetch_codec = \"bf16\"",            // 56
-    "push_codec = \"zstd\"",             // 57
-    "staleness = 2",                     // 58
-    "prefetch_depth = 3",                // 59
-    "cache_mb = 64.5",                   // 60
-    "fetch_thread = true",               // 61
-    "cache_warm_steps = 7",              // 62
-    "holder_threads = 2",                // 63
-    "staleness_warmup = 50",             // 64
-    "stale_correction = \"none\"",       // 65
-    "staleness_ramp = 25",               // 66
-    "pushes_in_flight = 0",              // 67
-    "fetch_path = \"mpi\"",              // 68
-    "[checkpoint]",                      // 69
-    "every = 100",                       // 70
-    "codec = \"xor\"",                   // 71
-    "anchor_every = 5",                  // 72
-    "keep = 2",                          // 73
-    "async = true",                      // 74
-    "dir = \"/scratch/ckpt\"",           // 75
-    "bitdelta_bits = 3",                 // 76
-    "moment_bits = 5",                   // 77
-    "[output]",                          // 78
-    "trace = true",                      // 79
-    "trajectory_every = 25",             // 80
-    "[compute]",                         // 81
-    "device = \"cuda\"",                 // 82
-    "tf32 = true",                       // 83
+    "nccl_timeout_s = 120.5",           // 34
+    "[train]",                           // 35
+    "batch_size = 64",                   // 36
+    "eval_every = 0",                    // 37
+    "sample_every = 5",                  // 38
+    "eval_batches = 10",                 // 39
+    "recompute = \"full\"",              // 40
+    "precision = \"bf16\"",              // 41
+    "on_divergence = \"rewind\"",        // 42
+    "rewind_lr_factor = 0.25",           // 43
+    "max_rewinds = 2",                   // 44
+    "loss_spike_factor = 4.0",           // 45
+    "loss_spike_window = 8",             // 46
+    "[optimizer]",                       // 47
+    "lr = 6e-4",                         // 48
+    "min_lr = 6e-5",                     // 49
+    "warmup_steps = 700",                // 50
+    "weight_decay = 0.0",                // 51
+    "grad_clip = 0.5",                   // 52
+    "beta1 = 0.85",                      // 53
+    "beta2 = 0.999",                     // 54
+    "eps = 1e-6",                        // 55
+    "[pd]",                              // 56
+    "fetch_codec = \"bf16\"",            // 57
+    "push_codec = \"zstd\"",             // 58
+    "staleness = 2",                     // 59
+    "prefetch_depth = 3",                // 60
+    "cache_mb = 64.5",                   // 61
+    "fetch_thread = true",               // 62
+    "cache_warm_steps = 7",              // 63
+    "holder_threads = 2",                // 64
+    "staleness_warmup = 50",             // 65
+    "stale_correction = \"none\"",       // 66
+    "staleness_ramp = 25",               // 67
+    "pushes_in_flight = 0",              // 68
+    "fetch_path = \"mpi\"",              // 69
+    "[checkpoint]",                      // 70
+    "every = 100",                       // 71
+    "codec = \"xor\"",                   // 72
+    "anchor_every = 5",                  // 73
+    "keep = 2",                          // 74
+    "async = true",                      // 75
+    "dir = \"/scratch/ckpt\"",           // 76
+    "bitdelta_bits = 3",                 // 77
+    "moment_bits = 5",                   // 78
+    "[output]",                          // 79
+    "trace = true",                      // 80
+    "trajectory_every = 25",             // 81
+    "[compute]",                         // 82
+    "device = \"cuda\"",                 // 83
+    "tf32 = true",                       // 84
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -211,13 +212,14 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   for (const auto& [key, from] : d.origin) EXPECT_NE(from, "default") << key;
   EXPECT_EQ(d.origin.at("run.name"), "t.toml:3");
   EXPECT_EQ(d.origin.at("model.max_seq_len"), "t.toml:15");
-  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:54");
+  EXPECT_EQ(d.origin.at("optimizer.eps"), "t.toml:55");
   EXPECT_EQ(d.train.recompute, "full");
   EXPECT_EQ(d.model.init, "llmc:gpt2_124M.bin");
   EXPECT_EQ(d.parallel.micro_batches, 4);
   EXPECT_EQ(d.parallel.schedule, "gpipe");
   EXPECT_EQ(d.parallel.order, StageOrder::layer);
   EXPECT_EQ(d.parallel.comm, "nccl");
+  EXPECT_EQ(d.parallel.nccl_timeout_s, 120.5);
   EXPECT_TRUE(d.output.trace);
   EXPECT_EQ(d.output.trajectory_every, 25);
   EXPECT_EQ(d.train.sample_every, 5);
@@ -415,6 +417,8 @@ TEST(DeckErrors, OutOfRange) {
   EXPECT_EQ(deck_error(lines({"[data]", "copy_prob = 1.5"})),
             "t.toml:2: data.copy_prob: must be in [0, 1], got 1.5");
   EXPECT_EQ(deck_error(lines({"[parallel]", "tp = 0"})), "t.toml:2: parallel.tp: must be in [1, 65536], got 0");
+  EXPECT_EQ(deck_error(lines({"[parallel]", "nccl_timeout_s = -1"})),
+            "t.toml:2: parallel.nccl_timeout_s: must be in [0, 1e+7], got -1");
   EXPECT_EQ(deck_error(lines({"[model]", "vocab_size = 1"})),
             "t.toml:2: model.vocab_size: must be in [2, 16777216], got 1");
   EXPECT_EQ(deck_error(lines({"[optimizer]", "eps = 0"})), "t.toml:2: optimizer.eps: must be > 0, got 0");
@@ -638,9 +642,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 8 parallel + 11 train + 2 compute + 8 optimizer + 13 pd +
+  // 5 run + 9 model + 6 data + 9 parallel + 11 train + 2 compute + 8 optimizer + 13 pd +
   // 8 checkpoint + 2 output fields.
-  EXPECT_EQ(deck::schema().size(), 72u);
+  EXPECT_EQ(deck::schema().size(), 73u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

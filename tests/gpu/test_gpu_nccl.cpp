@@ -13,16 +13,19 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../mpi/run_helpers.hpp"
 #include "pdtrain/core/error.hpp"
 #include "pdtrain/core/mpi_collectives.hpp"
+#include "pdtrain/device/cuda_device.hpp"
 #include "pdtrain/device/device.hpp"
 #include "pdtrain/device/nccl_collectives.hpp"
 #include "pdtrain/kernels/backend_registry.hpp"
@@ -199,7 +202,8 @@ SumChecks nccl_sums_against_mpi(MPI_Comm group, int world) {
   NcclId id{};
   if (rank == 0) id = make_nccl_id();
   MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group);
-  std::unique_ptr<Collectives> nccl = make_nccl_collectives(*gpu.device, rank, kRanks, id, "dp");
+  std::unique_ptr<Collectives> nccl = make_nccl_collectives(*gpu.device, rank, kRanks, id, "dp",
+                                                             /*stall_limit_s=*/600);
   MpiCollectives mpi(group);
   c.device_memory = nccl->device_memory();
 
@@ -267,6 +271,65 @@ TEST(GpuNccl, FixedOrderSumsAreTheMpiPathBitForBitRunAfterRun) {
   EXPECT_EQ(all.allreduce, 1) << "NCCL's all-reduce differs from the MPI path's";
   EXPECT_EQ(all.allreduce_again, 1) << "a second NCCL all-reduce differs";
   EXPECT_GT(all.order_matters, 10) << "the data does not tell summation orders apart";
+}
+
+// The NCCL watchdog (parallel.nccl_timeout_s) counts only time a communicator's work waits on
+// its peers: with a limit of 2 s, a compute stream busy for 4 s before a NCCL all-reduce (its
+// inputs not ready) and for 4 s after it (the NCCL stream idle), the host waiting throughout,
+// must not end the job (a watchdog that timed from the posting, or any wait, would abort this
+// process), and the all-reduce still sums. A stalled peer tripping it ends the job, which a
+// test process cannot survive: cli.nccl_watchdog_ends_a_stalled_job shows that.
+constexpr double kWatchdogLimitS = 2;
+constexpr int kBusyMs = 4000;
+
+void sleep_on_stream(void*) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(kBusyMs));
+}
+
+int long_compute_never_trips_the_watchdog(MPI_Comm group, int world) {
+  int rank = 0;
+  MPI_Comm_rank(group, &rank);
+  kernels::ComputeBackend gpu =
+      kernels::make_backend("cuda", (world - 1) % kernels::cuda_device_count());
+  auto& cuda = dynamic_cast<CudaDevice&>(*gpu.device);
+  NcclId id{};
+  if (rank == 0) id = make_nccl_id();
+  MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, group);
+  std::unique_ptr<Collectives> nccl =
+      make_nccl_collectives(cuda, rank, 2, id, "dp", kWatchdogLimitS);
+  const std::int64_t n = 64;
+  DeviceFloats data(cuda, n);
+  data.upload(std::vector<float>(n, static_cast<float>(rank + 1)));
+  cuda.synchronize();
+  MPI_Barrier(group);  // both ranks' compute streams start their long work together
+  const auto start = std::chrono::steady_clock::now();
+  bool ok = cudaLaunchHostFunc(cuda.compute_stream(), sleep_on_stream, nullptr) == cudaSuccess;
+  nccl->allreduce_sum(data.data(), n);
+  ok = ok && cudaLaunchHostFunc(cuda.compute_stream(), sleep_on_stream, nullptr) == cudaSuccess;
+  // The host waits throughout, polling the watches (a copy to pageable memory would block in
+  // the runtime instead).
+  cuda.synchronize();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::vector<float> sum = data.download(data.data(), n);
+  return ok && std::all_of(sum.begin(), sum.end(), [](float v) { return v == 3.0f; }) &&
+         waited > 2 * kBusyMs / 1000.0;  // the host did wait on both long stretches
+}
+
+TEST(GpuNccl, TheWatchdogIgnoresALongComputeWait) {
+  if (!own_gpus(3)) GTEST_SKIP() << "needs a GPU of its own for each of two ranks";
+  int world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  MPI_Comm group = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world == 1 || world == 2 ? 0 : MPI_UNDEFINED, world, &group);
+  int mine = 1, all = 0;
+  if (group != MPI_COMM_NULL) {
+    mine = long_compute_never_trips_the_watchdog(group, world);
+    MPI_Comm_free(&group);
+  }
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all, 1) << "the all-reduce between the long compute did not sum, or the host did "
+                       "not wait on both stretches";
 }
 
 // ------------------------------------------------------------- training over NCCL

@@ -21,6 +21,7 @@ namespace pdtrain {
 struct CommChoice {
   bool nccl = false;
   std::string why;  // for the run header: what was asked and why this transport serves it
+  double nccl_timeout_s = 0;  // parallel.nccl_timeout_s: NCCL's watchdog (0: off)
 };
 
 // Collective over the job (`layout.world()`): on a compute rank whose GPU (`gpu_uuid`, its

@@ -26,10 +26,11 @@ std::optional<std::int64_t> flip_fetch_bit_at_version();
 void set_checkpoint_write_hook(std::function<void(std::string_view point)> hook);
 void checkpoint_write_point(std::string_view point);
 
-// PDTRAIN_TEST_STALL=<world rank>:<point>: that rank stops at stall_point(point) and sleeps
-// until the job is ended, as a rank whose GPU or process hangs would: its peers' waits on it must
-// end the job (the NCCL collectives' failed-peer check). Points: "dp_reduce" (GradReducer,
-// before a data-parallel reduce on the device). Nothing when unset.
+// PDTRAIN_TEST_STALL=<world rank>:<point>[:<n>]: that rank stops the n-th time (default: the
+// first) it reaches stall_point(point) and sleeps until the job is ended, as a rank whose GPU or
+// process hangs would: its peers' waits on it must end the job (the NCCL collectives'
+// failed-peer check and watchdog). Points: "dp_reduce" (GradReducer, before a data-parallel
+// reduce on the device, once a step). Nothing when unset.
 void stall_point(std::string_view point);
 
 }  // namespace pdtrain::test_hooks

@@ -56,6 +56,7 @@ struct ParallelConfig {
   std::string schedule = "1f1b";   // pipeline schedule: 1f1b | gpipe
   StageOrder order = StageOrder::micro_batch;  // one stage: each unit once per pass
   std::string comm = "auto";  // compute-to-compute transport: auto | mpi | nccl
+  double nccl_timeout_s = 600.0;  // NCCL watchdog: no progress this long ends the job; 0: off
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };

@@ -21,6 +21,14 @@
 // communicators' ncclCommGetAsyncError is polled; an error aborts the communicator
 // (ncclCommAbort) and ends the whole job at once (pdtrain::fatal_abort: "error (rank R): NCCL
 // dp group (rank r of n): <NCCL's error>: <what it waited for>"), as a failed NCCL call does.
+// A stalled peer (alive, but never posting its side: NCCL waits for it forever, with no error):
+// in the same polls a watchdog follows the communicator's stream, one unit of work per
+// operation (an event where its inputs are ready on the compute stream, one where it is done);
+// when the oldest unit has had its inputs ready and not finished for longer than
+// `stall_limit_s` (parallel.nccl_timeout_s), the communicator is aborted and the job ends the
+// same way ("... no progress for 600.2 s (parallel.nccl_timeout_s = 600 s) waiting on its peers
+// for <operation>; a stalled peer? ..."). Time the stream is idle or waits for the compute
+// stream (a long kernel) never counts.
 #include <array>
 #include <memory>
 #include <string>
@@ -45,9 +53,11 @@ std::string pin_deterministic_nccl();
 
 // Collective over the group's `size` ranks, each with its `rank` and the same `id`; `device`
 // must be the rank's CUDA device (its GPU is made current); `group` ("tp", "dp", "pp") names it
-// in errors. Throws pdtrain::Error when NCCL is not built or the device is not a GPU; a failed
-// NCCL call ends the job (NCCL_CHECK).
+// in errors; `stall_limit_s` is the watchdog's limit (above; 0: none). Throws pdtrain::Error
+// when NCCL is not built or the device is not a GPU; a failed NCCL call ends the job
+// (NCCL_CHECK).
 std::unique_ptr<Collectives> make_nccl_collectives(Device& device, int rank, int size,
-                                                   const NcclId& id, const std::string& group);
+                                                   const NcclId& id, const std::string& group,
+                                                   double stall_limit_s);
 
 }  // namespace pdtrain

@@ -6,8 +6,12 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,18 +68,113 @@ class DeviceScratch {
   std::int64_t capacity_ = 0;
 };
 
+using Clock = std::chrono::steady_clock;
+
+// The units of work posted on a communicator's stream (one operation each: its NCCL calls and
+// the kernels and copies between them), oldest first, for the watchdog: NCCL itself waits
+// forever on a peer that is alive but stalled. Each unit has two events: `ready`, recorded on
+// the compute stream where its inputs are written (the NCCL stream waits for it), and `done`,
+// recorded on the NCCL stream after it. The oldest unit not done is the one the stream runs; it
+// can wait on nothing but its peers once its `ready` has passed, so the time since then (as the
+// host first sees it) is time lost to peers. A unit still waiting for its inputs (a long kernel
+// on the compute stream) or an idle stream never counts.
+class StreamProgress {
+ public:
+  StreamProgress() = default;
+  ~StreamProgress() {
+    for (const Unit& u : units_) spare_.insert(spare_.end(), {u.ready, u.done});
+    for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
+  }
+  StreamProgress(const StreamProgress&) = delete;
+  StreamProgress& operator=(const StreamProgress&) = delete;
+
+  // A new unit, described by `what` for the watchdog's message; returns its `ready` event.
+  cudaEvent_t open(std::string what) {
+    retire_done();
+    units_.push_back({spare_event(), spare_event(), std::move(what), true});
+    return units_.back().ready;
+  }
+  cudaEvent_t ready_of_open() const { return units_.back().ready; }
+  // The open unit is posted: returns its `done` event (to record after it on the NCCL stream).
+  cudaEvent_t close() {
+    units_.back().open = false;
+    return units_.back().done;
+  }
+
+  // What the stream's oldest unit waits for when it has made no progress for `limit`, its
+  // inputs ready; nothing otherwise.
+  struct Stall {
+    std::string what;
+    double seconds = 0;
+    std::size_t queued_behind = 0;
+  };
+  std::optional<Stall> stalled(Clock::duration limit) {
+    retire_done();
+    if (units_.empty() || units_.front().open) return std::nullopt;
+    const Clock::time_point now = Clock::now();
+    if (!front_since_) {
+      if (cudaEventQuery(units_.front().ready) != cudaSuccess) return std::nullopt;
+      front_since_ = now;
+    }
+    if (now - *front_since_ <= limit) return std::nullopt;
+    return Stall{units_.front().what,
+                 std::chrono::duration<double>(now - *front_since_).count(), units_.size() - 1};
+  }
+
+ private:
+  struct Unit {
+    cudaEvent_t ready, done;
+    std::string what;
+    bool open;
+  };
+
+  // Drops the units the stream has finished (their events back to the pool): progress. A
+  // query that fails leaves them; the wait that runs the watchdog reports its error.
+  void retire_done() {
+    while (!units_.empty() && !units_.front().open &&
+           cudaEventQuery(units_.front().done) == cudaSuccess) {
+      spare_.insert(spare_.end(), {units_.front().ready, units_.front().done});
+      units_.pop_front();
+      front_since_.reset();
+    }
+  }
+  cudaEvent_t spare_event() {
+    cudaEvent_t e = nullptr;
+    if (spare_.empty()) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      return e;
+    }
+    e = spare_.back();
+    spare_.pop_back();
+    return e;
+  }
+
+  std::deque<Unit> units_;
+  std::vector<cudaEvent_t> spare_;
+  std::optional<Clock::time_point> front_since_;  // when the front unit was seen ready
+};
+
+std::string floats(std::int64_t n) { return std::to_string(n) + " floats"; }
+
+// "600 s", "2.5 s"; a measured time to a tenth of a second.
+std::string seconds_text(double s, bool measured = false) {
+  char text[48];
+  std::snprintf(text, sizeof text, measured ? "%.1f s" : "%g s", s);
+  return text;
+}
+
 class NcclCollectives final : public Collectives {
  public:
-  NcclCollectives(CudaDevice& device, int rank, int size, const NcclId& id, std::string group)
+  NcclCollectives(CudaDevice& device, int rank, int size, const NcclId& id, std::string group,
+                  double stall_limit_s)
       : device_(device), rank_(rank), size_(size), group_name_(std::move(group)),
-        received_(device.compute_stream()), sum_(device.compute_stream()) {
+        stall_limit_s_(stall_limit_s), received_(device.compute_stream()),
+        sum_(device.compute_stream()) {
     device_.make_current();
     ncclUniqueId unique;
     std::memcpy(&unique, id.data(), sizeof unique);
     NCCL_CHECK(ncclCommInitRank(&comm_, size, unique, rank));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&results_ready_, cudaEventDisableTiming));
     device_.add_wait_watch(this, [this] { check_peers(); });
   }
 
@@ -85,8 +184,6 @@ class NcclCollectives final : public Collectives {
     // aborted communicator's work has ended already).
     (void)cudaStreamSynchronize(stream_);
     if (comm_) (void)ncclCommDestroy(comm_);
-    (void)cudaEventDestroy(inputs_ready_);
-    (void)cudaEventDestroy(results_ready_);
     (void)cudaStreamDestroy(stream_);
   }
 
@@ -102,7 +199,7 @@ class NcclCollectives final : public Collectives {
   void allreduce_sum(float* data, std::int64_t n) override {
     if (size_ == 1 || n == 0) return;
     const std::vector<std::int64_t> counts = even_counts(n, size_);
-    after_compute();
+    after_compute("all-reduce (sum) of " + floats(n));
     const float* mine = queue_reduce_scatter(data, counts);
     queue_allgather(mine, data, counts);
     before_compute();
@@ -110,7 +207,7 @@ class NcclCollectives final : public Collectives {
   // Max is exact in any order: NCCL's own.
   void allreduce_max(float* data, std::int64_t n) override {
     if (size_ == 1 || n == 0) return;
-    after_compute();
+    after_compute("all-reduce (max) of " + floats(n));
     NCCL_CHECK(ncclAllReduce(data, data, static_cast<std::size_t>(n), ncclFloat, ncclMax, comm_,
                              stream_));
     before_compute();
@@ -119,7 +216,7 @@ class NcclCollectives final : public Collectives {
   const float* reduce_scatter(const float* data,
                               const std::vector<std::int64_t>& counts) override {
     if (size_ == 1) return data;
-    after_compute();
+    after_compute("reduce-scatter of " + floats(total(counts)));
     const float* mine = queue_reduce_scatter(data, counts);
     before_compute();
     return mine;
@@ -127,7 +224,7 @@ class NcclCollectives final : public Collectives {
 
   void allgather(const float* segment, float* out,
                  const std::vector<std::int64_t>& counts) override {
-    after_compute();
+    after_compute("all-gather of " + floats(total(counts)));
     queue_allgather(segment, out, counts);
     before_compute();
   }
@@ -143,7 +240,7 @@ class NcclCollectives final : public Collectives {
   // waiting for its receive cannot hold up the group's receive.
   void end_group() override {
     if (group_.empty()) return;
-    after_compute();
+    after_compute(describe_group());
     NCCL_CHECK(ncclGroupStart());
     for (const Message& m : group_) {
       const auto n = static_cast<std::size_t>(m.n);
@@ -215,36 +312,69 @@ class NcclCollectives final : public Collectives {
     NCCL_CHECK(ncclGroupEnd());
   }
 
-  // The NCCL stream starts after the work queued so far on the compute stream (which wrote the
-  // inputs) ...
-  void after_compute() {
-    CUDA_CHECK(cudaEventRecord(inputs_ready_, device_.compute_stream()));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+  static std::int64_t total(const std::vector<std::int64_t>& counts) {
+    std::int64_t n = 0;
+    for (const std::int64_t c : counts) n += c;
+    return n;
   }
+  std::string describe_group() const {
+    std::string text;
+    for (const Message& m : group_)
+      text += std::string(text.empty() ? "" : ", ") + (m.send ? "send " : "receive ") +
+              floats(m.n) + (m.send ? " to rank " : " from rank ") + std::to_string(m.peer);
+    return text;
+  }
+
+  // An operation (a unit of work the watchdog follows, described by `what`): the NCCL stream
+  // starts after the work queued so far on the compute stream (which wrote the inputs) ...
+  void after_compute(std::string what) { start_after_compute(progress_.open(std::move(what))); }
   // ... (scratch just allocated on the compute stream included) ...
-  void wait_for_allocations() { after_compute(); }
+  void wait_for_allocations() { start_after_compute(progress_.ready_of_open()); }
+  void start_after_compute(cudaEvent_t ready) {
+    CUDA_CHECK(cudaEventRecord(ready, device_.compute_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+  }
   // ... and the compute stream's later work waits for the NCCL stream (which wrote the results).
   void before_compute() {
-    CUDA_CHECK(cudaEventRecord(results_ready_, stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(device_.compute_stream(), results_ready_, 0));
+    const cudaEvent_t done = progress_.close();
+    CUDA_CHECK(cudaEventRecord(done, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(device_.compute_stream(), done, 0));
   }
 
   // Run by the device while the host waits on it: a peer that failed or stopped (NCCL reports
-  // it as an asynchronous error: a remote error, a timeout in the emulation) aborts this
-  // rank's communicator, so no work of it can hang, and ends the whole job at once naming the
-  // group and this rank (fatal_abort, as NCCL_CHECK: an exception would unwind through
-  // destructors that wait on the broken device and fail there first, under another name).
+  // it as an asynchronous error: a remote error, a timeout in the emulation), or this stream's
+  // work waiting on its peers without progress for longer than parallel.nccl_timeout_s (a peer
+  // alive but stalled, which NCCL never reports), aborts this rank's communicator, so no work
+  // of it can hang, and ends the whole job at once naming the group and this rank (fatal_abort,
+  // as NCCL_CHECK: an exception would unwind through destructors that wait on the broken device
+  // and fail there first, under another name).
   void check_peers() {
     if (comm_ == nullptr) return;
     ncclResult_t state = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-    if (state == ncclSuccess || state == ncclInProgress) return;
-    const char* last = ncclGetLastError(comm_);
-    const std::string message =
-        "NCCL " + group_name_ + " group (rank " + std::to_string(rank_) + " of " +
-        std::to_string(size_) + "): " + ncclGetErrorString(state) +
-        (last && *last ? std::string(": ") + last : std::string()) +
-        "; its communicator was aborted";
+    if (state != ncclSuccess && state != ncclInProgress) {
+      const char* last = ncclGetLastError(comm_);
+      abort_job(std::string(ncclGetErrorString(state)) +
+                (last && *last ? std::string(": ") + last : std::string()) +
+                "; its communicator was aborted");
+    }
+    if (stall_limit_s_ <= 0) return;
+    const auto limit = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(stall_limit_s_));
+    if (const std::optional<StreamProgress::Stall> stall = progress_.stalled(limit))
+      abort_job("no progress for " + seconds_text(stall->seconds, true) +
+                " (parallel.nccl_timeout_s = " + seconds_text(stall_limit_s_) +
+                ") waiting on its peers for " + stall->what +
+                (stall->queued_behind ? " (" + std::to_string(stall->queued_behind) +
+                                            " more queued behind it)"
+                                      : std::string()) +
+                "; a stalled peer? its communicator was aborted; raise parallel.nccl_timeout_s if "
+                "a collective legitimately takes longer");
+  }
+
+  [[noreturn]] void abort_job(const std::string& why) {
+    const std::string message = "NCCL " + group_name_ + " group (rank " + std::to_string(rank_) +
+                                " of " + std::to_string(size_) + "): " + why;
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     fatal_abort(ExitCode::runtime, message);
@@ -253,9 +383,10 @@ class NcclCollectives final : public Collectives {
   CudaDevice& device_;
   int rank_, size_;
   std::string group_name_;  // "tp", "dp", "pp": for messages
+  double stall_limit_s_;    // parallel.nccl_timeout_s; 0: no watchdog
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t inputs_ready_ = nullptr, results_ready_ = nullptr;
+  StreamProgress progress_;  // the units of work on stream_, for the watchdog
   DeviceScratch received_;  // [size][this rank's segment]: every peer's copy of it
   DeviceScratch sum_;       // this rank's reduced segment
   std::vector<Message> group_;  // messages posted since the last end_group()
@@ -297,13 +428,14 @@ std::string pin_deterministic_nccl() {
 }
 
 std::unique_ptr<Collectives> make_nccl_collectives(Device& device, int rank, int size,
-                                                   const NcclId& id, const std::string& group) {
+                                                   const NcclId& id, const std::string& group,
+                                                   double stall_limit_s) {
   auto* gpu = dynamic_cast<CudaDevice*>(&device);
   if (gpu == nullptr)
     throw Error(ExitCode::runtime, "NCCL needs the compute rank's device to be a GPU, not " +
                                        device.describe());
   pin_deterministic_nccl();
-  return std::make_unique<NcclCollectives>(*gpu, rank, size, id, group);
+  return std::make_unique<NcclCollectives>(*gpu, rank, size, id, group, stall_limit_s);
 }
 
 }  // namespace pdtrain

@@ -19,7 +19,7 @@ namespace {
 NcclId make_nccl_id() { no_nccl(); }
 std::string pin_deterministic_nccl() { no_nccl(); }
 std::unique_ptr<Collectives> make_nccl_collectives(Device&, int, int, const NcclId&,
-                                                   const std::string&) {
+                                                   const std::string&, double) {
   no_nccl();
 }
 
