@@ -177,12 +177,13 @@ std::vector<KeySpec> build_schema() {
           {"micro_batch", "layer"})
           .with_rule("layer needs parallel.pp = 1"),
       key(&D::parallel, &ParallelConfig::comm, "parallel.comm",
-          "Transport of compute-to-compute traffic (tensor-parallel all-reduces). mpi: MPI over "
+          "Transport of compute-to-compute traffic (tensor-parallel all-reduces, the "
+          "data-parallel gradient reduce, pipeline messages). mpi: MPI over "
           "host memory (a GPU rank stages through pinned memory). nccl: NCCL between the compute "
           "ranks' GPUs, on its own stream (needs a pdtrain built with CUDA and NCCL, "
           "compute.device = \"cuda\" and a GPU of its own for every compute rank; anything else "
           "is an error). auto: nccl when all of that holds, else mpi; the run header says which "
-          "and why. Pipeline messages and the data-parallel gradient reduce use MPI either way.")
+          "and why. The holders' fetches and pushes use MPI either way.")
           .one_of({"auto", "mpi", "nccl"}),
       key(&D::parallel, &ParallelConfig::nccl_timeout_s, "parallel.nccl_timeout_s",
           "NCCL's watchdog (NCCL itself waits forever on a peer that is alive but stalled): "
