@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "pdtrain/kernels/backend_registry.hpp"
+#include "pdtrain/kernels/bf16.hpp"
 #include "pdtrain/kernels/gemm.hpp"
 #include "pdtrain/kernels/gpt_kernels.hpp"
 #include "pdtrain/kernels/kernel_ops.hpp"
@@ -145,7 +147,61 @@ class CpuGemm final : public GemmOps {
     exec_.fence();
   }
 
+  // bf16 outputs (the reference a GPU's bf16 activations are checked against; the CPU's own
+  // runs keep fp32 outputs, kCpuActivations): the fp32 results above, rounded once.
+  void matmul_forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C,
+                      int OC) override {
+    std::vector<float> out32(sz(Index(N) * OC));
+    const std::vector<float> bias32 = widened(bias, OC);
+    kernels::matmul_forward(exec_, out32.data(), inp, w, bias ? bias32.data() : nullptr, N, C,
+                            OC);
+    exec_.fence();
+    kernels::to_bf16(out32.data(), out, Index(N) * OC);
+  }
+  void matmul_gelu_forward(bf16* pre, bf16* out, const bf16* inp, const bf16* w, const bf16* bias,
+                           int N, int C, int OC) override {
+    std::vector<float> pre32(sz(Index(N) * OC));
+    const std::vector<float> bias32 = widened(bias, OC);
+    kernels::matmul_forward(exec_, pre32.data(), inp, w, bias ? bias32.data() : nullptr, N, C,
+                            OC);
+    kernels::gelu_forward(exec_, out, pre32.data(), Index(N) * OC);
+    exec_.fence();
+    kernels::to_bf16(pre32.data(), pre, Index(N) * OC);
+  }
+  void matmul_backward_gelu(bf16* dpre, float* dw, float* dbias, const float* dout,
+                            bf16* dout_bf16, const bf16* pre, const bf16* inp, const bf16* w, int N,
+                            int C, int OC) override {
+    const Index n = Index(N) * C;
+    std::vector<float> dpre32(sz(n));
+    const std::vector<float> pre32 = widened(pre, n);
+    kernels::matmul_backward(exec_, dpre32.data(), dw, dbias, dout, dout_bf16, inp, w, N, C, OC,
+                             GradWrite::overwrite);
+    kernels::gelu_backward(exec_, dpre32.data(), pre32.data(), dpre32.data(), n,
+                           GradWrite::overwrite);
+    exec_.fence();
+    kernels::to_bf16(dpre32.data(), dpre, n);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const bf16* dout, const bf16* inp,
+                       const bf16* w, int N, int C, int OC, GradWrite dinp_write) override {
+    const float beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f;
+    if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout, OC, w, C, beta, dinp, C);
+    gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dbias != nullptr) {
+      const std::vector<float> dout32 = widened(dout, Index(N) * OC);
+      kernels::column_sums_add(exec_, dbias, dout32.data(), N, OC);
+      exec_.fence();
+    }
+  }
+
  private:
+  static std::size_t sz(Index n) { return static_cast<std::size_t>(n); }
+  // The float values of n bf16 elements (empty for null).
+  static std::vector<float> widened(const bf16* p, Index n) {
+    std::vector<float> out(p != nullptr ? sz(n) : 0);
+    if (p != nullptr) kernels::to_float(p, out.data(), n);
+    return out;
+  }
+
   Exec exec_;
 };
 
@@ -252,7 +308,7 @@ std::unique_ptr<KernelOps> make_cpu_kernel_ops() {
   f.optimizer = std::make_unique<CpuOptimizer>();
   return std::make_unique<KernelOps>(
       std::string("cpu: Kokkos ") + Exec::name() + ", GEMM " + gemm_backend_description(),
-      std::move(f), LogitsRows::dense);
+      std::move(f), kCpuActivations);
 }
 
 ComputeBackend make_cpu_backend(int /*gpu*/) {

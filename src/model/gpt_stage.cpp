@@ -14,7 +14,7 @@ GptStage::GptStage(StageParams& params, std::int64_t micro_batch, std::int64_t s
                    StageOrder order)
     : p_(params), program_(params), tp_(tp), k_(ops), dev_(params.device()),
       dims_(dims_of(params.catalog().shape(), params.spec(), micro_batch, seq_len, slots,
-                    recompute, params.bf16(), order, ops.attention(), ops.logits_rows())) {
+                    recompute, params.bf16(), order, ops.attention(), ops.layout())) {
   PDT_CHECK(!dims_.layer_major || (dims_.embedding && dims_.head),
             "layer-major order needs the whole model on one stage");
   // This rank's vocabulary shard as StageParams places it (dims_of derives the same bounds
@@ -41,7 +41,7 @@ std::string GptStage::activations_label(const Dims& d, std::int64_t bytes) {
 GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                                  std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
                                  StageOrder order, const kernels::AttentionFootprint& attention,
-                                 kernels::LogitsRows logits_rows) {
+                                 kernels::ActivationLayout layout) {
   Dims d;
   d.layer_major = order == StageOrder::layer;
   d.B = micro_batch;
@@ -55,10 +55,11 @@ GptStage::Dims GptStage::dims_of(const ModelShape& m, const StageSpec& s, std::i
   d.v0 = s.tp_rank * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
   d.v1 = (s.tp_rank + 1) * m.n_head / s.tp_size * m.padded_vocab / m.n_head;
   d.V = std::max<std::int64_t>(0, std::min(d.v1, m.vocab_size) - d.v0);
-  d.ld = kernels::logits_row_stride(d.V, logits_rows);
+  d.ld = kernels::logits_row_stride(d.V, layout.logits_rows);
   d.embedding = s.has_embedding;
   d.head = s.has_head;
   d.bf16 = bf16;
+  d.gemm_io = bf16 && layout.bf16 == kernels::Bf16Activations::gemm_io;
   d.slots = slots;
   d.recompute = recompute;
   d.attn = {.B = static_cast<int>(d.B), .T = static_cast<int>(d.T), .C = static_cast<int>(d.Cl),
@@ -77,12 +78,14 @@ void GptStage::allocate_layer(const Dims& d, LayerActs& l, bool keep_saved, Allo
   } else {
     alloc(l.ln1, N * C), alloc(l.ln2, N * C), alloc(l.fch_gelu, N * 4 * Cl);
   }
+  if (d.gemm_io)
+    alloc(l.qkv_h, N * 3 * Cl), alloc(l.fch_h, N * 4 * Cl);
+  else
+    alloc(l.qkv, N * 3 * Cl), alloc(l.atty, N * Cl), alloc(l.fch, N * 4 * Cl);
   alloc(l.ln1_mean, N), alloc(l.ln1_rstd, N);
-  alloc(l.qkv, N * 3 * Cl), alloc(l.atty, N * Cl);
   if (keep_saved) alloc(l.attn_saved, d.attn_saved);
   alloc(l.attproj, N * C), alloc(l.residual2, N * C);
   alloc(l.ln2_mean, N), alloc(l.ln2_rstd, N);
-  alloc(l.fch, N * 4 * Cl);
   alloc(l.fcproj, N * C), alloc(l.residual3, N * C);
 }
 
@@ -112,12 +115,20 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
   }
   alloc(a.attn_scratch, d.attn_scratch);
   if (d.recompute == Recompute::full) allocate_layer(d, a.recompute_layer, true, alloc);
-  if (d.recompute == Recompute::attention)
-    alloc(a.attn_saved_scratch, d.attn_saved), alloc(a.atty_scratch, N * Cl);
+  if (d.recompute == Recompute::attention) {
+    alloc(a.attn_saved_scratch, d.attn_saved);
+    if (d.gemm_io)
+      alloc(a.atty_scratch_h, N * Cl);
+    else
+      alloc(a.atty_scratch, N * Cl);
+  }
   GradScratch& g = a.grads;
   alloc(g.dresidual, N * C), alloc(g.dln, N * C), alloc(g.dqkv, N * 3 * Cl);
   alloc(g.datty, N * Cl);
-  alloc(g.dfch, N * 4 * Cl);
+  if (d.gemm_io)
+    alloc(g.dfch_h, N * 4 * Cl);
+  else
+    alloc(g.dfch, N * 4 * Cl);
   if (d.head) alloc(g.dlosses, N), alloc(a.loss_ledger, kLedgerSize);
   if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head ? d.ld : 0}));
 }
@@ -126,9 +137,9 @@ std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
                                     std::int64_t micro_batch, std::int64_t seq_len, int slots,
                                     Recompute recompute, Precision precision,
                                     StageOrder order, const kernels::AttentionFootprint& attention,
-                                    kernels::LogitsRows logits_rows) {
+                                    kernels::ActivationLayout layout) {
   const Dims d = dims_of(m, s, micro_batch, seq_len, slots, recompute,
-                         precision == Precision::bf16, order, attention, logits_rows);
+                         precision == Precision::bf16, order, attention, layout);
   return allocated_bytes(d);
 }
 
@@ -301,10 +312,7 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
   layernorm_forward(a.ln1, a.ln1_h, a.ln1_mean, a.ln1_rstd, residual, Tid::ln1w, Tid::ln1b, l);
-  linear_forward(a.qkv.data(), a.ln1, a.ln1_h, Tid::qkvw, l, p_.param(Tid::qkvb, l), C, 3 * Cl);
-  k_.attention().forward(a.atty.data(), attn_saved_of(a), acts_.attn_scratch.data(),
-                         a.qkv.data(), dims_.attn);
-  if (dims_.bf16) k_.elementwise().to_bf16(a.atty_h.data(), a.atty.data(), N * Cl);
+  qkv_and_attention_forward(l, a);
   // Row-parallel projection: partial sums over this shard's heads, summed across the tp group.
   // Its bias is added once, after the sum.
   linear_forward(a.attproj.data(), a.atty, a.atty_h, Tid::attprojw, l, nullptr, Cl, C);
@@ -315,7 +323,11 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
                     Tid::ln2b, l);
   // The MLP's first layer and its GELU in one call (a GPU fuses them into the GEMM).
   const int iH = static_cast<int>(4 * Cl);
-  if (dims_.bf16)
+  if (dims_.gemm_io)
+    k_.gemm().matmul_gelu_forward(a.fch_h.data(), a.fch_gelu_h.data(), a.ln2_h.data(),
+                                  p_.param_bf16(Tid::fcw, l), p_.param_bf16(Tid::fcb, l), iN, iC,
+                                  iH);
+  else if (dims_.bf16)
     k_.gemm().matmul_gelu_forward(a.fch.data(), a.fch_gelu_h.data(), a.ln2_h.data(),
                                   p_.param_bf16(Tid::fcw, l), p_.param(Tid::fcb, l), iN, iC, iH);
   else
@@ -325,6 +337,25 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   tp_.allreduce_sum(a.fcproj.data(), N * C);
   k_.elementwise().bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
   k_.elementwise().residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C);
+}
+
+// qkv = ln1 W^T + b and the attention over it, into a.atty (and in bf16 its bf16 copy a.atty_h,
+// the projection's input): with gemm_io the GEMM writes qkv in bf16 and the attention reads it
+// and writes atty_h directly.
+void GptStage::qkv_and_attention_forward(std::int64_t l, LayerActs& a) {
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
+  if (dims_.gemm_io) {
+    k_.gemm().matmul_forward(a.qkv_h.data(), a.ln1_h.data(), p_.param_bf16(Tid::qkvw, l),
+                             p_.param_bf16(Tid::qkvb, l), static_cast<int>(N),
+                             static_cast<int>(C), static_cast<int>(3 * Cl));
+    k_.attention().forward(a.atty_h.data(), attn_saved_of(a), acts_.attn_scratch.data(),
+                           a.qkv_h.data(), dims_.attn);
+    return;
+  }
+  linear_forward(a.qkv.data(), a.ln1, a.ln1_h, Tid::qkvw, l, p_.param(Tid::qkvb, l), C, 3 * Cl);
+  k_.attention().forward(a.atty.data(), attn_saved_of(a), acts_.attn_scratch.data(),
+                         a.qkv.data(), dims_.attn);
+  if (dims_.bf16) k_.elementwise().to_bf16(a.atty_h.data(), a.atty.data(), N * Cl);
 }
 
 void GptStage::head_forward(SlotActs& s, const float* residual) {
@@ -402,16 +433,24 @@ void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
                                s.lnf_rstd.data(), iN, iC, kernels::GradWrite::overwrite);
 }
 
-// On entry g.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
-// gradient flows through unchanged and each LayerNorm backward adds its branch into it. The
-// branch gradients (dfch, dln, datty) are written by the op that makes them
-// (GradWrite::overwrite), never cleared first; dqkv is cleared (attention adds into it).
-void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& a) {
+// The MLP's two GEMMs backward, leaving d(ln2) in g.dln: the projection's backward goes through
+// the GELU too (dfch = gelu'(fch) * (dresidual W), one GEMM on a GPU). With bf16 activations
+// (gemm_io) that GEMM writes dfch in bf16, which the first layer's backward reads as its output
+// gradient (its bias gradient summed from those bf16 values).
+void GptStage::mlp_backward(std::int64_t l, LayerActs& a) {
   GradScratch& g = acts_.grads;
-  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
-  const int iN = static_cast<int>(N), iC = static_cast<int>(C);
-  // The projection's backward through the GELU too: dfch = gelu'(fch) * (dresidual W).
-  const int iH = static_cast<int>(4 * Cl);
+  const int iN = static_cast<int>(dims_.B * dims_.T), iC = static_cast<int>(dims_.C),
+            iH = static_cast<int>(4 * dims_.Cl);
+  if (dims_.gemm_io) {
+    k_.gemm().matmul_backward_gelu(g.dfch_h.data(), p_.grad(Tid::fcprojw, l),
+                                   p_.grad(Tid::fcprojb, l), g.dresidual.data(), g.dout_h.data(),
+                                   a.fch_h.data(), a.fch_gelu_h.data(),
+                                   p_.param_bf16(Tid::fcprojw, l), iN, iH, iC);
+    k_.gemm().matmul_backward(g.dln.data(), p_.grad(Tid::fcw, l), p_.grad(Tid::fcb, l),
+                              g.dfch_h.data(), a.ln2_h.data(), p_.param_bf16(Tid::fcw, l), iN, iC,
+                              iH, kernels::GradWrite::overwrite);
+    return;
+  }
   if (dims_.bf16)
     k_.gemm().matmul_backward_gelu(g.dfch.data(), p_.grad(Tid::fcprojw, l),
                                    p_.grad(Tid::fcprojb, l), g.dresidual.data(), g.dout_h.data(),
@@ -422,7 +461,39 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
                                    p_.grad(Tid::fcprojb, l), g.dresidual.data(), a.fch.data(),
                                    a.fch_gelu.data(), p_.param(Tid::fcprojw, l), iN, iH, iC);
   linear_backward(g.dln.data(), p_.grad(Tid::fcw, l), p_.grad(Tid::fcb, l), g.dfch.data(), a.ln2,
-                  a.ln2_h, Tid::fcw, l, C, 4 * Cl);
+                  a.ln2_h, Tid::fcw, l, dims_.C, 4 * dims_.Cl);
+}
+
+// dqkv += the attention's input gradient of g.datty, recomputing what the attention saves where
+// this layer did not keep it (its output, the same bits as the kept one, goes to scratch). The
+// backend owns its scratch: nothing to clear.
+void GptStage::attention_backward(LayerActs& a) {
+  GradScratch& g = acts_.grads;
+  const bool recompute = a.attn_saved.empty();
+  if (dims_.gemm_io) {
+    if (recompute)
+      k_.attention().forward(acts_.atty_scratch_h.data(), acts_.attn_saved_scratch.data(),
+                             acts_.attn_scratch.data(), a.qkv_h.data(), dims_.attn);
+    k_.attention().backward(g.dqkv.data(), acts_.attn_scratch.data(), g.datty.data(),
+                            a.qkv_h.data(), a.atty_h.data(), attn_saved_of(a), dims_.attn);
+    return;
+  }
+  if (recompute)
+    k_.attention().forward(acts_.atty_scratch.data(), acts_.attn_saved_scratch.data(),
+                           acts_.attn_scratch.data(), a.qkv.data(), dims_.attn);
+  k_.attention().backward(g.dqkv.data(), acts_.attn_scratch.data(), g.datty.data(),
+                          a.qkv.data(), a.atty.data(), attn_saved_of(a), dims_.attn);
+}
+
+// On entry g.dresidual holds d(residual3); on exit d(layer input). llm.c's trick: the residual
+// gradient flows through unchanged and each LayerNorm backward adds its branch into it. The
+// branch gradients (dfch, dln, datty) are written by the op that makes them
+// (GradWrite::overwrite), never cleared first; dqkv is cleared (attention adds into it).
+void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& a) {
+  GradScratch& g = acts_.grads;
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, Cl = dims_.Cl;
+  const int iN = static_cast<int>(N), iC = static_cast<int>(C);
+  mlp_backward(l, a);
   tp_.allreduce_sum(g.dln.data(), N * C);  // column-parallel input gradient
   k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::ln2w, l), p_.grad(Tid::ln2b, l),
                                g.dln.data(), a.residual2.data(), p_.param(Tid::ln2w, l),
@@ -431,13 +502,7 @@ void GptStage::layer_backward(std::int64_t l, const float* residual, LayerActs& 
   linear_backward(g.datty.data(), p_.grad(Tid::attprojw, l), p_.grad(Tid::attprojb, l),
                   g.dresidual.data(), a.atty, a.atty_h, Tid::attprojw, l, Cl, C);
   zero(g.dqkv);
-  // Recompute what the attention saves where this layer did not keep it (its output, the same
-  // bits as a.atty, goes to scratch). The backend owns its scratch: nothing to clear.
-  if (a.attn_saved.empty())
-    k_.attention().forward(acts_.atty_scratch.data(), acts_.attn_saved_scratch.data(),
-                           acts_.attn_scratch.data(), a.qkv.data(), dims_.attn);
-  k_.attention().backward(g.dqkv.data(), acts_.attn_scratch.data(), g.datty.data(),
-                          a.qkv.data(), a.atty.data(), attn_saved_of(a), dims_.attn);
+  attention_backward(a);
   linear_backward(g.dln.data(), p_.grad(Tid::qkvw, l), p_.grad(Tid::qkvb, l), g.dqkv.data(),
                   a.ln1, a.ln1_h, Tid::qkvw, l, C, 3 * Cl);
   tp_.allreduce_sum(g.dln.data(), N * C);

@@ -245,15 +245,16 @@ ComputeMemory compute_memory(const PlanInput& in, int p, int t, bool gpu, int* s
   if (slots) *slots = in_flight;
   ComputeMemory mem;
   // The same allocation plan the stage allocates (GptStage::memory_bytes), with the attention
-  // buffers and logits rows of the backend that runs it: a GPU's fused kernels keep B*NH*T
-  // floats per layer where the CPU reference keeps the T x T probabilities.
+  // buffers and activation layout of the backend that runs it: a GPU's fused kernels keep B*NH*T
+  // floats per layer where the CPU reference keeps the T x T probabilities, and a GPU's bf16 run
+  // keeps qkv, the attention output and the MLP's hidden activations in bf16 only.
   const kernels::AttentionFootprint& attention =
       gpu ? kernels::cuda_attention_footprint() : kernels::cpu_attention();
-  const kernels::LogitsRows logits_rows = gpu ? kernels::LogitsRows::padded : kernels::LogitsRows::dense;
+  const kernels::ActivationLayout layout = gpu ? kernels::kGpuActivations : kernels::kCpuActivations;
   mem.activations = static_cast<double>(GptStage::memory_bytes(
       in.model, spec, in.batch_size / (L.dp * in.micro_batches), in.model.seq_len, in_flight, in.recompute,
       in.precision, in.layer_major ? StageOrder::layer : StageOrder::micro_batch, attention,
-      logits_rows));
+      layout));
   const double n = stage_params(in.model, spec), bytes = 4 * n;
   const double copies = in.precision == Precision::bf16 ? 1.5 : 1.0;  // bf16 copy beside fp32
   mem.params = copies * bytes;

@@ -638,6 +638,161 @@ TEST_P(KernelOpsTest, MatmulBackwardGeluFp32AndBf16) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// GEMMs with bf16 outputs (bf16 activations, Bf16Activations::gemm_io): each output is the fp32
+// result rounded once, so its bound is the fp32 bound plus half a bf16 ulp of the value (a
+// GPU's unfused fallback rounds the GEMM's result before its GELU: within the same bound, the
+// GELU terms below allowing for a rounded input).
+
+// bound + half a bf16 ulp of (|ref| + bound): an fp32 result within `bound`, rounded.
+Vec rounded_bounds(const Vec& ref, Vec bound) {
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    bound[i] += kBf16Half * (std::abs(ref[i]) + bound[i]);
+  return bound;
+}
+
+TEST_P(KernelOpsTest, MatmulForwardBf16Output) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;
+  const auto xh = rounded(randn(sz(std::int64_t(N) * C), 61));
+  const auto wh = rounded(randn(sz(std::int64_t(OC) * C), 62, 0.2));
+  const auto bh = rounded(randn(sz(OC), 63));
+  const auto garbage = rounded(std::vector<float>(sz(std::int64_t(N) * OC), 7.0f));
+  const auto got = deterministic([&] {
+    auto x = up(xh), w = up(wh), b = up(bh), y = up(garbage), y_nb = up(garbage);
+    gemm_->matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+    gemm_->matmul_forward(y_nb.data(), x.data(), w.data(), nullptr, N, C, OC);
+    return Results{down(y), down(y_nb)};
+  });
+  const Vec xd = widen(xh), wd = widen(wh), bd = widen(bh);
+  for (const bool bias : {true, false}) {
+    Vec ref(sz(std::int64_t(N) * OC)), mag(ref.size());
+    const Vec abd = absolute(bd);
+    matmul_forward(host(), ref.data(), xd.data(), wd.data(), bias ? bd.data() : nullptr, N, C,
+                   OC);
+    matmul_forward(host(), mag.data(), absolute(xd).data(), absolute(wd).data(),
+                   bias ? abd.data() : nullptr, N, C, OC);
+    expect_within(bias ? "with bias" : "without bias", got[bias ? 0 : 1], ref,
+                  rounded_bounds(ref, sum_bounds(mag, C)));
+  }
+}
+
+// pre and gelu(pre) both in bf16, from the fp32 pre: out is checked against gelu of the
+// backend's own rounded pre, allowing for the rounding of pre (|gelu'| < 1.13) and of out.
+TEST_P(KernelOpsTest, MatmulGeluForwardBf16Output) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;
+  const std::int64_t NOC = std::int64_t(N) * OC;
+  const auto xh = rounded(randn(sz(std::int64_t(N) * C), 64));
+  const auto wh = rounded(randn(sz(std::int64_t(OC) * C), 65, 0.2));
+  const auto bh = rounded(randn(sz(OC), 66, 2.0));  // pre spans GELU's curved part and tails
+  const auto garbage = rounded(std::vector<float>(sz(NOC), 7.0f));
+  const auto got = deterministic([&] {
+    auto x = up(xh), w = up(wh), b = up(bh), pre = up(garbage), out = up(garbage);
+    gemm_->matmul_gelu_forward(pre.data(), out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    return Results{down(pre), down(out)};
+  });
+  const Vec xd = widen(xh), wd = widen(wh), bd = widen(bh);
+  Vec ref(sz(NOC)), mag(sz(NOC));
+  matmul_forward(host(), ref.data(), xd.data(), wd.data(), bd.data(), N, C, OC);
+  matmul_forward(host(), mag.data(), absolute(xd).data(), absolute(wd).data(),
+                 absolute(bd).data(), N, C, OC);
+  expect_within("pre", got[0], ref, rounded_bounds(ref, sum_bounds(mag, C)));
+  const Vec pre = widen(got[0]);
+  Vec out(sz(NOC)), bound(sz(NOC));
+  gelu_forward(host(), out.data(), pre.data(), NOC);
+  for (std::size_t i = 0; i < out.size(); ++i)
+    bound[i] = 1.13 * kBf16Half * std::abs(pre[i]) + kBf16Half * std::abs(out[i]) +
+               kTol * std::max(1.0, std::abs(out[i]));
+  expect_within("gelu(pre)", got[1], out, bound);
+}
+
+// The projection's backward through the GELU with the GELU's input gradient written in bf16
+// (over NaN: never read) from a bf16 pre; dweight and dbias (from the fp32 dout) accumulate.
+TEST_P(KernelOpsTest, MatmulBackwardGeluBf16Output) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;  // C: the GELU's width (pre and inp are [N,C])
+  const std::int64_t NC = std::int64_t(N) * C;
+  const auto pre_h = rounded(randn(sz(NC), 67, 2.0)), xh = rounded(randn(sz(NC), 68));
+  const auto wh = rounded(randn(sz(std::int64_t(OC) * C), 69, 0.2));
+  const auto dout = randn(sz(std::int64_t(N) * OC), 70);
+  const auto dw0 = randn(wh.size(), 71), db0 = randn(sz(OC), 72);
+  const auto nan_h = rounded(std::vector<float>(sz(NC), kNaN));
+  const auto got = deterministic([&] {
+    auto g = up(dout), dw = up(dw0), db = up(db0);
+    auto p = up(pre_h), in = up(xh), w = up(wh), d = up(nan_h);
+    auto g_h = zeros<bf16>(std::int64_t(N) * OC);
+    gemm_->matmul_backward_gelu(d.data(), dw.data(), db.data(), g.data(), g_h.data(), p.data(),
+                                in.data(), w.data(), N, C, OC);
+    return Results{down(d), down(dw), down(db), down(g_h)};
+  });
+  const Vec gd = widen(rounded(dout)), g32 = widen(dout), xd = widen(xh), wd = widen(wh);
+  Vec dx(sz(NC), 0.0), mx(sz(NC), 0.0), dw = widen(dw0), mw = absolute(widen(dw0));
+  matmul_backward(host(), dx.data(), dw.data(), nullptr, gd.data(), xd.data(), wd.data(), N, C,
+                  OC);
+  matmul_backward(host(), mx.data(), mw.data(), nullptr, absolute(gd).data(), absolute(xd).data(),
+                  absolute(wd).data(), N, C, OC);
+  Vec db = widen(db0), mb = absolute(widen(db0));
+  column_sums_add(host(), db.data(), g32.data(), N, OC);
+  column_sums_add(host(), mb.data(), absolute(g32).data(), N, OC);
+  Vec grad(sz(NC), 0.0);  // gelu'(pre)
+  const Vec pre_d = widen(pre_h), ones(sz(NC), 1.0);
+  gelu_backward(host(), grad.data(), pre_d.data(), ones.data(), NC);
+  const Vec sx = sum_bounds(mx, OC);
+  Vec dpre(sz(NC)), bound(sz(NC));
+  for (std::size_t i = 0; i < dpre.size(); ++i) {
+    dpre[i] = grad[i] * dx[i];
+    const double fp32 = std::abs(grad[i]) * sx[i] + kGeluGradTol * std::max(1.0, std::abs(grad[i])) *
+                                                       std::max(1.0, std::abs(dx[i]));
+    // Rounded once (fused), or the product rounded before the GELU's factor too (unfused).
+    bound[i] = fp32 + 2 * kBf16Half * (std::abs(dpre[i]) + fp32);
+  }
+  expect_within("dpre", got[0], dpre, bound);
+  expect_within("dweight", got[1], dw, sum_bounds(mw, N));
+  expect_within("dbias", got[2], db, sum_bounds(mb, N));
+  expect_is_rounded("dout_bf16", got[3], dout);
+}
+
+// matmul_backward of a bf16 output gradient: products of its values, bias gradient their column
+// sums; dinp accumulated and overwritten (over NaN).
+TEST_P(KernelOpsTest, MatmulBackwardBf16Gradient) {
+  const Shape s = shape();
+  const int N = s.B * s.T, C = s.C, OC = s.OC;
+  const auto xh = rounded(randn(sz(std::int64_t(N) * C), 73));
+  const auto wh = rounded(randn(sz(std::int64_t(OC) * C), 74, 0.2));
+  const auto gh = rounded(randn(sz(std::int64_t(N) * OC), 75));
+  const auto dx0 = randn(sz(std::int64_t(N) * C), 76), dw0 = randn(wh.size(), 77);
+  const auto db0 = randn(sz(OC), 78);
+  const std::vector<float> nan_x(dx0.size(), kNaN);
+  const auto got = deterministic([&] {
+    auto g = up(gh), x = up(xh), w = up(wh);
+    auto dx = up(dx0), dw = up(dw0), db = up(db0), dxn = up(nan_x), dw2 = up(dw0);
+    gemm_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N, C, OC,
+                           GradWrite::accumulate);
+    gemm_->matmul_backward(dxn.data(), dw2.data(), nullptr, g.data(), x.data(), w.data(), N, C,
+                           OC, GradWrite::overwrite);
+    return Results{down(dx), down(dw), down(db), down(dxn)};
+  });
+  const Vec gd = widen(gh), xd = widen(xh), wd = widen(wh);
+  const auto reference = [&](const Vec& g, const Vec& x, const Vec& w, Vec dx, Vec dw, Vec db) {
+    matmul_backward(host(), dx.data(), dw.data(), nullptr, g.data(), x.data(), w.data(), N, C, OC);
+    column_sums_add(host(), db.data(), g.data(), N, OC);
+    return std::tuple(dx, dw, db);
+  };
+  const auto [dx, dw, db] = reference(gd, xd, wd, widen(dx0), widen(dw0), widen(db0));
+  const auto [mx, mw, mb] = reference(absolute(gd), absolute(xd), absolute(wd),
+                                      absolute(widen(dx0)), absolute(widen(dw0)),
+                                      absolute(widen(db0)));
+  expect_within("dinp", got[0], dx, sum_bounds(mx, OC));
+  expect_within("dweight", got[1], dw, sum_bounds(mw, N));
+  expect_within("dbias", got[2], db, sum_bounds(mb, N));
+  const Vec zero(dx0.size(), 0.0);
+  const auto [dxz, dwz, dbz] = reference(gd, xd, wd, zero, widen(dw0), widen(db0));
+  const auto [mxz, mwz, mbz] = reference(absolute(gd), absolute(xd), absolute(wd), zero,
+                                         absolute(widen(dw0)), absolute(widen(db0)));
+  expect_within("dinp overwritten", got[3], dxz, sum_bounds(mxz, OC));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Attention
 
 // The attention family is opaque: what it saves and its scratch are the backend's (filled with

@@ -264,5 +264,30 @@ TEST(GptStage, AReplacedAttentionGetsTheBuffersItAsksFor) {
   EXPECT_EQ(extra(Recompute::full), saved + scratch);
 }
 
+// A GPU's bf16 run keeps qkv and the MLP's pre-activation in bf16 instead of fp32, no fp32
+// attention output beside its bf16 copy, and the MLP's hidden gradient in bf16
+// (Bf16Activations::gemm_io); an fp32 run is laid out alike under either.
+TEST(GptStage, Bf16ActivationsOnAGpuKeepHalfTheGemmOutputs) {
+  const ModelShape shape = Tiny::make_shape();
+  const StageSpec whole{0, 2, true, true, 1, 0};
+  const std::int64_t B = 2, N = B * shape.seq_len, C = shape.d_model, layers = 2;
+  using kernels::Bf16Activations;
+  const auto bytes = [&](Precision precision, Bf16Activations bf16, Recompute mode) {
+    return GptStage::memory_bytes(shape, whole, B, shape.seq_len, 1, mode, precision,
+                                  StageOrder::micro_batch, kernels::cpu_attention(),
+                                  {kernels::LogitsRows::dense, bf16});
+  };
+  for (Recompute mode : {Recompute::none, Recompute::attention}) {
+    const std::int64_t saved = bytes(Precision::bf16, Bf16Activations::matmul_inputs, mode) -
+                               bytes(Precision::bf16, Bf16Activations::gemm_io, mode);
+    // Per layer: qkv 3C and fch 4C from 4 to 2 bytes, atty's 4 bytes of fp32 gone; the hidden
+    // gradient 4C from 4 to 2 bytes; attention recompute: its scratch output from 4 to 2 bytes.
+    const std::int64_t scratch = mode == Recompute::attention ? N * C * 2 : 0;
+    EXPECT_EQ(saved, layers * N * C * (3 * 2 + 4 + 4 * 2) + N * 4 * C * 2 + scratch);
+    EXPECT_EQ(bytes(Precision::fp32, Bf16Activations::matmul_inputs, mode),
+              bytes(Precision::fp32, Bf16Activations::gemm_io, mode));
+  }
+}
+
 }  // namespace
 }  // namespace pdtrain

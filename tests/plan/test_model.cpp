@@ -69,7 +69,7 @@ TEST(PlanModel, ActivationsAreTheStagesOwnAllocationPlan) {
                    static_cast<double>(GptStage::memory_bytes(
                        in.model, whole, 32, 1024, 1, Recompute::none, Precision::fp32,
                        StageOrder::micro_batch, kernels::cuda_attention_footprint(),
-                       kernels::LogitsRows::padded)));
+                       kernels::kGpuActivations)));
   EXPECT_LT(p.stages[0].memory.activations,
             static_cast<double>(GptStage::memory_bytes(in.model, whole, 32, 1024, 1)));
   // Full recomputation keeps less.

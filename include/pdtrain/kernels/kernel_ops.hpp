@@ -120,6 +120,27 @@ class GemmOps {
   virtual void matmul_backward_gelu(float* dpre, float* dweight, float* dbias, const float* dout,
                                     bf16* dout_bf16, const float* pre, const bf16* inp,
                                     const bf16* weight, int N, int C, int OC) = 0;
+
+  // bf16 activations (ActivationLayout::bf16 = Bf16Activations::gemm_io; a GPU's bf16 runs):
+  // the GEMMs above with their outputs in bf16, each value computed in fp32 and rounded once
+  // (core/bf16.hpp), dense rows. The bias is bf16 too (a bf16 run's parameters are bf16 values).
+  // out = inp weight^T + bias (may be null).
+  virtual void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                              int N, int C, int OC) = 0;
+  // pre = inp weight^T + bias (may be null) and out = gelu(pre), both from the fp32 value.
+  virtual void matmul_gelu_forward(bf16* pre, bf16* out, const bf16* inp, const bf16* weight,
+                                   const bf16* bias, int N, int C, int OC) = 0;
+  // dpre = gelu'(pre) * (dout_bf16 weight) written in bf16, dout rounded into dout_bf16 [N*OC]
+  // first; dweight += dout_bf16^T inp; dbias (may be null) += column sums of the fp32 dout.
+  virtual void matmul_backward_gelu(bf16* dpre, float* dweight, float* dbias, const float* dout,
+                                    bf16* dout_bf16, const bf16* pre, const bf16* inp,
+                                    const bf16* weight, int N, int C, int OC) = 0;
+  // matmul_backward of a bf16 output gradient (what matmul_backward_gelu wrote): dinp (may be
+  // null) += (or =) dout weight; dweight += dout^T inp; dbias (may be null) += column sums of
+  // dout's values, in fp32.
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const bf16* dout,
+                               const bf16* inp, const bf16* weight, int N, int C, int OC,
+                               GradWrite dinp_write) = 0;
 };
 
 // One call's shape: C and NH are the local (tensor-parallel) width and head count. bf16_inputs:
@@ -170,6 +191,25 @@ constexpr Index logits_row_stride(Index V, LogitsRows rows) {
   return rows == LogitsRows::dense ? V
                                    : (V + kLogitsRowAlign - 1) / kLogitsRowAlign * kLogitsRowAlign;
 }
+
+// What a bf16 run keeps in bf16 between kernels. matmul_inputs (the CPU): the inputs of the
+// matmuls only (the LayerNorm outputs, the attention output and the GELU output, each rounded
+// from its fp32 value), everything else fp32: its results stay those it always gave. gemm_io
+// (a GPU, llm.c's choice): also the GEMMs' outputs that are not summed into the residual stream,
+// written in bf16 by the GEMM itself: qkv, the MLP's pre-activation, the attention output (the
+// attention reads and writes bf16), and the MLP's hidden gradient (the DGELU GEMM's output).
+// Both keep fp32: the residual stream and what is added to it (the projections' outputs, summed
+// over the tensor-parallel group), the LayerNorm statistics, the logits, softmax and loss, the
+// other gradients, and every parameter and optimizer state.
+enum class Bf16Activations { matmul_inputs, gemm_io };
+
+// How a backend lays out the activations its kernels exchange.
+struct ActivationLayout {
+  LogitsRows logits_rows = LogitsRows::dense;
+  Bf16Activations bf16 = Bf16Activations::matmul_inputs;
+};
+constexpr ActivationLayout kCpuActivations{LogitsRows::dense, Bf16Activations::matmul_inputs};
+constexpr ActivationLayout kGpuActivations{LogitsRows::padded, Bf16Activations::gemm_io};
 
 // Softmax cross-entropy over a vocabulary shard of V columns starting at vocab_begin, logits'
 // rows ld apart, with no probability array (gpt_kernels.hpp's reference). Forward: rowmax, then
@@ -240,10 +280,10 @@ class KernelOps {
  public:
   using Tile = kernels::Tile;
   // `description`: the backend's, e.g. "cpu: Kokkos Serial, GEMM oneDNN 2.7" or
-  // "cuda: <device>, cuBLASLt 13.0 (...)". Every family must be given. `logits_rows`: how the
-  // classifier's logits rows are laid out for this backend's GEMMs.
-  KernelOps(std::string description, OpFamilies families, LogitsRows logits_rows)
-      : description_(std::move(description)), f_(std::move(families)), logits_rows_(logits_rows) {
+  // "cuda: <device>, cuBLASLt 13.0 (...)". Every family must be given. `layout`: how this
+  // backend's kernels lay out the activations they exchange.
+  KernelOps(std::string description, OpFamilies families, ActivationLayout layout)
+      : description_(std::move(description)), f_(std::move(families)), layout_(layout) {
     PDT_CHECK(f_.elementwise && f_.norm && f_.gemm && f_.attention && f_.loss && f_.optimizer,
               "KernelOps of \"" + description_ + "\": every op family must be given");
   }
@@ -257,7 +297,7 @@ class KernelOps {
   AttentionOps& attention() const { return *f_.attention; }
   LossOps& loss() const { return *f_.loss; }
   OptimizerOps& optimizer() const { return *f_.optimizer; }
-  LogitsRows logits_rows() const { return logits_rows_; }
+  ActivationLayout layout() const { return layout_; }
 
   // Another attention on the same device and queue (e.g. a fused kernel in place of the
   // reference algorithm). Before any model sizes its buffers from attention(): they follow the
@@ -270,7 +310,7 @@ class KernelOps {
  private:
   std::string description_;
   OpFamilies f_;
-  LogitsRows logits_rows_;
+  ActivationLayout layout_;
 };
 
 // A compute rank's device and the kernels that run on it (made by a backend_registry.hpp

@@ -82,7 +82,7 @@ class GptStage {
   std::int64_t activation_numel() const { return dims_.B * dims_.T * dims_.C; }
   // Bytes of activations (all slots), backward scratch and loss ledger a stage allocates: the
   // same allocation plan the constructor follows (for --dry-run and `pdtrain plan`), with the
-  // attention buffers `attention` asks for and the logits rows of `logits_rows` (by default the
+  // attention buffers `attention` asks for and the activation layout `layout` (by default the
   // CPU backend's).
   static std::int64_t memory_bytes(const ModelShape& m, const StageSpec& s,
                                    std::int64_t micro_batch, std::int64_t seq_len, int slots,
@@ -91,18 +91,19 @@ class GptStage {
                                    StageOrder order = StageOrder::micro_batch,
                                    const kernels::AttentionFootprint& attention =
                                        kernels::cpu_attention(),
-                                   kernels::LogitsRows logits_rows = kernels::LogitsRows::dense);
+                                   kernels::ActivationLayout layout = kernels::kCpuActivations);
 
  private:
   template <class T>
   using Buf = Buffer<T>;
   // In bf16 precision the matmul inputs are kept as bf16 only (ln1, ln2, fch_gelu, lnf are
-  // then empty; atty is kept in both: attention writes it in fp32).
+  // then empty; with the CPU's layout atty is kept in both: attention writes it in fp32); with a
+  // GPU's (Bf16Activations::gemm_io) qkv, atty and fch are bf16 only (qkv_h, atty_h, fch_h).
   // attn_saved: what the attention keeps for its backward (empty when recomputed).
   struct LayerActs {
     Buf<float> ln1, ln1_mean, ln1_rstd, qkv, atty, attn_saved, attproj, residual2;
     Buf<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3;
-    Buf<bf16> ln1_h, atty_h, ln2_h, fch_gelu_h;
+    Buf<bf16> ln1_h, qkv_h, atty_h, ln2_h, fch_h, fch_gelu_h;
   };
   struct SlotActs {
     Buf<std::int32_t> tokens, targets;
@@ -117,6 +118,7 @@ class GptStage {
   struct GradScratch {
     Buf<float> dresidual, dln, dqkv, datty, dfch, dlosses;
     Buf<bf16> dout_h;  // bf16 precision: a matmul's output gradient, rounded
+    Buf<bf16> dfch_h;  // gemm_io: the MLP's hidden gradient as the DGELU GEMM writes it
   };
   // Everything the stage allocates, sized by allocate() from the stage's dimensions.
   struct Activations {
@@ -124,6 +126,7 @@ class GptStage {
     Buf<float> attn_scratch;  // the attention's scratch (one forward or backward at a time)
     LayerActs recompute_layer;  // full: the one layer being recomputed
     Buf<float> attn_saved_scratch, atty_scratch;  // attention: its recomputed forward
+    Buf<bf16> atty_scratch_h;                     // (gemm_io: its output in bf16)
     GradScratch grads;
     Buf<double> loss_ledger;  // one loss sum per forward since take_loss_sum()
   };
@@ -134,6 +137,7 @@ class GptStage {
     kernels::AttentionShape attn;         // one layer's attention call
     std::int64_t attn_saved = 0, attn_scratch = 0;  // its floats (the attention family's)
     bool embedding = false, head = false, bf16 = false, layer_major = false;
+    bool gemm_io = false;  // bf16 with Bf16Activations::gemm_io: GEMMs write bf16 activations
     int slots = 1;
     Recompute recompute = Recompute::none;
   };
@@ -142,7 +146,7 @@ class GptStage {
   static Dims dims_of(const ModelShape& m, const StageSpec& s, std::int64_t micro_batch,
                       std::int64_t seq_len, int slots, Recompute recompute, bool bf16,
                       StageOrder order, const kernels::AttentionFootprint& attention,
-                      kernels::LogitsRows logits_rows);
+                      kernels::ActivationLayout layout);
   // Sizes every buffer of `a` with alloc(buffer, elements): the constructor allocates,
   // memory_bytes() counts.
   template <class Alloc>
@@ -194,6 +198,9 @@ class GptStage {
   }
   void layer_forward(std::int64_t l, const float* residual, LayerActs& a);
   void layer_backward(std::int64_t l, const float* residual, LayerActs& a);
+  void qkv_and_attention_forward(std::int64_t l, LayerActs& a);
+  void attention_backward(LayerActs& a);
+  void mlp_backward(std::int64_t l, LayerActs& a);
   void head_forward(SlotActs& s, const float* residual);
   void head_backward(SlotActs& s, const float* residual, float dloss);
   void zero(Buf<float>& b) { dev_.zero(b.data(), b.bytes()); }

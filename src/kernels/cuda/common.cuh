@@ -101,6 +101,33 @@ __device__ __forceinline__ uint2 pack_bf16x4(float4 v) {
   return make_uint2(bits(v.x) | bits(v.y) << 16, bits(v.z) | bits(v.w) << 16);
 }
 
+// Loads and stores of fp32 or bf16 arrays in fp32 registers, four elements (at index 4i .. 4i+3:
+// one 16- or 8-byte access, the caller checked the alignment) or one at a time, so one kernel
+// template serves either element type; stores round with core/bf16.hpp's rounding.
+__device__ __forceinline__ float4 load4(const float* p, Index i) {
+  return reinterpret_cast<const float4*>(p)[i];
+}
+__device__ __forceinline__ float4 load4(const bf16* p, Index i) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+  const auto f = [](unsigned bits) { return __uint_as_float(bits << 16); };
+  return make_float4(f(u.x & 0xffffu), f(u.x >> 16), f(u.y & 0xffffu), f(u.y >> 16));
+}
+__device__ __forceinline__ float load1(const float* p, Index i) { return p[i]; }
+__device__ __forceinline__ float load1(const bf16* p, Index i) { return pdtrain::to_float(p[i]); }
+__device__ __forceinline__ void store4(float* p, Index i, float4 v) {
+  reinterpret_cast<float4*>(p)[i] = v;
+}
+__device__ __forceinline__ void store4(bf16* p, Index i, float4 v) {
+  reinterpret_cast<uint2*>(p)[i] = pack_bf16x4(v);
+}
+__device__ __forceinline__ void store1(float* p, Index i, float v) { p[i] = v; }
+__device__ __forceinline__ void store1(bf16* p, Index i, float v) { p[i] = pdtrain::to_bf16(v); }
+// The alignment four elements of T at a time need (16 bytes of fp32, 8 of bf16).
+template <class T>
+bool vector_aligned(const T* p) {
+  return aligned(p, 4 * sizeof(T));
+}
+
 // Element-wise work over [0, n) in a grid-stride loop: with kVec, four elements at a time
 // (vec4(i) handles elements 4i .. 4i+3; the caller checked the alignment its vector loads and
 // stores need), then the tail one at a time (one(i)); without kVec, one at a time throughout.

@@ -22,7 +22,7 @@
 namespace pdtrain::kernels {
 namespace {
 
-using cuda::GemmInput;
+using cuda::GemmType;
 using I32 = std::int32_t;
 
 constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;  // cuBLASLt's workspace
@@ -149,29 +149,29 @@ class CudaGemm final : public GemmOps {
 
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int C, int OC, int ld) override {
-    forward(out, inp, w, bias, N, C, OC, ld, GemmInput::f32);
+    forward(out, inp, w, bias, N, C, OC, ld, GemmType::f32);
   }
   void matmul_forward(float* out, const bf16* inp, const bf16* w, const float* bias, int N, int C,
                       int OC, int ld) override {
-    forward(out, inp, w, bias, N, C, OC, ld, GemmInput::bf16);
+    forward(out, inp, w, bias, N, C, OC, ld, GemmType::bf16);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int C, int OC, int ld,
                        GradWrite dinp_write) override {
-    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, ld, GemmInput::f32, dinp_write);
+    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, ld, GemmType::f32, dinp_write);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, bf16* dout_bf16,
                        const bf16* inp, const bf16* w, int N, int C, int OC, int ld,
                        GradWrite dinp_write) override {
     cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * ld);
-    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, ld, GemmInput::bf16, dinp_write);
+    backward(dinp, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, ld, GemmType::bf16, dinp_write);
   }
 
   // fp32: one GEMM, its epilogue adds the bias, keeps that in pre and writes gelu(pre) to out.
   void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* w,
                            const float* bias, int N, int C, int OC) override {
     if (bias == nullptr) {
-      forward(pre, inp, w, nullptr, N, C, OC, OC, GemmInput::f32);
+      forward(pre, inp, w, nullptr, N, C, OC, OC, GemmType::f32);
       return cuda::gelu_forward(stream_, out, pre, Index(N) * OC);
     }
     ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
@@ -181,28 +181,64 @@ class CudaGemm final : public GemmOps {
   // bf16: the GEMM writes fp32 only (its bias in the epilogue), the GELU kernel rounds to bf16.
   void matmul_gelu_forward(float* pre, bf16* out, const bf16* inp, const bf16* w,
                            const float* bias, int N, int C, int OC) override {
-    forward(pre, inp, w, bias, N, C, OC, OC, GemmInput::bf16);
+    forward(pre, inp, w, bias, N, C, OC, OC, GemmType::bf16);
     cuda::gelu_forward(stream_, out, pre, Index(N) * OC);
   }
   // The input-gradient GEMM's epilogue multiplies by gelu'(pre) (DGELU).
   void matmul_backward_gelu(float* dpre, float* dw, float* dbias, const float* dout,
                             const float* pre, const float* inp, const float* w, int N, int C,
                             int OC) override {
-    backward(dpre, dw, dbias, dout, dout, inp, w, N, C, OC, OC, GemmInput::f32,
+    backward(dpre, dw, dbias, dout, dout, inp, w, N, C, OC, OC, GemmType::f32,
              GradWrite::overwrite, pre);
   }
   void matmul_backward_gelu(float* dpre, float* dw, float* dbias, const float* dout,
                             bf16* dout_bf16, const float* pre, const bf16* inp, const bf16* w,
                             int N, int C, int OC) override {
     cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * OC);
-    backward(dpre, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, OC, GemmInput::bf16,
+    backward(dpre, dw, dbias, dout, dout_bf16, inp, w, N, C, OC, OC, GemmType::bf16,
              GradWrite::overwrite, pre);
+  }
+
+  // bf16 activations: the GEMMs write bf16 (D and the GELU matrices of cuBLASLt's epilogues).
+  void matmul_forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C,
+                      int OC) override {
+    ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
+                      .A = inp, .lda = C, .B = w, .ldb = C, .C = out, .ldc = OC,
+                      .input = GemmType::bf16, .output = GemmType::bf16,
+                      .epilogue = bias != nullptr ? cuda::GemmEpilogue::bias
+                                                  : cuda::GemmEpilogue::none,
+                      .bias = bias});
+  }
+  void matmul_gelu_forward(bf16* pre, bf16* out, const bf16* inp, const bf16* w, const bf16* bias,
+                           int N, int C, int OC) override {
+    if (bias == nullptr) {
+      matmul_forward(pre, inp, w, nullptr, N, C, OC);
+      return cuda::gelu_forward(stream_, out, pre, Index(N) * OC);
+    }
+    ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
+                      .A = inp, .lda = C, .B = w, .ldb = C, .C = out, .ldc = OC,
+                      .input = GemmType::bf16, .output = GemmType::bf16,
+                      .epilogue = cuda::GemmEpilogue::gelu_bias, .bias = bias, .gelu_in = pre});
+  }
+  void matmul_backward_gelu(bf16* dpre, float* dw, float* dbias, const float* dout,
+                            bf16* dout_bf16, const bf16* pre, const bf16* inp, const bf16* w, int N,
+                            int C, int OC) override {
+    cuda::to_bf16(stream_, dout_bf16, dout, Index(N) * OC);
+    ctx_->gemm().run({.M = N, .N = C, .K = OC,
+                      .A = dout_bf16, .lda = OC, .B = w, .ldb = C, .C = dpre, .ldc = C,
+                      .input = GemmType::bf16, .output = GemmType::bf16,
+                      .epilogue = cuda::GemmEpilogue::dgelu, .dgelu_in = pre});
+    weight_and_bias_grads(dw, dbias, dout, dout_bf16, inp, N, C, OC, OC, GemmType::bf16);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const bf16* dout, const bf16* inp,
+                       const bf16* w, int N, int C, int OC, GradWrite dinp_write) override {
+    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, OC, GemmType::bf16, dinp_write);
   }
 
  private:
   // out[N,OC] (rows ld apart) = inp[N,C] weight[OC,C]^T (+ bias, in the GEMM's epilogue).
   void forward(float* out, const void* inp, const void* weight, const float* bias, int N, int C,
-               int OC, int ld, GemmInput input) {
+               int OC, int ld, GemmType input) {
     ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
                       .A = inp, .lda = C, .B = weight, .ldb = C, .C = out, .ldc = ld,
                       .input = input,
@@ -212,11 +248,13 @@ class CudaGemm final : public GemmOps {
   }
 
   // dinp += (or =, beta = 0) dout weight, dweight += dout^T inp (dout_gemm: dout itself or its
-  // bf16 copy, rows ld apart); dbias += column sums of the fp32 dout. With gelu_pre (overwrite
-  // only): dinp = gelu'(gelu_pre) * (dout weight), the GELU's gradient in the GEMM's epilogue.
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout,
+  // bf16 copy, rows ld apart); dbias += column sums of dout (fp32, or a bf16 gradient). With
+  // gelu_pre (overwrite only): dinp = gelu'(gelu_pre) * (dout weight), the GELU's gradient in
+  // the GEMM's epilogue.
+  template <class Dout>
+  void backward(float* dinp, float* dweight, float* dbias, const Dout* dout,
                 const void* dout_gemm, const void* inp, const void* weight, int N, int C, int OC,
-                int ld, GemmInput input, GradWrite dinp_write, const float* gelu_pre = nullptr) {
+                int ld, GemmType input, GradWrite dinp_write, const float* gelu_pre = nullptr) {
     if (dinp != nullptr)
       ctx_->gemm().run({.M = N, .N = C, .K = OC,
                         .A = dout_gemm, .lda = ld, .B = weight, .ldb = C,
@@ -225,6 +263,14 @@ class CudaGemm final : public GemmOps {
                         .epilogue = gelu_pre != nullptr ? cuda::GemmEpilogue::dgelu
                                                         : cuda::GemmEpilogue::none,
                         .dgelu_in = gelu_pre});
+    weight_and_bias_grads(dweight, dbias, dout, dout_gemm, inp, N, C, OC, ld, input);
+  }
+
+  // dweight += dout_gemm^T inp; dbias (may be null) += column sums of dout.
+  template <class Dout>
+  void weight_and_bias_grads(float* dweight, float* dbias, const Dout* dout,
+                             const void* dout_gemm, const void* inp, int N, int C, int OC, int ld,
+                             GemmType input) {
     ctx_->gemm().run({.trans_a = true, .M = OC, .N = C, .K = N,
                       .A = dout_gemm, .lda = ld, .B = inp, .ldb = C,
                       .beta = 1.0f, .C = dweight, .ldc = C, .input = input});
@@ -392,7 +438,7 @@ std::unique_ptr<KernelOps> make_cuda_kernel_ops(CudaDevice& device) {
   return std::make_unique<KernelOps>(
       "cuda: " + device.describe() + ", cuBLASLt " + cublaslt_version() +
           " (fp32 without TF32; bf16 inputs with fp32 accumulation)",
-      std::move(f), LogitsRows::padded);
+      std::move(f), kGpuActivations);
 }
 
 // The CUDA backend on GPU `gpu` of this node.

@@ -27,68 +27,77 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return s + 2.0f * x * s * (1.0f - s) * du_dx;
 }
 
-__device__ __forceinline__ void store4(float* out, Index i, float4 v) {
-  reinterpret_cast<float4*>(out)[i] = v;
-}
-__device__ __forceinline__ void store4(bf16* out, Index i, float4 v) {
-  reinterpret_cast<uint2*>(out)[i] = pack_bf16x4(v);
-}
-__device__ __forceinline__ void store1(float* out, Index i, float v) { out[i] = v; }
-__device__ __forceinline__ void store1(bf16* out, Index i, float v) {
-  out[i] = pdtrain::to_bf16(v);
-}
-
-template <bool kVec, class Out>
-__global__ void gelu_forward_kernel(Out* __restrict__ out, const float* __restrict__ inp, Index n) {
+template <bool kVec, class Out, class In>
+__global__ void gelu_forward_kernel(Out* __restrict__ out, const In* __restrict__ inp, Index n) {
   for_each_element<kVec>(
       n,
       [&](Index i) {
-        const float4 x = reinterpret_cast<const float4*>(inp)[i];
+        const float4 x = load4(inp, i);
         store4(out, i,
                make_float4(gelu_value(x.x), gelu_value(x.y), gelu_value(x.z), gelu_value(x.w)));
       },
-      [&](Index i) { store1(out, i, gelu_value(inp[i])); });
+      [&](Index i) { store1(out, i, gelu_value(load1(inp, i))); });
 }
 
 // dinp and dout may be the same array (in place: Gemm's unfused DGELU epilogue): each element
-// is read before it is written, by the same thread, so neither is __restrict__.
-template <bool kVec>
-__global__ void gelu_backward_kernel(float* dinp, const float* __restrict__ inp,
-                                     const float* dout, Index n, bool overwrite) {
+// is read before it is written, by the same thread, so neither is __restrict__. G: the
+// gradients' type (fp32, or bf16 for a bf16 GEMM's unfused DGELU), In: the GELU input's.
+template <bool kVec, class G, class In>
+__global__ void gelu_backward_kernel(G* dinp, const In* __restrict__ inp, const G* dout, Index n,
+                                     bool overwrite) {
   for_each_element<kVec>(
       n,
       [&](Index i) {
-        const float4 x = reinterpret_cast<const float4*>(inp)[i];
-        const float4 g = reinterpret_cast<const float4*>(dout)[i];
-        float4 d = overwrite ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
-                             : reinterpret_cast<float4*>(dinp)[i];
+        const float4 x = load4(inp, i);
+        const float4 g = load4(dout, i);
+        float4 d = overwrite ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : load4(dinp, i);
         d.x += gelu_grad(x.x) * g.x;
         d.y += gelu_grad(x.y) * g.y;
         d.z += gelu_grad(x.z) * g.z;
         d.w += gelu_grad(x.w) * g.w;
-        reinterpret_cast<float4*>(dinp)[i] = d;
+        store4(dinp, i, d);
       },
-      [&](Index i) { dinp[i] = (overwrite ? 0.0f : dinp[i]) + gelu_grad(inp[i]) * dout[i]; });
+      [&](Index i) {
+        const float d = overwrite ? 0.0f : load1(dinp, i);
+        store1(dinp, i, d + gelu_grad(load1(inp, i)) * load1(dout, i));
+      });
+}
+
+template <class Out, class In>
+void launch_gelu_forward(cudaStream_t stream, Out* out, const In* inp, Index n) {
+  launch_elementwise("gelu_forward_kernel", stream, n, vector_aligned(out) && vector_aligned(inp),
+                     gelu_forward_kernel<true, Out, In>, gelu_forward_kernel<false, Out, In>, out,
+                     inp, n);
+}
+
+template <class G, class In>
+void launch_gelu_backward(cudaStream_t stream, G* dinp, const In* inp, const G* dout, Index n,
+                          bool overwrite) {
+  const bool vector_ok = vector_aligned(dinp) && vector_aligned(inp) && vector_aligned(dout);
+  launch_elementwise("gelu_backward_kernel", stream, n, vector_ok,
+                     gelu_backward_kernel<true, G, In>, gelu_backward_kernel<false, G, In>, dinp,
+                     inp, dout, n, overwrite);
 }
 
 }  // namespace
 
 void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n) {
-  launch_elementwise("gelu_forward_kernel", stream, n, aligned(out, 16) && aligned(inp, 16),
-                     gelu_forward_kernel<true, float>, gelu_forward_kernel<false, float>, out, inp,
-                     n);
+  launch_gelu_forward(stream, out, inp, n);
 }
 void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n) {
-  launch_elementwise("gelu_forward_kernel", stream, n, aligned(out, 8) && aligned(inp, 16),
-                     gelu_forward_kernel<true, bf16>, gelu_forward_kernel<false, bf16>, out, inp,
-                     n);
+  launch_gelu_forward(stream, out, inp, n);
+}
+void gelu_forward(cudaStream_t stream, bf16* out, const bf16* inp, Index n) {
+  launch_gelu_forward(stream, out, inp, n);
 }
 
 void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n,
                    bool overwrite) {
-  const bool vector_ok = aligned(dinp, 16) && aligned(inp, 16) && aligned(dout, 16);
-  launch_elementwise("gelu_backward_kernel", stream, n, vector_ok, gelu_backward_kernel<true>,
-                     gelu_backward_kernel<false>, dinp, inp, dout, n, overwrite);
+  launch_gelu_backward(stream, dinp, inp, dout, n, overwrite);
+}
+void gelu_backward(cudaStream_t stream, bf16* dinp, const bf16* inp, const bf16* dout, Index n,
+                   bool overwrite) {
+  launch_gelu_backward(stream, dinp, inp, dout, n, overwrite);
 }
 
 }  // namespace pdtrain::kernels::cuda

@@ -47,9 +47,13 @@ void residual_forward(cudaStream_t stream, float* out, const float* a, const flo
 // gelu.cu
 void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n);
 void gelu_forward(cudaStream_t stream, bf16* out, const float* inp, Index n);
+void gelu_forward(cudaStream_t stream, bf16* out, const bf16* inp, Index n);
 // overwrite (here and below): dinp = 0 + ... instead of +=, dinp unread (GradWrite::overwrite).
 // dinp may be dout (in place).
 void gelu_backward(cudaStream_t stream, float* dinp, const float* inp, const float* dout, Index n,
+                   bool overwrite);
+// bf16 gradients and input (a bf16 GEMM's unfused DGELU epilogue), computed in fp32.
+void gelu_backward(cudaStream_t stream, bf16* dinp, const bf16* inp, const bf16* dout, Index n,
                    bool overwrite);
 
 // encoder.cu
@@ -72,11 +76,12 @@ void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float*
 // ---------------------------------------------------------------------------------------------
 // matmul.cu: GEMMs through cuBLASLt, and the bias kernels.
 
-enum class GemmInput { f32, bf16 };
+// The element type of a GEMM's inputs or of its output.
+enum class GemmType { f32, bf16 };
 
 // What happens to each product t = alpha (op(A) op(B))[i,j] before it is stored in C (cuBLASLt's
 // epilogue, fused into the GEMM): none; bias: C = t + bias[j]; gelu_bias: gelu_in[i,j] =
-// t + bias[j] and C = gelu(gelu_in[i,j]); dgelu: C = t * gelu'(dgelu_in[i,j]). An epilogue
+// t + bias[j] and C = gelu(t + bias[j]); dgelu: C = t * gelu'(dgelu_in[i,j]). An epilogue
 // needs beta = 0 and one product (batch 1); the GELU ones a contiguous C (ldc = N), gelu_in and
 // dgelu_in laid out as C.
 enum class GemmEpilogue { none, bias, gelu_bias, dgelu };
@@ -84,8 +89,10 @@ enum class GemmEpilogue { none, bias, gelu_bias, dgelu };
 // C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, row-major with row strides lda/ldb/ldc as
 // stored (before op), like the CPU's kernels::gemm(); `batch` products, the i-th at
 // A + i*stride_a, B + i*stride_b, C + i*stride_c (element strides). A and B are fp32 or bf16
-// (`input`), C is fp32, products are accumulated in fp32 (CUBLAS_COMPUTE_32F, no TF32).
-// beta = 0 never reads C.
+// (`input`), products are accumulated in fp32 (CUBLAS_COMPUTE_32F, no TF32); C is fp32 or bf16
+// (`output`: bf16 only with bf16 inputs, each result rounded once), and the epilogue's bias and
+// GELU matrices are of C's type (cuBLASLt's default bias and aux types: D's). beta = 0 never
+// reads C.
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int M = 0, N = 0, K = 0;
@@ -95,14 +102,15 @@ struct GemmArgs {
   const void* B = nullptr;
   Index ldb = 0, stride_b = 0;
   float beta = 0.0f;
-  float* C = nullptr;
+  void* C = nullptr;
   Index ldc = 0, stride_c = 0;
   int batch = 1;
-  GemmInput input = GemmInput::f32;
+  GemmType input = GemmType::f32;
+  GemmType output = GemmType::f32;
   GemmEpilogue epilogue = GemmEpilogue::none;
-  const float* bias = nullptr;      // [N]: bias, gelu_bias
-  float* gelu_in = nullptr;         // [M,N]: gelu_bias writes the GELU's input here
-  const float* dgelu_in = nullptr;  // [M,N]: dgelu reads the forward's GELU input here
+  const void* bias = nullptr;      // [N]: bias, gelu_bias
+  void* gelu_in = nullptr;         // [M,N]: gelu_bias writes the GELU's input here
+  const void* dgelu_in = nullptr;  // [M,N]: dgelu reads the forward's GELU input here
 };
 
 // cuBLASLt on one stream with a caller-owned workspace. The algorithm for a shape (and the
@@ -121,10 +129,12 @@ class Gemm {
 
  private:
   struct Plan;
-  using Key = std::array<std::int64_t, 19>;
+  using Key = std::array<std::int64_t, 20>;
   Plan& plan(const GemmArgs& g, const Key& key);
   void set_epilogue_pointers(Plan& p, const GemmArgs& g);
   void run_unfused(const GemmArgs& g);
+  template <class T>  // C's element type
+  void run_unfused_as(const GemmArgs& g, T* C, const T* bias, T* gelu_in, const T* dgelu_in);
   void run_cublas(const GemmArgs& g);
 
   cudaStream_t stream_;
@@ -136,14 +146,18 @@ class Gemm {
 };
 
 // out[N,OC] (rows ld apart) = bias[OC] broadcast over rows (the seed a matmul with bias
-// accumulates onto).
+// accumulates onto), fp32 or bf16 (a bf16 GEMM output's bias is bf16 as well).
 void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC, int ld);
+void bias_fill(cudaStream_t stream, bf16* out, const bf16* bias, int N, int OC, int ld);
 // out[N,OC] += bias[OC]
 void bias_add(cudaStream_t stream, float* out, const float* bias, int N, int OC);
 // Floats of scratch bias_backward needs.
 Index bias_backward_scratch(int N, int OC);
-// dbias[OC] += column sums of dout[N,OC] (rows ld apart).
+// dbias[OC] += column sums of dout[N,OC] (rows ld apart; fp32, or bf16 where a bf16 GEMM wrote
+// the gradient), summed in fp32.
 void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const float* dout, int N,
+                   int OC, int ld);
+void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const bf16* dout, int N,
                    int OC, int ld);
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-// Matmul: GEMMs through cuBLASLt (fp32, or bf16 inputs with fp32 accumulation and output) with
+// Matmul: GEMMs through cuBLASLt (fp32, or bf16 inputs with fp32 accumulation, fp32 or bf16
+// output) with
 // their epilogues (bias, GELU, GELU's gradient), the bias broadcast that seeds a product cuBLAS
 // runs instead, the row-parallel bias add, and the bias gradient as a deterministic two-stage
 // column sum.
@@ -41,7 +42,10 @@ namespace {
 
 // Where run() puts the alignments of our A, B and C in a plan's key (then the epilogue and the
 // alignments of its bias and GELU-input pointers).
-constexpr int kAlignA = 13, kAlignB = 14, kAlignC = 15;
+constexpr int kAlignA = 14, kAlignB = 15, kAlignC = 16;
+
+cudaDataType_t cuda_type(GemmType t) { return t == GemmType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+std::size_t elem_bytes(GemmType t) { return t == GemmType::bf16 ? sizeof(bf16) : sizeof(float); }
 
 // The alignment a plan assumes for the matrices of a batch: the lowest set bit of the start and
 // (batched) of the stride in bytes, capped at kPlanAlign. The heuristic may only offer
@@ -108,7 +112,8 @@ bool uses_aux(const GemmArgs& g) {
 }
 
 std::string describe(const GemmArgs& g) {
-  return std::string(g.input == GemmInput::bf16 ? "bf16" : "fp32") + " GEMM " +
+  return std::string(g.input == GemmType::bf16 ? "bf16" : "fp32") +
+         (g.output == GemmType::bf16 ? "->bf16" : "") + " GEMM " +
          (g.trans_a ? "T" : "N") + (g.trans_b ? "T" : "N") + " M=" + std::to_string(g.M) +
          " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K) +
          " lda=" + std::to_string(g.lda) + " ldb=" + std::to_string(g.ldb) +
@@ -120,12 +125,13 @@ std::string describe(const GemmArgs& g) {
 void check_epilogue(const GemmArgs& g) {
   if (g.epilogue == GemmEpilogue::none) return;
   const bool ok = g.beta == 0.0f && g.batch == 1 && (!uses_aux(g) || g.ldc == g.N) &&
+                  (g.output == GemmType::f32 || g.input == GemmType::bf16) &&
                   (!uses_bias(g) || g.bias != nullptr) && (!uses_aux(g) || gelu_aux(g) != nullptr);
   if (!ok)
     fatal_abort(ExitCode::runtime,
                 where(__FILE__, __LINE__) + ": " + describe(g) +
-                    ": an epilogue needs beta = 0, batch 1, its bias / GELU input, and for GELU "
-                    "ldc = N");
+                    ": an epilogue needs beta = 0, batch 1, its bias / GELU input, for GELU "
+                    "ldc = N, and a bf16 output bf16 inputs");
 }
 
 // Says once per process which shape cuBLASLt would not run and why (cuBLAS runs it instead).
@@ -160,7 +166,7 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
   if (it != plans_.end()) return *it->second;
 
   auto p = std::make_unique<Plan>();
-  const cudaDataType_t in_type = g.input == GemmInput::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t in_type = cuda_type(g.input);
   // fp32 compute: no TF32 (that would be CUBLAS_COMPUTE_32F_FAST_TF32), fp32 alpha/beta.
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -186,7 +192,7 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g, const Key& key) {
                         g.stride_b);
   p->lt_b = make_layout(in_type, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda, g.batch,
                         g.stride_a);
-  p->lt_c = make_layout(CUDA_R_32F, g.N, g.M, g.ldc, g.batch, g.stride_c);
+  p->lt_c = make_layout(cuda_type(g.output), g.N, g.M, g.ldc, g.batch, g.stride_c);
 
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -250,7 +256,7 @@ void Gemm::run(const GemmArgs& g) {
     fatal_abort(ExitCode::runtime, where(__FILE__, __LINE__) + ": " + describe(g) +
                                        " with K = 0 and beta != 1 is not supported");
   }
-  const std::size_t in_bytes = g.input == GemmInput::bf16 ? sizeof(bf16) : sizeof(float);
+  const std::size_t in_bytes = elem_bytes(g.input), out_bytes = elem_bytes(g.output);
   const Key key{g.trans_a,
                 g.trans_b,
                 g.M,
@@ -264,12 +270,13 @@ void Gemm::run(const GemmArgs& g) {
                 g.stride_c,
                 g.batch,
                 static_cast<std::int64_t>(g.input),
+                static_cast<std::int64_t>(g.output),
                 alignment(g.A, g.stride_a, in_bytes, g.batch),
                 alignment(g.B, g.stride_b, in_bytes, g.batch),
-                alignment(g.C, g.stride_c, sizeof(float), g.batch),
+                alignment(g.C, g.stride_c, out_bytes, g.batch),
                 static_cast<std::int64_t>(g.epilogue),
-                alignment(uses_bias(g) ? g.bias : nullptr, 0, sizeof(float), 1),
-                alignment(uses_aux(g) ? gelu_aux(g) : nullptr, 0, sizeof(float), 1)};
+                alignment(uses_bias(g) ? g.bias : nullptr, 0, out_bytes, 1),
+                alignment(uses_aux(g) ? gelu_aux(g) : nullptr, 0, out_bytes, 1)};
   Plan& p = plan(g, key);
   if (p.lt) {
     if (g.epilogue != GemmEpilogue::none) set_epilogue_pointers(p, g);
@@ -286,8 +293,20 @@ void Gemm::run(const GemmArgs& g) {
 }
 
 // The product through cuBLAS and its epilogue as separate kernels: the bias seeds the output
-// (beta = 1, as the CPU's matmul_forward does), the GELU kernels follow.
+// (beta = 1, as the CPU's matmul_forward does), the GELU kernels follow. With a bf16 output the
+// seed and the GELU's input are rounded to bf16 before the next step reads them (cuBLASLt's
+// fused epilogue rounds once): a fallback's numerics, within the bf16 tolerances.
 void Gemm::run_unfused(const GemmArgs& g) {
+  if (g.output == GemmType::bf16)
+    return run_unfused_as(g, static_cast<bf16*>(g.C), static_cast<const bf16*>(g.bias),
+                          static_cast<bf16*>(g.gelu_in), static_cast<const bf16*>(g.dgelu_in));
+  run_unfused_as(g, static_cast<float*>(g.C), static_cast<const float*>(g.bias),
+                 static_cast<float*>(g.gelu_in), static_cast<const float*>(g.dgelu_in));
+}
+
+template <class T>
+void Gemm::run_unfused_as(const GemmArgs& g, T* C, const T* bias, T* gelu_in,
+                          const T* dgelu_in) {
   const Index MN = Index(g.M) * g.N;
   GemmArgs seeded = g;
   seeded.beta = 1.0f;
@@ -296,18 +315,18 @@ void Gemm::run_unfused(const GemmArgs& g) {
       run_cublas(g);
       return;
     case GemmEpilogue::bias:
-      bias_fill(stream_, g.C, g.bias, g.M, g.N, static_cast<int>(g.ldc));
+      bias_fill(stream_, C, bias, g.M, g.N, static_cast<int>(g.ldc));
       run_cublas(seeded);
       return;
     case GemmEpilogue::gelu_bias:
-      bias_fill(stream_, g.gelu_in, g.bias, g.M, g.N, g.N);
-      seeded.C = g.gelu_in;
+      bias_fill(stream_, gelu_in, bias, g.M, g.N, g.N);
+      seeded.C = gelu_in;
       run_cublas(seeded);
-      gelu_forward(stream_, g.C, g.gelu_in, MN);
+      gelu_forward(stream_, C, gelu_in, MN);
       return;
     case GemmEpilogue::dgelu:
       run_cublas(g);
-      gelu_backward(stream_, g.C, g.dgelu_in, g.C, MN, /*overwrite=*/true);
+      gelu_backward(stream_, C, dgelu_in, C, MN, /*overwrite=*/true);
       return;
   }
 }
@@ -315,11 +334,11 @@ void Gemm::run_unfused(const GemmArgs& g) {
 // The same product through cuBLAS (column-major, as for cuBLASLt above: its A is our B), fp32
 // accumulation, no TF32 (CUBLAS_COMPUTE_32F), one algorithm for the shape run after run.
 void Gemm::run_cublas(const GemmArgs& g) {
-  const cudaDataType_t in_type = g.input == GemmInput::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t in_type = cuda_type(g.input);
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.N,
       g.M, g.K, &g.alpha, g.B, in_type, static_cast<int>(g.ldb), g.stride_b, g.A, in_type,
-      static_cast<int>(g.lda), g.stride_a, &g.beta, g.C, CUDA_R_32F, static_cast<int>(g.ldc),
+      static_cast<int>(g.lda), g.stride_a, &g.beta, g.C, cuda_type(g.output), static_cast<int>(g.ldc),
       g.stride_c, g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -330,36 +349,47 @@ namespace {
 
 // out[n,o] = bias[o] (kAdd false) or out[n,o] += bias[o] (kAdd true), rows ld apart,
 // grid-stride over N*OC.
-template <bool kAdd>
-__global__ void bias_kernel(float* __restrict__ out, const float* __restrict__ bias, Index NOC,
-                            int OC, int ld) {
+template <bool kAdd, class T>
+__global__ void bias_kernel(T* __restrict__ out, const T* __restrict__ bias, Index NOC, int OC,
+                            int ld) {
   for (Index i = global_thread(); i < NOC; i += grid_threads()) {
-    const float b = bias[i % OC];
-    float& y = out[i / OC * ld + i % OC];
-    y = kAdd ? y + b : b;
+    const Index at = i / OC * ld + i % OC;
+    const float b = load1(bias, i % OC);
+    store1(out, at, kAdd ? load1(out, at) + b : b);
   }
 }
 
 // The term of dbias of row n, column o (dout itself), for column_sums.
+template <class T>
 struct BiasGradTerm {
-  const float* __restrict__ dout;
+  const T* __restrict__ dout;
   int ld;
   __device__ __forceinline__ void operator()(Index n, Index o, float (&acc)[1]) const {
-    acc[0] += dout[n * ld + o];
+    acc[0] += load1(dout, n * ld + o);
   }
 };
 
-template <bool kAdd>
-void launch_bias(cudaStream_t stream, float* out, const float* bias, int N, int OC, int ld) {
+template <bool kAdd, class T>
+void launch_bias(cudaStream_t stream, T* out, const T* bias, int N, int OC, int ld) {
   const Index NOC = Index(N) * OC;
   if (NOC <= 0) return;
-  PDTRAIN_LAUNCH(bias_kernel<kAdd>, grid_for(NOC), kBlock, 0, stream)(out, bias, NOC, OC, ld);
+  PDTRAIN_LAUNCH(bias_kernel<kAdd, T>, grid_for(NOC), kBlock, 0, stream)(out, bias, NOC, OC, ld);
   CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void column_sums_of(cudaStream_t stream, float* scratch, float* dbias, const T* dout, int N,
+                    int OC, int ld) {
+  if (N <= 0 || OC <= 0) return;
+  column_sums<1>(stream, scratch, {dbias}, N, OC, BiasGradTerm<T>{dout, ld});
 }
 
 }  // namespace
 
 void bias_fill(cudaStream_t stream, float* out, const float* bias, int N, int OC, int ld) {
+  launch_bias<false>(stream, out, bias, N, OC, ld);
+}
+void bias_fill(cudaStream_t stream, bf16* out, const bf16* bias, int N, int OC, int ld) {
   launch_bias<false>(stream, out, bias, N, OC, ld);
 }
 
@@ -371,8 +401,11 @@ Index bias_backward_scratch(int N, int OC) { return column_sums_scratch(1, N, OC
 
 void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const float* dout, int N,
                    int OC, int ld) {
-  if (N <= 0 || OC <= 0) return;
-  column_sums<1>(stream, scratch, {dbias}, N, OC, BiasGradTerm{dout, ld});
+  column_sums_of(stream, scratch, dbias, dout, N, OC, ld);
+}
+void bias_backward(cudaStream_t stream, float* scratch, float* dbias, const bf16* dout, int N,
+                   int OC, int ld) {
+  column_sums_of(stream, scratch, dbias, dout, N, OC, ld);
 }
 
 }  // namespace pdtrain::kernels::cuda
