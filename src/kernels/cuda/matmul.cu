@@ -373,7 +373,7 @@ template <bool kAdd, class T>
 void launch_bias(cudaStream_t stream, T* out, const T* bias, int N, int OC, int ld) {
   const Index NOC = Index(N) * OC;
   if (NOC <= 0) return;
-  PDTRAIN_LAUNCH(bias_kernel<kAdd, T>, grid_for(NOC), kBlock, 0, stream)(out, bias, NOC, OC, ld);
+  PDTRAIN_LAUNCH((bias_kernel<kAdd, T>), grid_for(NOC), kBlock, 0, stream)(out, bias, NOC, OC, ld);
   CUDA_CHECK_LAUNCH();
 }
 
