@@ -278,7 +278,8 @@ double elementwise_rate() {
   }
   const double typical = pick_of(std::move(reps), Pick::typical);  // as the GEMMs
   PDT_CHECK(typical > 0, "calibration: a layer's elementwise time came out as zero");
-  return 3 * forward_elementwise_bytes(shape, spec, static_cast<double>(B), 4).total() / typical;
+  return 3 * forward_elementwise_bytes(shape, spec, static_cast<double>(B), ActivationTraffic{}).total() /
+         typical;
 }
 
 // One BLAS thread's fp32 GEMM rate at each size, the bf16 rate at the largest and the

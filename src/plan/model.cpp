@@ -16,14 +16,12 @@ namespace {
 // Bytes the fused AdamW moves per parameter: read value, gradient, two moments; write value
 // and two moments (7 x 4 bytes; perf/bench_holder's "bytes_per_element=28").
 constexpr double kAdamwBytes = 28;
-// Elementwise traffic of one layer's forward, in activation elements per token and channel.
-// Every tensor-parallel rank runs LayerNorm 1 and 2 (read x, write y: 2 + 2) and the two
-// residual adds (read 2, write 1: 3 + 3) over all C channels (the residual stream is
-// replicated, as in Megatron); GELU over 4C (read, write: 8) runs on the rank's C/tp columns.
-// The softmax's passes over the T x T scores are counted with attention (forward_pass).
-// Backward moves twice the forward's.
-constexpr double kElementwisePerChannel = 10;       // of C, on every tp rank
-constexpr double kElementwisePerLocalChannel = 8;   // of C/tp
+// Elementwise traffic of one layer's forward (forward_elementwise_bytes): every tensor-parallel
+// rank runs LayerNorm 1 and 2 (read x, write y) and the two residual adds (read 2, write 1)
+// over all C channels (the residual stream is replicated, as in Megatron); GELU over 4C (read,
+// write; in a GEMM's epilogue only its input written beside the GEMM's output) runs on the
+// rank's C/tp columns. The softmax's passes over the T x T scores are counted with attention
+// (forward_pass). Backward moves twice the forward's.
 // Kernels of one layer: forward 12 (2 LayerNorms, 4 GEMMs, 2 attention products, softmax, GELU,
 // 2 residuals), backward twice as many.
 constexpr double kKernelsPerLayer = 12;
@@ -107,7 +105,8 @@ Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
   const double tp = static_cast<double>(spec.tp_size), N = B * T, Cl = C / tp;
   const double heads = static_cast<double>(s.n_head) / tp, hs = C / static_cast<double>(s.n_head);
   const double layers = static_cast<double>(spec.layer_end - spec.layer_begin);
-  const ElementwiseBytes bytes = forward_elementwise_bytes(s, spec, B, c.in.activation_bytes);
+  const ElementwiseBytes bytes = forward_elementwise_bytes(
+      s, spec, B, c.in.activations.value_or(pdtrain_traffic(c.m.device.gpu, c.in.precision)));
   Pass p;
   // The four weight GEMMs of a layer, each by its own size.
   const double weights[] = {2 * N * C * 3 * Cl, 2 * N * Cl * C, 2 * N * C * 4 * Cl, 2 * N * 4 * Cl * C};
@@ -219,17 +218,25 @@ double cores_shared(const NodeLoad& n, double pipe, double uncontended) {
 
 }  // namespace
 
+ActivationTraffic pdtrain_traffic(bool gpu, Precision precision) {
+  if (!gpu) return {};
+  return {.residual = 4, .branch = precision == Precision::bf16 ? 2.0 : 4.0, .scores = 4,
+          .gelu_in_gemm = true};
+}
+
 ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
-                                           double activation_bytes) {
+                                           const ActivationTraffic& a) {
   const double T = static_cast<double>(s.seq_len), C = static_cast<double>(s.d_model);
   const double tp = static_cast<double>(spec.tp_size), N = B * T, Cl = C / tp;
   const double heads = static_cast<double>(s.n_head) / tp;
   const double layers = static_cast<double>(spec.layer_end - spec.layer_begin);
   ElementwiseBytes e;
-  e.layers = layers * activation_bytes * N * (kElementwisePerChannel * C + kElementwisePerLocalChannel * Cl);
+  const double layernorms = 2 * (a.residual + a.branch), residual_adds = 2 * 3 * a.residual;
+  const double gelu = a.gelu_in_gemm ? 4 * a.branch : 2 * 4 * a.branch;
+  e.layers = layers * N * ((layernorms + residual_adds) * C + gelu * Cl);
   // The softmax reads the scores and writes the probabilities and the zeroed upper half.
-  e.softmax = layers * 3 * activation_bytes * B * heads * T * T;
-  if (spec.has_embedding) e.embedding = 3 * activation_bytes * N * C;
+  e.softmax = layers * 3 * a.scores * B * heads * T * T;
+  if (spec.has_embedding) e.embedding = 3 * a.residual * N * C;
   if (spec.has_head) e.head = 4.0 * 3 * N * static_cast<double>(s.padded_vocab) / tp;  // fp32 logits: write, softmax, loss
   return e;
 }

@@ -42,7 +42,7 @@ PlanInput megatron_input(const Row& r) {
   in.micro_batches = r.batch / dp;  // micro-batch size 1
   in.recompute = Recompute::full;
   in.precision = Precision::bf16;
-  in.activation_bytes = 2;
+  in.activations = ActivationTraffic{.residual = 2, .branch = 2, .scores = 2, .gelu_in_gemm = false};
   in.message_bytes = 2;
   in.host_staged = false;
   in.tp_host_staged = false;

@@ -256,7 +256,7 @@ TEST(PlanModel, ElementwiseKernelsRunAtTheCalibratedRate) {
   cpu.device.elementwise_rate /= 2;
   const Prediction slow = predict(in, cpu);
   const StageSpec spec = split_stage(4, 1, 0, 1, 0);
-  const double bytes = forward_elementwise_bytes(in.model, spec, 16, 4).total();
+  const double bytes = forward_elementwise_bytes(in.model, spec, 16, ActivationTraffic{}).total();
   const double share = 0.5;  // one BLAS thread of the node's two cores
   const double extra = bytes / (2 * cpu.device.elementwise_rate * share);  // at the fast rate
   EXPECT_NEAR(slow.stages[0].forward - fast.stages[0].forward, extra, 1e-9);
@@ -270,10 +270,27 @@ TEST(PlanModel, TensorParallelRanksEachRunTheLayerNormsAndResidualsWhole) {
                                          "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
   const PlanInput in = input(sets, {1, 1, 1, 1});
   const double N = 16 * 64, C = 256, layers = 4;
-  const double whole = forward_elementwise_bytes(in.model, split_stage(4, 1, 0, 1, 0), 16, 4).layers;
-  const double half = forward_elementwise_bytes(in.model, split_stage(4, 1, 0, 2, 0), 16, 4).layers;
+  const double whole = forward_elementwise_bytes(in.model, split_stage(4, 1, 0, 1, 0), 16, ActivationTraffic{}).layers;
+  const double half = forward_elementwise_bytes(in.model, split_stage(4, 1, 0, 2, 0), 16, ActivationTraffic{}).layers;
   EXPECT_DOUBLE_EQ(whole, layers * 4 * N * 18 * C);
   EXPECT_DOUBLE_EQ(half, layers * 4 * N * (10 * C + 8 * C / 2));
+}
+
+// A GPU's bf16 run moves LayerNorm outputs and GELU activations as bf16 and runs GELU in the
+// GEMM's epilogue (only its input is written beside the output); the residual stream is fp32.
+TEST(PlanModel, AGpusBf16ActivationsMoveFewerBytes) {
+  const std::vector<std::string> sets = {"model.n_layer=4", "model.n_head=4", "model.d_model=256",
+                                         "model.vocab_size=256", "model.seq_len=64", "train.batch_size=16"};
+  const PlanInput in = input(sets, {1, 1, 1, 1});
+  const double N = 16 * 64, C = 256, layers = 4;
+  const StageSpec whole = split_stage(4, 1, 0, 1, 0);
+  const auto bytes = [&](bool gpu, Precision p) {
+    return forward_elementwise_bytes(in.model, whole, 16, pdtrain_traffic(gpu, p)).layers;
+  };
+  EXPECT_DOUBLE_EQ(bytes(false, Precision::bf16), layers * 4 * N * 18 * C);  // the CPU: fp32
+  // LayerNorms 2 x (4 + 2), residual adds 2 x 12, GELU's input written 4 x 2 of 4C.
+  EXPECT_DOUBLE_EQ(bytes(true, Precision::bf16), layers * N * (12 + 24 + 8) * C);
+  EXPECT_DOUBLE_EQ(bytes(true, Precision::fp32), layers * N * (16 + 24 + 16) * C);
 }
 
 // On a CPU node the compute rank's own core receives its fetches (shared-memory MPI: the

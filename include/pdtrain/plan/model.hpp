@@ -4,6 +4,7 @@
 // takes, broken into its parts. Pure arithmetic: no MPI, no allocation of the model.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,14 @@
 #include "pdtrain/plan/machine.hpp"
 
 namespace pdtrain::plan {
+
+// Bytes per element of the activations the elementwise kernels read and write.
+struct ActivationTraffic {
+  double residual = 4;  // the residual stream: LayerNorm inputs, the residual adds, embedding
+  double branch = 4;    // LayerNorm outputs, GELU's input and output
+  double scores = 4;    // the reference attention's T x T scores and probabilities
+  bool gelu_in_gemm = false;  // GELU in the GEMM's epilogue: only its input written besides
+};
 
 // What the model needs to know of a run: the deck's settings as numbers.
 struct PlanInput {
@@ -33,9 +42,10 @@ struct PlanInput {
   bool shared_memory_fetch = true;
   double cache_bytes = 0;  // PD parameter cache per compute rank; 0: the whole stage
   double fetch_bytes_per_param = 4, push_bytes_per_param = 4;  // wire codecs (raw 4, bf16 2)
-  // Bytes of one activation element the elementwise kernels move (pdtrain: 4, fp32 activations
-  // in both precisions); 2 models an implementation with 16-bit activations.
-  double activation_bytes = 4;
+  // What the elementwise kernels move per activation element; unset: pdtrain's own on the
+  // machine's device (pdtrain_traffic); set to model another implementation (Megatron: 16-bit
+  // activations throughout).
+  std::optional<ActivationTraffic> activations;
   // Bytes of one element of the tensor-parallel all-reduces and pipeline messages (pdtrain: 4).
   double message_bytes = 4;
   // pdtrain moves a GPU rank's pipeline messages and data-parallel gradients through pinned
@@ -63,7 +73,11 @@ struct ElementwiseBytes {
   double total() const { return layers + softmax + embedding + head; }
 };
 ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
-                                           double activation_bytes);
+                                           const ActivationTraffic& a);
+// pdtrain's activations (kernel_ops.hpp's ActivationLayout): fp32 everywhere on a CPU's
+// elementwise kernels; on a GPU the GELU in the GEMM's epilogue, and in bf16 runs the
+// LayerNorm outputs and the GELU's activations in bf16 (the residual stream stays fp32).
+ActivationTraffic pdtrain_traffic(bool gpu, Precision precision);
 
 // The deck's run on `nodes` nodes with layout `shape` (resolved: dp known).
 PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes);
