@@ -229,8 +229,29 @@ class CpuAttention final : public AttentionOps {
     exec.fence();
   }
 
+  // bf16 activations: the fp32 algorithm on qkv widened (exact), out rounded once. The
+  // backward needs no out (the saved probabilities carry what it would give).
+  void forward(bf16* out, float* saved, float* scratch, const bf16* qkv,
+               const AttentionShape& s) override {
+    const std::vector<float> qkv_f = widened(qkv, 3 * rows_by_channels(s));
+    std::vector<float> out_f(static_cast<std::size_t>(rows_by_channels(s)));
+    forward(out_f.data(), saved, scratch, qkv_f.data(), s);
+    kernels::to_bf16(out_f.data(), out, rows_by_channels(s));
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const bf16* qkv,
+                const bf16* /*out*/, const float* saved, const AttentionShape& s) override {
+    const std::vector<float> qkv_f = widened(qkv, 3 * rows_by_channels(s));
+    backward(dqkv, scratch, dout, qkv_f.data(), nullptr, saved, s);
+  }
+
  private:
   static Index square(const AttentionShape& s) { return Index(s.B) * s.NH * s.T * s.T; }
+  static Index rows_by_channels(const AttentionShape& s) { return Index(s.B) * s.T * s.C; }
+  static std::vector<float> widened(const bf16* in, Index n) {
+    std::vector<float> out(static_cast<std::size_t>(n));
+    kernels::to_float(in, out.data(), n);
+    return out;
+  }
 };
 
 class CpuLoss final : public LossOps {

@@ -105,12 +105,12 @@ constexpr double kGeluGradTol = 5e-5;          // see the file comment
 const double kBf16Half = std::ldexp(1.0, -8);  // half a bf16 ulp, relative (8 significant bits)
 const float kNaN = std::numeric_limits<float>::quiet_NaN();  // what overwrite must not read
 
-// fp32 tolerance plus bf16 rounding, against a double reference.
+// A tolerance (fp32's unless given) plus bf16 rounding, against a double reference.
 void expect_bf16_close(const std::string& what, const std::vector<float>& actual,
-                       const Vec& expected) {
+                       const Vec& expected, double tol = kTol) {
   Vec bound(expected.size());
   for (std::size_t i = 0; i < expected.size(); ++i)
-    bound[i] = kBf16Half * std::abs(expected[i]) + kTol * std::max(1.0, std::abs(expected[i]));
+    bound[i] = kBf16Half * std::abs(expected[i]) + tol * std::max(1.0, std::abs(expected[i]));
   expect_within(what, actual, expected, bound);
 }
 
@@ -849,6 +849,66 @@ TEST_P(KernelOpsTest, AttentionBackward) {
   attention_backward(host(), dqkv.data(), dpreatt.data(), datt.data(), gd.data(), q.data(),
                      att.data(), s.B, s.T, s.C, s.NH);
   expect_close("dqkv", got[0], dqkv, kTol);
+}
+
+// bf16 activations (qkv in and out as bf16, a GPU's bf16 runs): on every backend, and on both
+// of a GPU's algorithms (the fused kernels take the test shapes' heads, the reference the
+// 80-channel ones), exactly the fp32 overloads' results with bf16_inputs set on the same values:
+// out their out rounded once, dqkv their dqkv bit for bit when their backward is given the bf16
+// out (a fused backward's rowsum(dout * out) then sees the same values); from either
+// bf16_inputs (bf16 activations are a bf16 run's). And within the bf16 attention tolerances of
+// the double reference on the bf16 qkv: out kAttnBf16Forward plus its rounding, dqkv
+// kAttnBf16Backward, relative to max(1, |ref|): a GPU's bf16 tiles round q, k, v (exact here),
+// the probabilities and the score gradients to bf16 before their products
+// (tests/backend/cuda/test_flash_attention.cpp, where these bounds and their measured margins
+// are derived); the CPU and the reference algorithm compute in fp32, far inside them.
+constexpr double kAttnBf16Forward = 1e-2, kAttnBf16Backward = 4e-2;
+
+TEST_P(KernelOpsTest, AttentionBf16ActivationsAreTheFp32OverloadsRounded) {
+  const Shape shp = shape();
+  AttentionOps& attention = ops_->attention();
+  for (const AttentionShape base : {attention_shape(shp), AttentionShape{1, shp.T, 80, 1, false}})
+    for (const bool bf16_inputs : {false, true}) {
+      AttentionShape as = base, as_fp32 = base;
+      as.bf16_inputs = bf16_inputs;
+      as_fp32.bf16_inputs = true;
+      SCOPED_TRACE("C " + std::to_string(as.C) + " NH " + std::to_string(as.NH) +
+                   (bf16_inputs ? ", bf16_inputs" : ""));
+      const std::int64_t n_qkv = std::int64_t(as.B) * as.T * 3 * as.C,
+                         n_out = std::int64_t(as.B) * as.T * as.C,
+                         n_att = std::int64_t(as.B) * as.NH * as.T * as.T;
+      const std::vector<bf16> qkv = rounded(randn(sz(n_qkv), 53));
+      const std::vector<float> qkv_f = to_floats(qkv), dout = randn(sz(n_out), 54),
+                               dqkv0 = randn(sz(n_qkv), 55);
+      const std::vector<float> saved0(sz(attention.saved_floats(as)), 7.0f),
+          scratch0(sz(attention.scratch_floats(as)), 7.0f);
+      const auto got = deterministic([&] {
+        auto in = up(qkv), out = up(rounded(std::vector<float>(sz(n_out), 7.0f)));
+        auto saved = up(saved0), scratch = up(scratch0), g = up(dout), dqkv = up(dqkv0);
+        attention.forward(out.data(), saved.data(), scratch.data(), in.data(), as);
+        attention.backward(dqkv.data(), scratch.data(), g.data(), in.data(), out.data(),
+                           saved.data(), as);
+        const std::vector<float> out_bf16 = down(out);
+        auto in_f = up(qkv_f), out_f = zeros<float>(n_out), given_out = up(out_bf16);
+        auto saved_f = up(saved0), dqkv_f = up(dqkv0);
+        attention.forward(out_f.data(), saved_f.data(), scratch.data(), in_f.data(), as_fp32);
+        attention.backward(dqkv_f.data(), scratch.data(), g.data(), in_f.data(), given_out.data(),
+                           saved_f.data(), as_fp32);
+        return Results{out_bf16, down(dqkv), down(out_f), down(dqkv_f)};
+      });
+      expect_is_rounded("out", got[0], got[2]);
+      EXPECT_TRUE(same_bits(got[1], got[3])) << "dqkv is not the fp32 overload's";
+
+      const Vec q = widen(qkv), gd = widen(dout);
+      Vec out(sz(n_out)), preatt(sz(n_att)), att(sz(n_att)), dpreatt(sz(n_att)), datt(sz(n_att));
+      attention_forward(host(), out.data(), preatt.data(), att.data(), q.data(), as.B, as.T, as.C,
+                        as.NH);
+      Vec dqkv = widen(dqkv0);
+      attention_backward(host(), dqkv.data(), dpreatt.data(), datt.data(), gd.data(), q.data(),
+                         att.data(), as.B, as.T, as.C, as.NH);
+      expect_bf16_close("out", got[0], out, kAttnBf16Forward);
+      expect_close("dqkv", got[1], dqkv, kAttnBf16Backward);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

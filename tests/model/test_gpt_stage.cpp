@@ -195,28 +195,48 @@ class PaddedAttention final : public kernels::AttentionOps {
   }
   void forward(float* out, float* saved, float* scratch, const float* qkv,
                const kernels::AttentionShape& s) override {
+    forward_as(out, saved, scratch, qkv, s);
+  }
+  void forward(bf16* out, float* saved, float* scratch, const bf16* qkv,
+               const kernels::AttentionShape& s) override {
+    forward_as(out, saved, scratch, qkv, s);
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                const float* out, const float* saved, const kernels::AttentionShape& s) override {
+    backward_as(dqkv, scratch, dout, qkv, out, saved, s);
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const bf16* qkv, const bf16* out,
+                const float* saved, const kernels::AttentionShape& s) override {
+    backward_as(dqkv, scratch, dout, qkv, out, saved, s);
+  }
+  int forwards = 0, backwards = 0;
+
+ private:
+  // Either activation type (A: float or bf16), the same checks.
+  template <class A>
+  void forward_as(A* out, float* saved, float* scratch, const A* qkv,
+                  const kernels::AttentionShape& s) {
     ref().forward(out, saved, scratch, qkv, s);
     scratch[scratch_floats(s) - 1] = 1.0f;
     const float stamp = static_cast<float>(++forwards);
     std::fill_n(saved + ref().saved_floats(s), kExtraSaved, stamp);
     saved_for[saved] = {qkv, stamp};
   }
-  void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                const float* out, const float* saved, const kernels::AttentionShape& s) override {
+  template <class A>
+  void backward_as(float* dqkv, float* scratch, const float* dout, const A* qkv, const A* out,
+                   const float* saved, const kernels::AttentionShape& s) {
     const auto it = saved_for.find(saved);
     ASSERT_NE(it, saved_for.end()) << "backward got saved floats no forward wrote";
-    EXPECT_EQ(it->second.first, qkv) << "backward got the saved floats of another forward";
+    EXPECT_EQ(it->second.first, static_cast<const void*>(qkv))
+        << "backward got the saved floats of another forward";
     for (kernels::Index i = 0; i < kExtraSaved; ++i)
       EXPECT_EQ(saved[ref().saved_floats(s) + i], it->second.second) << "saved floats overwritten";
     scratch[scratch_floats(s) - 1] = 2.0f;
     ref().backward(dqkv, scratch, dout, qkv, out, saved, s);
     ++backwards;
   }
-  int forwards = 0, backwards = 0;
-
- private:
   static kernels::AttentionOps& ref() { return kernels::cpu_kernel_ops().attention(); }
-  std::map<const float*, std::pair<const float*, float>> saved_for;
+  std::map<const float*, std::pair<const void*, float>> saved_for;
 };
 
 // The model sizes the attention's buffers by the family's answers and hands them over as the

@@ -179,6 +179,18 @@ class AttentionOps : public AttentionFootprint {
   // a fused backward needs rowsum(dout * out)); scratch need not be initialized.
   virtual void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* out, const float* saved, const AttentionShape& s) = 0;
+
+  // bf16 activations (a GPU's bf16 runs: the qkv GEMM writes qkv in bf16, the next GEMM reads
+  // out in bf16, as llm.c keeps them): qkv read as bf16, out written as bf16, rounded once
+  // (core/bf16.hpp) from what the fp32 overload computes on the same values with
+  // s.bf16_inputs set (bf16 activations are a bf16 run's, whatever s.bf16_inputs says); saved
+  // and scratch as for the fp32 overload (the same saved_floats/scratch_floats). The backward
+  // reads the forward's bf16 out (as the fp32 overload's would read those values); dqkv (+=)
+  // and dout stay fp32.
+  virtual void forward(bf16* out, float* saved, float* scratch, const bf16* qkv,
+                       const AttentionShape& s) = 0;
+  virtual void backward(float* dqkv, float* scratch, const float* dout, const bf16* qkv,
+                        const bf16* out, const float* saved, const AttentionShape& s) = 0;
 };
 
 // The classifier's logits rows: V floats apart on the CPU (its BLAS gains nothing from padding,

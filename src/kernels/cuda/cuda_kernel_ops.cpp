@@ -304,8 +304,30 @@ class CudaAttention final : public AttentionOps {
                              saved, s.B, s.T, s.C, s.NH);
   }
 
+  // bf16 activations: the fp32 algorithm on qkv widened (exact) into the context's scratch, out
+  // computed there too and rounded once. The backward needs no out (the saved probabilities
+  // carry what it would give). The context's scratch is one buffer: the layout below is all of
+  // its use in one call (the fp32 overloads and their GEMMs use none).
+  void forward(bf16* out, float* saved, float* scratch, const bf16* qkv,
+               const AttentionShape& s) override {
+    const Index n = rows_by_channels(s);
+    float* qkv_f = ctx_->scratch(4 * n);  // qkv [3n], then out [n]
+    float* out_f = qkv_f + 3 * n;
+    cuda::to_float(stream_, qkv_f, qkv, 3 * n);
+    forward(out_f, saved, scratch, qkv_f, s);
+    cuda::to_bf16(stream_, out, out_f, n);
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const bf16* qkv,
+                const bf16* /*out*/, const float* saved, const AttentionShape& s) override {
+    const Index n = rows_by_channels(s);
+    float* qkv_f = ctx_->scratch(3 * n);
+    cuda::to_float(stream_, qkv_f, qkv, 3 * n);
+    backward(dqkv, scratch, dout, qkv_f, nullptr, saved, s);
+  }
+
  private:
   static Index square(const AttentionShape& s) { return Index(s.B) * s.NH * s.T * s.T; }
+  static Index rows_by_channels(const AttentionShape& s) { return Index(s.B) * s.T * s.C; }
 
   Context ctx_;
   cudaStream_t stream_;
@@ -343,6 +365,19 @@ class CudaFusedAttention final : public AttentionOps {
   }
   void backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                 const float* out, const float* saved, const AttentionShape& s) override {
+    if (!fused_attention_takes(s))
+      return reference_.backward(dqkv, scratch, dout, qkv, out, saved, s);
+    cuda::flash_attention_backward(stream_, dqkv, scratch, dout, qkv, out, saved, s.B, s.T, s.C,
+                                   s.NH, s.bf16_inputs);
+  }
+  // bf16 activations: read and written by the same kernels, no conversion pass (bf16 tiles).
+  void forward(bf16* out, float* saved, float* scratch, const bf16* qkv,
+               const AttentionShape& s) override {
+    if (!fused_attention_takes(s)) return reference_.forward(out, saved, scratch, qkv, s);
+    cuda::flash_attention_forward(stream_, out, saved, qkv, s.B, s.T, s.C, s.NH, s.bf16_inputs);
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const bf16* qkv, const bf16* out,
+                const float* saved, const AttentionShape& s) override {
     if (!fused_attention_takes(s))
       return reference_.backward(dqkv, scratch, dout, qkv, out, saved, s);
     cuda::flash_attention_backward(stream_, dqkv, scratch, dout, qkv, out, saved, s.B, s.T, s.C,

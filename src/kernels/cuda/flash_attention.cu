@@ -5,7 +5,11 @@
 // (tile products on tensor cores, WMMA, fp32 accumulation) or float (the same products on the
 // CUDA cores in fp32), and on the head size padded to a multiple of 16 (kHS; the padding
 // columns are zeros and add nothing). A warp owns 16 rows of a tile; its 16x16 products go
-// through WarpTile<E> below, the only place the two element types differ.
+// through WarpTile<E> below, the only place the two element types differ. Kernels are also
+// templates on G, the element type of qkv and out in global memory: float, or the project's bf16
+// (core/bf16.hpp) in bf16 runs whose activations are bf16, read into the tiles and written from
+// the fp32 results directly (load_value/stored_as below; no conversion pass). bf16 G always
+// goes with bf16 tiles: its q, k, v are the tiles' values exactly.
 //
 // The three tiled kernels are built from the same pieces, each written once: KeyTile and
 // QueryTile (a block's k/v rows, or its q/dout rows with their lse and D, loaded from global
@@ -56,6 +60,20 @@ template <class E>
 __device__ __forceinline__ E to_element(float v) {
   if constexpr (std::is_same_v<E, bf16_t>)
     return __float2bfloat16(v);
+  else
+    return v;
+}
+
+// A global element of qkv or out as fp32 (exact), and an fp32 result as one (bf16: core/bf16.hpp's
+// rounding, the one every backend uses). stored_as returns the value rather than storing through
+// a pointer: with the store inside, ptxas -v gave the forward with bf16 tiles, fp32 activations
+// and 48-channel heads 12 registers more (110 -> 122).
+__device__ __forceinline__ float load_value(float v) { return v; }
+__device__ __forceinline__ float load_value(bf16 v) { return pdtrain::to_float(v); }
+template <class G>
+__device__ __forceinline__ G stored_as(float v) {
+  if constexpr (std::is_same_v<G, bf16>)
+    return pdtrain::to_bf16(v);
   else
     return v;
 }
@@ -202,20 +220,20 @@ __device__ __forceinline__ T* warp_rows(T* tile, int ld) {
   return tile + warp_index() * kTile * ld;
 }
 
-// dst[rows x kHS] (E, row-major) = rows row0 .. row0+rows-1 of src (row stride ld, HS columns),
-// zeros for rows past T and columns past HS. The whole block calls it.
-template <class E, int kHS>
-__device__ __forceinline__ void load_rows(E* dst, const float* src, Index ld, int row0, int rows,
+// dst[rows x kHS] (E, row-major) = rows row0 .. row0+rows-1 of src (G: float or bf16; row
+// stride ld, HS columns), zeros for rows past T and columns past HS. The whole block calls it.
+template <class E, int kHS, class G>
+__device__ __forceinline__ void load_rows(E* dst, const G* src, Index ld, int row0, int rows,
                                           int T, int HS) {
   for (int i = static_cast<int>(threadIdx.x); i < rows * kHS; i += static_cast<int>(blockDim.x)) {
     const int r = i / kHS, d = i % kHS, t = row0 + r;
-    dst[i] = to_element<E>(t < T && d < HS ? src[Index(t) * ld + d] : 0.0f);
+    dst[i] = to_element<E>(t < T && d < HS ? load_value(src[Index(t) * ld + d]) : 0.0f);
   }
 }
 
 // The head's q, k or v rows row0 .. of qkv.
-template <class E, int kHS>
-__device__ __forceinline__ void load_qkv_rows(E* dst, const float* qkv, const BlockHead& hd,
+template <class E, int kHS, class G>
+__device__ __forceinline__ void load_qkv_rows(E* dst, const G* qkv, const BlockHead& hd,
                                               QkvPart part, int row0, int rows) {
   load_rows<E, kHS>(dst, qkv + hd.qkv_at + part * Index(hd.C), 3 * Index(hd.C), row0, rows, hd.T,
                     hd.HS);
@@ -234,7 +252,8 @@ struct KeyTile {
   alignas(128) E k[kRows * kHS];
   alignas(128) E v[kRows * kHS];
 
-  __device__ __forceinline__ void load(const float* qkv, const BlockHead& hd, int k0) {
+  template <class G>
+  __device__ __forceinline__ void load(const G* qkv, const BlockHead& hd, int k0) {
     load_qkv_rows<E, kHS>(k, qkv, hd, kPartK, k0, kRows);
     load_qkv_rows<E, kHS>(v, qkv, hd, kPartV, k0, kRows);
   }
@@ -247,7 +266,8 @@ struct QueryTile {
   alignas(128) E dout[kRows * kHS];
   float lse[kRows], D[kRows];
 
-  __device__ __forceinline__ void load(const float* qkv, const float* dout_, const float* lse_,
+  template <class G>
+  __device__ __forceinline__ void load(const G* qkv, const float* dout_, const float* lse_,
                                        const float* D_, const BlockHead& hd, int q0) {
     load_qkv_rows<E, kHS>(q, qkv, hd, kPartQ, q0, kRows);
     load_rows<E, kHS>(dout, dout_ + hd.act_at, hd.C, q0, kRows, hd.T, hd.HS);
@@ -258,8 +278,8 @@ struct QueryTile {
 
 // The key tiles a block of the queries q0 .. q0+rows-1 sees (causal: none past its last query),
 // loaded one after the other into `keys`; body(k0) then runs with the tile of keys k0 ...
-template <class E, int kHS, class Body>
-__device__ __forceinline__ void for_each_key_tile(KeyTile<E, kHS, kKeys>& keys, const float* qkv,
+template <class E, int kHS, class G, class Body>
+__device__ __forceinline__ void for_each_key_tile(KeyTile<E, kHS, kKeys>& keys, const G* qkv,
                                                   const BlockHead& hd, int q0, int rows,
                                                   Body&& body) {
   const int keys_end = hd.T < q0 + rows ? hd.T : q0 + rows;
@@ -339,9 +359,9 @@ __device__ __forceinline__ void add_pv(float* o, const E* p, const E* v) {
   }
 }
 
-// out = O / l and lse = m + log l for the warp's rows below T.
-template <int kHS>
-__device__ __forceinline__ void write_rows(float* out, float* lse, const float* o,
+// out = O / l (as G: bf16 rounds once) and lse = m + log l for the warp's rows below T.
+template <int kHS, class G>
+__device__ __forceinline__ void write_rows(G* out, float* lse, const float* o,
                                            const float (&m)[kTile], const float (&l)[kTile],
                                            const BlockHead& hd, int row0) {
   const int lane = lane_index();
@@ -351,15 +371,15 @@ __device__ __forceinline__ void write_rows(float* out, float* lse, const float* 
     if (t >= hd.T) break;  // the same t in every lane
     const float inv = 1.0f / l[r];  // l >= 1: the max term is exp(0)
     for (int d = lane; d < hd.HS; d += kWarp)
-      out[hd.act_at + Index(t) * hd.C + d] = o[r * kHS + d] * inv;
+      out[hd.act_at + Index(t) * hd.C + d] = stored_as<G>(o[r * kHS + d] * inv);
     if (lane == 0) lse[hd.rows_at + t] = m[r] + logf(l[r]);
   }
 }
 
-template <class E, int kHS>
+template <class E, int kHS, class G>
 __global__ void __launch_bounds__(kQueryWarps<E>* kWarp)
-    flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse,
-                         const float* __restrict__ qkv, int T, int C, int NH, float scale) {
+    flash_forward_kernel(G* __restrict__ out, float* __restrict__ lse, const G* __restrict__ qkv,
+                         int T, int C, int NH, float scale) {
   using Shared = ForwardShared<E, kHS>;
   constexpr int kRows = Shared::kRows;
   __shared__ Shared sh;
@@ -393,16 +413,17 @@ __global__ void __launch_bounds__(kQueryWarps<E>* kWarp)
 // ---------------------------------------------------------------------------------------------
 // Backward, step 1: D[bh*T + t] = sum_d dout * out over the row's head (one warp per row).
 
+template <class G>
 __global__ void flash_backward_rowdot_kernel(float* __restrict__ D, const float* __restrict__ dout,
-                                             const float* __restrict__ out, Index rows, int T,
-                                             int C, int NH) {
+                                             const G* __restrict__ out, Index rows, int T, int C,
+                                             int NH) {
   const Index row = Index(blockIdx.x) * (kBlock / kWarp) + threadIdx.x / kWarp;
   if (row >= rows) return;  // the whole warp
   const int lane = static_cast<int>(threadIdx.x % kWarp), HS = C / NH;
   const Index t = row % T, bh = row / T, b = bh / NH, h = bh % NH;
   const Index at = (b * T + t) * C + h * HS;
   float sum = 0.0f;
-  for (int d = lane; d < HS; d += kWarp) sum += dout[at + d] * out[at + d];
+  for (int d = lane; d < HS; d += kWarp) sum += dout[at + d] * load_value(out[at + d]);
   sum = warp_sum(sum);
   if (lane == 0) D[row] = sum;
 }
@@ -440,10 +461,10 @@ struct DkdvShared {
   alignas(128) ScoresAs<E, kKeyRows * kQ> pt, dst;
 };
 
-template <class E, int kHS>
+template <class E, int kHS, class G>
 __global__ void __launch_bounds__(kDkdvWarps* kWarp)
     flash_backward_dkdv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
-                               const float* __restrict__ qkv, const float* __restrict__ lse,
+                               const G* __restrict__ qkv, const float* __restrict__ lse,
                                const float* __restrict__ D, int T, int C, int NH, float scale) {
   using Shared = DkdvShared<E, kHS>;
   constexpr int kKeyRows = Shared::kKeyRows, kQ = Shared::kQ;
@@ -494,10 +515,10 @@ struct DqShared {
   alignas(128) ScoresAs<E, kRows * kKeys> ds;
 };
 
-template <class E, int kHS>
+template <class E, int kHS, class G>
 __global__ void __launch_bounds__(kQueryWarps<E>* kWarp)
     flash_backward_dq_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
-                             const float* __restrict__ qkv, const float* __restrict__ lse,
+                             const G* __restrict__ qkv, const float* __restrict__ lse,
                              const float* __restrict__ D, int T, int C, int NH, float scale) {
   using Shared = DqShared<E, kHS>;
   constexpr int kRows = Shared::kRows;
@@ -547,45 +568,76 @@ Shape shape_of(int B, int T, int C, int NH) {
   return {B, T, C, NH, 1.0f / std::sqrt(static_cast<float>(C / NH)), unsigned(B) * unsigned(NH)};
 }
 
-template <class E, int kHS>
-void forward(cudaStream_t stream, float* out, float* lse, const float* qkv, const Shape& s) {
+template <class E, int kHS, class G>
+void forward(cudaStream_t stream, G* out, float* lse, const G* qkv, const Shape& s) {
   constexpr int rows = kTile * kQueryWarps<E>;
   const dim3 grid(static_cast<unsigned>(ceil_div(s.T, rows)), s.bh);
-  PDTRAIN_LAUNCH((flash_forward_kernel<E, kHS>), grid, rows * kWarp / kTile, 0, stream)(
+  PDTRAIN_LAUNCH((flash_forward_kernel<E, kHS, G>), grid, rows * kWarp / kTile, 0, stream)(
       out, lse, qkv, s.T, s.C, s.NH, s.scale);
   CUDA_CHECK_LAUNCH();
 }
 
-template <class E, int kHS>
-void backward(cudaStream_t stream, float* dqkv, const float* D, const float* dout,
-              const float* qkv, const float* lse, const Shape& s) {
+template <class E, int kHS, class G>
+void backward(cudaStream_t stream, float* dqkv, const float* D, const float* dout, const G* qkv,
+              const float* lse, const Shape& s) {
   constexpr int key_rows = kTile * kDkdvWarps, rows = kTile * kQueryWarps<E>;
   const dim3 dkdv_grid(static_cast<unsigned>(ceil_div(s.T, key_rows)), s.bh);
-  PDTRAIN_LAUNCH((flash_backward_dkdv_kernel<E, kHS>), dkdv_grid, kDkdvWarps * kWarp, 0, stream)(
+  PDTRAIN_LAUNCH((flash_backward_dkdv_kernel<E, kHS, G>), dkdv_grid, kDkdvWarps * kWarp, 0, stream)(
       dqkv, dout, qkv, lse, D, s.T, s.C, s.NH, s.scale);
   CUDA_CHECK_LAUNCH();
   const dim3 dq_grid(static_cast<unsigned>(ceil_div(s.T, rows)), s.bh);
-  PDTRAIN_LAUNCH((flash_backward_dq_kernel<E, kHS>), dq_grid, kQueryWarps<E> * kWarp, 0, stream)(
+  PDTRAIN_LAUNCH((flash_backward_dq_kernel<E, kHS, G>), dq_grid, kQueryWarps<E> * kWarp, 0, stream)(
       dqkv, dout, qkv, lse, D, s.T, s.C, s.NH, s.scale);
   CUDA_CHECK_LAUNCH();
 }
 
-// Calls f.template operator()<E, kHS>() for the element type and the head size padded to 16.
-template <class F>
+// Calls f.template operator()<E, kHS>() for the head size padded to 16.
+template <class E, class F>
+void dispatch_head_size(int HS, F&& f) {
+  switch ((HS + kTile - 1) / kTile * kTile) {
+    case 16: return f.template operator()<E, 16>();
+    case 32: return f.template operator()<E, 32>();
+    case 48: return f.template operator()<E, 48>();
+    default: return f.template operator()<E, 64>();
+  }
+}
+
+// The tiles' element type of a call: bf16 for bf16 activations (G) or in a bf16 run, else fp32;
+// then the head size.
+template <class G, class F>
 void dispatch(bool bf16_inputs, int HS, F&& f) {
-  const int padded = (HS + kTile - 1) / kTile * kTile;
-  const auto with = [&]<class E>() {
-    switch (padded) {
-      case 16: return f.template operator()<E, 16>();
-      case 32: return f.template operator()<E, 32>();
-      case 48: return f.template operator()<E, 48>();
-      default: return f.template operator()<E, 64>();
-    }
-  };
-  if (bf16_inputs)
-    with.template operator()<bf16_t>();
+  if constexpr (std::is_same_v<G, bf16>)
+    dispatch_head_size<bf16_t>(HS, f);
+  else if (bf16_inputs)
+    dispatch_head_size<bf16_t>(HS, f);
   else
-    with.template operator()<float>();
+    dispatch_head_size<float>(HS, f);
+}
+
+template <class G>
+void forward_any(cudaStream_t stream, G* out, float* lse, const G* qkv, int B, int T, int C,
+                 int NH, bool bf16_inputs) {
+  if (B <= 0 || T <= 0) return;
+  const Shape s = shape_of(B, T, C, NH);
+  dispatch<G>(bf16_inputs, C / NH, [&]<class E, int kHS>() {
+    forward<E, kHS>(stream, out, lse, qkv, s);
+  });
+}
+
+template <class G>
+void backward_any(cudaStream_t stream, float* dqkv, float* scratch, const float* dout,
+                  const G* qkv, const G* out, const float* lse, int B, int T, int C, int NH,
+                  bool bf16_inputs) {
+  if (B <= 0 || T <= 0) return;
+  const Shape s = shape_of(B, T, C, NH);
+  const Index rows = Index(B) * NH * T;
+  PDTRAIN_LAUNCH(flash_backward_rowdot_kernel<G>,
+                 static_cast<unsigned>(ceil_div(rows, kBlock / kWarp)), kBlock, 0, stream)(
+      scratch, dout, out, rows, T, C, NH);
+  CUDA_CHECK_LAUNCH();
+  dispatch<G>(bf16_inputs, C / NH, [&]<class E, int kHS>() {
+    backward<E, kHS>(stream, dqkv, scratch, dout, qkv, lse, s);
+  });
 }
 
 }  // namespace
@@ -599,26 +651,24 @@ Index flash_attention_scratch_floats(int B, int T, int NH) { return Index(B) * N
 
 void flash_attention_forward(cudaStream_t stream, float* out, float* lse, const float* qkv, int B,
                              int T, int C, int NH, bool bf16_inputs) {
-  if (B <= 0 || T <= 0) return;
-  const Shape s = shape_of(B, T, C, NH);
-  dispatch(bf16_inputs, C / NH, [&]<class E, int kHS>() {
-    forward<E, kHS>(stream, out, lse, qkv, s);
-  });
+  forward_any(stream, out, lse, qkv, B, T, C, NH, bf16_inputs);
+}
+
+void flash_attention_forward(cudaStream_t stream, bf16* out, float* lse, const bf16* qkv, int B,
+                             int T, int C, int NH, bool bf16_inputs) {
+  forward_any(stream, out, lse, qkv, B, T, C, NH, bf16_inputs);
 }
 
 void flash_attention_backward(cudaStream_t stream, float* dqkv, float* scratch, const float* dout,
                               const float* qkv, const float* out, const float* lse, int B, int T,
                               int C, int NH, bool bf16_inputs) {
-  if (B <= 0 || T <= 0) return;
-  const Shape s = shape_of(B, T, C, NH);
-  const Index rows = Index(B) * NH * T;
-  PDTRAIN_LAUNCH(flash_backward_rowdot_kernel,
-                 static_cast<unsigned>(ceil_div(rows, kBlock / kWarp)), kBlock, 0, stream)(
-      scratch, dout, out, rows, T, C, NH);
-  CUDA_CHECK_LAUNCH();
-  dispatch(bf16_inputs, C / NH, [&]<class E, int kHS>() {
-    backward<E, kHS>(stream, dqkv, scratch, dout, qkv, lse, s);
-  });
+  backward_any(stream, dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, bf16_inputs);
+}
+
+void flash_attention_backward(cudaStream_t stream, float* dqkv, float* scratch, const float* dout,
+                              const bf16* qkv, const bf16* out, const float* lse, int B, int T,
+                              int C, int NH, bool bf16_inputs) {
+  backward_any(stream, dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, bf16_inputs);
 }
 
 }  // namespace pdtrain::kernels::cuda

@@ -39,9 +39,10 @@ void column_sums_finish(cudaStream_t stream, float* out, const float* partial, I
                         int cols);
 
 // ---------------------------------------------------------------------------------------------
-// residual.cu: fill, conversion to bf16, residual.
+// residual.cu: fill, conversions between fp32 and bf16, residual.
 void fill(cudaStream_t stream, float* p, Index n, float value);
 void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n);  // core/bf16.hpp rounding
+void to_float(cudaStream_t stream, float* out, const bf16* in, Index n);  // exact
 void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n);
 
 // gelu.cu

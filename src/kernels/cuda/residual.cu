@@ -1,5 +1,5 @@
 // Residual (out = a + b; its backward passes the gradient through), fill and the bf16
-// conversion: element-wise grid-stride loops, four elements per vector load/store where the
+// conversions: element-wise grid-stride loops, four elements per vector load/store where the
 // pointers allow it. Every element is computed exactly as on the CPU (one fp32 addition, the
 // one bf16 rounding of core/bf16.hpp), so these match the CPU bit for bit. No __restrict__ on
 // fp32 outputs: out may be one of the inputs (each element is read before it is written).
@@ -27,6 +27,22 @@ __global__ void to_bf16_kernel(bf16* __restrict__ out, const float* __restrict__
       [&](Index i) { out[i] = pdtrain::to_bf16(in[i]); });
 }
 
+// bf16 -> fp32 (exact).
+template <bool kVec>
+__global__ void to_float_kernel(float* __restrict__ out, const bf16* __restrict__ in, Index n) {
+  for_each_element<kVec>(
+      n,
+      [&](Index i) {
+        const uint2 h = reinterpret_cast<const uint2*>(in)[i];  // elements 4i .. 4i+3
+        const auto at = [](unsigned two, int high) {
+          return pdtrain::to_float(bf16{static_cast<std::uint16_t>(two >> (16 * high))});
+        };
+        reinterpret_cast<float4*>(out)[i] =
+            make_float4(at(h.x, 0), at(h.x, 1), at(h.y, 0), at(h.y, 1));
+      },
+      [&](Index i) { out[i] = pdtrain::to_float(in[i]); });
+}
+
 template <bool kVec>
 __global__ void residual_forward_kernel(float* out, const float* a, const float* b, Index n) {
   for_each_element<kVec>(
@@ -49,6 +65,11 @@ void fill(cudaStream_t stream, float* p, Index n, float value) {
 void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n) {
   launch_elementwise("to_bf16_kernel", stream, n, aligned(out, 8) && aligned(in, 16),
                      to_bf16_kernel<true>, to_bf16_kernel<false>, out, in, n);
+}
+
+void to_float(cudaStream_t stream, float* out, const bf16* in, Index n) {
+  launch_elementwise("to_float_kernel", stream, n, aligned(out, 16) && aligned(in, 8),
+                     to_float_kernel<true>, to_float_kernel<false>, out, in, n);
 }
 
 void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n) {

@@ -53,27 +53,29 @@ std::string name(const AttnShape& s, bool bf16) {
          std::to_string(s.T) + " NH" + std::to_string(s.NH) + " HS" + std::to_string(s.HS);
 }
 
-// A device array (cudaMalloc), filled from the host, read back after the device finished.
+// A device array of T (float or bf16; cudaMalloc), filled from the host, read back after the
+// device finished.
+template <class T = float>
 class DeviceArray {
  public:
-  explicit DeviceArray(const std::vector<float>& h) : n_(h.size()) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(float)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p_, h.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  explicit DeviceArray(const std::vector<T>& h) : n_(h.size()) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   }
-  explicit DeviceArray(std::size_t n) : DeviceArray(std::vector<float>(n, 7.0f)) {}
+  explicit DeviceArray(std::size_t n) : DeviceArray(std::vector<T>(n, T(7.0f))) {}
   ~DeviceArray() { cudaFree(p_); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  float* get() const { return p_; }
-  std::vector<float> host() const {
-    std::vector<float> h(n_);
+  T* get() const { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(h.data(), p_, n_ * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
   }
 
  private:
-  float* p_ = nullptr;
+  T* p_ = nullptr;
   std::size_t n_;
 };
 
@@ -199,6 +201,55 @@ TEST(FlashAttention, Fp32TilesMatchTheCpuReferenceAndRepeatBitForBit) {
 TEST(FlashAttention, Bf16TensorCoreTilesMatchTheCpuReferenceAndRepeatBitForBit) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   for (const AttnShape& s : kShapes) check(s, true);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// bf16 activations: the overloads taking bf16 qkv and out run the bf16 tiles on the values they
+// hold, so they give exactly what the bf16 variant gives on fp32 qkv holding those values: out
+// its out rounded once, lse the same bits, and dqkv the same bits when its backward is given the
+// bf16 out (D = rowsum(dout * out) from the same values); with bf16_inputs set or not (a bf16
+// run's activations always get the bf16 tiles: the two runs must also repeat the same bits).
+TEST(FlashAttention, Bf16ActivationsAreTheBf16VariantOnTheirValues) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  for (const AttnShape& s : kShapes) {
+    const Inputs in = inputs(s);
+    const std::vector<bf16> qkv_h = rounded(in.qkv);
+    const std::string what = name(s, true) + " activations: ";
+
+    Results io[2];  // bf16 activations, bf16_inputs false and true
+    for (const bool bf16_inputs : {false, true}) {
+      const DeviceArray<bf16> qkv(qkv_h), out(rounded(std::vector<float>(s.out(), 7.0f)));
+      const DeviceArray<> dout(in.dout), dqkv(in.dqkv0),
+          lse(fa::flash_attention_saved_floats(s.B, s.T, s.NH)),
+          scratch(fa::flash_attention_scratch_floats(s.B, s.T, s.NH));
+      fa::flash_attention_forward(nullptr, out.get(), lse.get(), qkv.get(), s.B, s.T, s.C(), s.NH,
+                                  bf16_inputs);
+      fa::flash_attention_backward(nullptr, dqkv.get(), scratch.get(), dout.get(), qkv.get(),
+                                   out.get(), lse.get(), s.B, s.T, s.C(), s.NH, bf16_inputs);
+      io[bf16_inputs] = {to_floats(out.host()), lse.host(), dqkv.host()};
+    }
+    EXPECT_TRUE(same_bits(io[0].out, io[1].out)) << what << "out depends on bf16_inputs";
+    EXPECT_TRUE(same_bits(io[0].lse, io[1].lse)) << what << "lse depends on bf16_inputs";
+    EXPECT_TRUE(same_bits(io[0].dqkv, io[1].dqkv)) << what << "dqkv depends on bf16_inputs";
+
+    // The fp32-I/O bf16 variant on the same values, its backward given the bf16 out.
+    const DeviceArray<> qkv(to_floats(qkv_h)), out(s.out()), given_out(io[1].out), dout(in.dout),
+        dqkv(in.dqkv0), lse(fa::flash_attention_saved_floats(s.B, s.T, s.NH)),
+        scratch(fa::flash_attention_scratch_floats(s.B, s.T, s.NH));
+    fa::flash_attention_forward(nullptr, out.get(), lse.get(), qkv.get(), s.B, s.T, s.C(), s.NH,
+                                true);
+    fa::flash_attention_backward(nullptr, dqkv.get(), scratch.get(), dout.get(), qkv.get(),
+                                 given_out.get(), lse.get(), s.B, s.T, s.C(), s.NH, true);
+    const std::vector<float> out_f = out.host();
+    int unrounded = 0;
+    for (std::size_t i = 0; i < out_f.size(); ++i)
+      if (to_bf16(out_f[i]).bits != to_bf16(io[1].out[i]).bits && ++unrounded <= 5)
+        ADD_FAILURE() << what << "out[" << i << "] = " << io[1].out[i] << " is not " << out_f[i]
+                      << " rounded";
+    EXPECT_EQ(unrounded, 0) << what;
+    EXPECT_TRUE(same_bits(io[1].lse, lse.host())) << what << "lse differs from the fp32 I/O's";
+    EXPECT_TRUE(same_bits(io[1].dqkv, dqkv.host())) << what << "dqkv differs from the fp32 I/O's";
+  }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
