@@ -17,30 +17,12 @@ __global__ void fill_kernel(float* p, Index n, float value) {
       [&](Index i) { p[i] = value; });
 }
 
-template <bool kVec>
-__global__ void to_bf16_kernel(bf16* __restrict__ out, const float* __restrict__ in, Index n) {
+// fp32 -> bf16 (rounded) or bf16 -> fp32 (exact).
+template <bool kVec, class Out, class In>
+__global__ void convert_kernel(Out* __restrict__ out, const In* __restrict__ in, Index n) {
   for_each_element<kVec>(
-      n,
-      [&](Index i) {
-        reinterpret_cast<uint2*>(out)[i] = pack_bf16x4(reinterpret_cast<const float4*>(in)[i]);
-      },
-      [&](Index i) { out[i] = pdtrain::to_bf16(in[i]); });
-}
-
-// bf16 -> fp32 (exact).
-template <bool kVec>
-__global__ void to_float_kernel(float* __restrict__ out, const bf16* __restrict__ in, Index n) {
-  for_each_element<kVec>(
-      n,
-      [&](Index i) {
-        const uint2 h = reinterpret_cast<const uint2*>(in)[i];  // elements 4i .. 4i+3
-        const auto at = [](unsigned two, int high) {
-          return pdtrain::to_float(bf16{static_cast<std::uint16_t>(two >> (16 * high))});
-        };
-        reinterpret_cast<float4*>(out)[i] =
-            make_float4(at(h.x, 0), at(h.x, 1), at(h.y, 0), at(h.y, 1));
-      },
-      [&](Index i) { out[i] = pdtrain::to_float(in[i]); });
+      n, [&](Index i) { store4(out, i, load4(in, i)); },
+      [&](Index i) { store1(out, i, load1(in, i)); });
 }
 
 template <bool kVec>
@@ -63,13 +45,15 @@ void fill(cudaStream_t stream, float* p, Index n, float value) {
 }
 
 void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n) {
-  launch_elementwise("to_bf16_kernel", stream, n, aligned(out, 8) && aligned(in, 16),
-                     to_bf16_kernel<true>, to_bf16_kernel<false>, out, in, n);
+  launch_elementwise("to_bf16_kernel", stream, n, vector_aligned(out) && vector_aligned(in),
+                     convert_kernel<true, bf16, float>, convert_kernel<false, bf16, float>, out, in,
+                     n);
 }
 
 void to_float(cudaStream_t stream, float* out, const bf16* in, Index n) {
-  launch_elementwise("to_float_kernel", stream, n, aligned(out, 16) && aligned(in, 8),
-                     to_float_kernel<true>, to_float_kernel<false>, out, in, n);
+  launch_elementwise("to_float_kernel", stream, n, vector_aligned(out) && vector_aligned(in),
+                     convert_kernel<true, float, bf16>, convert_kernel<false, float, bf16>, out, in,
+                     n);
 }
 
 void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n) {
