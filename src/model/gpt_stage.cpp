@@ -321,8 +321,18 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   k_.elementwise().residual_forward(a.residual2.data(), residual, a.attproj.data(), N * C);
   layernorm_forward(a.ln2, a.ln2_h, a.ln2_mean, a.ln2_rstd, a.residual2.data(), Tid::ln2w,
                     Tid::ln2b, l);
-  // The MLP's first layer and its GELU in one call (a GPU fuses them into the GEMM).
-  const int iH = static_cast<int>(4 * Cl);
+  mlp_hidden_forward(l, a);
+  linear_forward(a.fcproj.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, nullptr, 4 * Cl, C);
+  tp_.allreduce_sum(a.fcproj.data(), N * C);
+  k_.elementwise().bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
+  k_.elementwise().residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C);
+}
+
+// The MLP's first layer and its GELU in one call (a GPU fuses them into the GEMM): fch and
+// gelu(fch), fp32, or bf16 GELU output beside an fp32 fch, or (gemm_io) both in bf16.
+void GptStage::mlp_hidden_forward(std::int64_t l, LayerActs& a) {
+  const int iN = static_cast<int>(dims_.B * dims_.T), iC = static_cast<int>(dims_.C),
+            iH = static_cast<int>(4 * dims_.Cl);
   if (dims_.gemm_io)
     k_.gemm().matmul_gelu_forward(a.fch_h.data(), a.fch_gelu_h.data(), a.ln2_h.data(),
                                   p_.param_bf16(Tid::fcw, l), p_.param_bf16(Tid::fcb, l), iN, iC,
@@ -333,10 +343,6 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   else
     k_.gemm().matmul_gelu_forward(a.fch.data(), a.fch_gelu.data(), a.ln2.data(),
                                   p_.param(Tid::fcw, l), p_.param(Tid::fcb, l), iN, iC, iH);
-  linear_forward(a.fcproj.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, nullptr, 4 * Cl, C);
-  tp_.allreduce_sum(a.fcproj.data(), N * C);
-  k_.elementwise().bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
-  k_.elementwise().residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C);
 }
 
 // qkv = ln1 W^T + b and the attention over it, into a.atty (and in bf16 its bf16 copy a.atty_h,

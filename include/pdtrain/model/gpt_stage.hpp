@@ -199,6 +199,7 @@ class GptStage {
   void layer_forward(std::int64_t l, const float* residual, LayerActs& a);
   void layer_backward(std::int64_t l, const float* residual, LayerActs& a);
   void qkv_and_attention_forward(std::int64_t l, LayerActs& a);
+  void mlp_hidden_forward(std::int64_t l, LayerActs& a);
   void attention_backward(LayerActs& a);
   void mlp_backward(std::int64_t l, LayerActs& a);
   void head_forward(SlotActs& s, const float* residual);
