@@ -64,10 +64,14 @@ std::int64_t GradStreamer::PoolCounts::take(std::int64_t n) {
 // before it must (the worst case): gradient memory bound at a unit's first write; at its last
 // (staged: at the next unit's last, when its download is waited for), a packed unit takes a
 // packed buffer and gives its gradient memory back, an in-place one keeps it until its push is
-// retired, which happens when a push beyond `pushes_in_flight` needs room (with 0, at once). Pools never shrink and
-// every step repeats the same order, so the first step's peak is the run's.
+// retired, which happens when a push beyond `pushes_in_flight` needs room (with 0, at once).
+// Reduced on the device, a layer takes its packed buffer and gives its gradient memory back at
+// its last write (the gather), and the buffer (or an in-place unit's memory) is on the wire
+// from the next unit's last write. Pools never shrink and every step repeats the same order, so
+// the first step's peak is the run's.
 std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int replicas,
-                                       int pushes_in_flight, bool staged) {
+                                       int pushes_in_flight, bool staged, bool reduce_on_device) {
+  reduce_on_device = reduce_on_device && staged && replicas > 1;  // GradReducer::on_device()
   const std::vector<int> per_pass = writes_per_pass(p);
   std::vector<int> written(per_pass.size(), 0);
   std::vector<bool> bound(per_pass.size(), false);
@@ -102,6 +106,18 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
     }
     if (pushes_in_flight == 0) retire_oldest();
   };
+  const auto reduce_on_gpu = [&](int u) {  // download_my_segment()
+    if (p.unit_is_packed(u, pushed_blocks_of(p, u))) return;
+    add(packed.take(pushed_numel(p, u)));
+    grads.give(p.unit_numel(u));
+  };
+  const auto push_segment = [&](int u) {
+    if (pushes_in_flight > 0 && static_cast<int>(in_flight.size()) == pushes_in_flight)
+      retire_oldest();
+    const bool in_place = p.unit_is_packed(u, pushed_blocks_of(p, u));
+    in_flight.push_back({in_place, in_place ? p.unit_numel(u) : pushed_numel(p, u)});
+    if (pushes_in_flight == 0) retire_oldest();
+  };
   for (int pass = 0; pass < passes; ++pass)
     for (const std::vector<int>& use : StageProgram(p).backward_grad_uses()) {
       for (int u : use)
@@ -115,6 +131,10 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
           grads.give(p.unit_numel(u));
         } else if (!staged) {
           push(u);
+        } else if (reduce_on_device) {
+          reduce_on_gpu(u);
+          if (downloading >= 0) push_segment(downloading);
+          downloading = u;
         } else {
           if (downloading >= 0) push(downloading);
           downloading = u;
@@ -124,16 +144,23 @@ std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int rep
   return peak;
 }
 
-GradStreamer::GradStreamer(StageParams& params, ParameterService& service, MPI_Comm dp_comm,
-                           Collectives* dp_on_device, int passes, int pushes_in_flight,
-                           TraceRecorder* trace)
-    : params_(params), service_(service), device_(params.device()), trace_(trace),
+std::int64_t GradStreamer::bound_bytes(const StageParams& p, int passes, int replicas,
+                                       int pushes_in_flight, bool staged) {
+  return std::max(bound_bytes(p, passes, replicas, pushes_in_flight, staged, false),
+                  bound_bytes(p, passes, replicas, pushes_in_flight, staged, true));
+}
+
+GradStreamer::GradStreamer(StageParams& params, ParameterService& service,
+                           kernels::KernelOps& ops, MPI_Comm dp_comm, Collectives* dp_on_device,
+                           int passes, int pushes_in_flight, TraceRecorder* trace)
+    : params_(params), service_(service), ops_(ops), device_(params.device()), trace_(trace),
       passes_(passes), pushes_in_flight_(pushes_in_flight), replicas_(comm_size(dp_comm)),
       bound_bytes_(bound_bytes(params, passes, replicas_, pushes_in_flight,
-                               !params.device().is_host())),
+                               !params.device().is_host(), dp_on_device != nullptr)),
       writes_per_pass_(writes_per_pass(params)),
       group_of_unit_(static_cast<std::size_t>(params.num_units()), -1),
       in_place_(static_cast<std::size_t>(params.num_units()), false),
+      tiles_(static_cast<std::size_t>(params.num_units())),
       reducer_(dp_comm, push_groups(params), block_numel(params.catalog()), dp_on_device),
       written_(static_cast<std::size_t>(params.num_units()), 0),
       final_(static_cast<std::size_t>(params.num_units()), false),
@@ -209,32 +236,82 @@ void GradStreamer::release(int u) {
     give_grads(std::move(grads));
   } else if (device_.is_host()) {
     push_unit(u, std::move(grads));
+  } else if (reducer_.on_device()) {
+    download_my_segment(u, std::move(grads));
   } else {
-    // NCCL: the replicas sum the unit on their GPUs first (the whole unit's memory, each
-    // element in replica order: the host path's bits), so it crosses to the host reduced.
-    if (reducer_.on_device()) reducer_.allreduce_on_device(grads.device(), grads.size());
-    // The copy queue takes the unit once the compute queue has finished its backward (and the
-    // reduce); the previous unit's download, queued one unit earlier, is pushed meanwhile.
-    const std::unique_ptr<Event> computed = device_.make_event();
-    device_.record(*computed, Queue::compute);
-    device_.wait(Queue::copy, *computed);
-    device_.copy(grads.host(), grads.device(), static_cast<std::size_t>(grads.size()) * 4,
-                 Queue::copy);
-    std::unique_ptr<Event> done = device_.make_event();
-    device_.record(*done, Queue::copy);
-    finish_download();
-    downloading_ = Downloading{u, std::move(grads), std::move(done)};
+    download_unit(u, std::move(grads));
   }
   stream_seconds_ += now_seconds() - t0;
+}
+
+// Downloads copy the front `floats` of `from`'s device memory to its host view on the copy queue
+// once the compute queue has finished the work queued so far (the backward, the reduce); the
+// previous unit's download, queued one unit earlier, is pushed meanwhile.
+namespace {
+std::unique_ptr<Event> queue_download(Device& device, Mirrored<float>& from, std::int64_t floats) {
+  const std::unique_ptr<Event> computed = device.make_event();
+  device.record(*computed, Queue::compute);
+  device.wait(Queue::copy, *computed);
+  device.copy(from.host(), from.device(), static_cast<std::size_t>(floats) * sizeof(float),
+              Queue::copy);
+  std::unique_ptr<Event> done = device.make_event();
+  device.record(*done, Queue::copy);
+  return done;
+}
+}  // namespace
+
+// The whole unit crosses to the host, to be (packed,) reduced and pushed there.
+void GradStreamer::download_unit(int u, Mirrored<float> grads) {
+  std::unique_ptr<Event> done = queue_download(device_, grads, grads.size());
+  finish_download();
+  downloading_ = Downloading{u, std::move(grads), {}, false, std::move(done)};
+}
+
+// NCCL: the replicas reduce-scatter the unit's pushed blocks on their GPUs, packed in the
+// reducer's order (each element added in replica order: the host path's bits), and only this
+// replica's reduced segment crosses to the host.
+void GradStreamer::download_my_segment(int u, Mirrored<float> grads) {
+  const int g = group_of_unit_[u];
+  Mirrored<float> packed;
+  if (!in_place_[u]) {
+    packed = take_device_packed(reducer_.total_numel(g));
+    ops_.optimizer().gather_tiles(packed.device(), grads.device(), device_tiles(u, grads.device()));
+    give_grads(std::move(grads));  // its next use (bind's zeroing) is queued after the gather
+  }
+  Mirrored<float>& reduced = in_place_[u] ? grads : packed;
+  const float* mine = reducer_.reduce_scatter_on_device(reduced.device(), g);
+  // The sum lies in the collectives' scratch, which their next operation reuses: to the front
+  // of `reduced` on the compute queue (ordered after the reduce-scatter has read it).
+  const std::int64_t n = reducer_.my_numel(g);
+  device_.copy(reduced.device(), mine, static_cast<std::size_t>(n) * sizeof(float));
+  std::unique_ptr<Event> done = queue_download(device_, reduced, n);
+  finish_download();
+  downloading_ = Downloading{u, std::move(grads), std::move(packed), true, std::move(done)};
+}
+
+// Unit u's pushed blocks where they lie in its gradient memory at `grads`, in the reducer's
+// order: the tiles gather_tiles packs as push_unit packs on the host.
+const std::vector<kernels::KernelOps::Tile>& GradStreamer::device_tiles(int u, const float* grads) {
+  std::vector<kernels::KernelOps::Tile>& tiles = tiles_[u];
+  if (!tiles.empty()) return tiles;
+  const char* base = reinterpret_cast<const char*>(grads);
+  for (int b : reducer_.blocks(group_of_unit_[u])) {
+    const ConstBlockPlace place = params_.grad_place(params_.catalog().block(b), grads);
+    tiles.push_back({(place.data - base) / 4, place.rows, place.row_bytes / 4,
+                     place.stride_bytes / 4});
+  }
+  return tiles;
 }
 
 void GradStreamer::finish_download() {
   if (downloading_.unit < 0) return;
   device_.wait_host(*downloading_.done);
-  const int u = downloading_.unit;
-  downloading_.unit = -1;
-  downloading_.done.reset();
-  push_unit(u, std::move(downloading_.grads));
+  Downloading d = std::move(downloading_);
+  downloading_ = Downloading{};
+  if (d.reduced)
+    push_segment(d.unit, std::move(d.grads), std::move(d.device_packed));
+  else
+    push_unit(d.unit, std::move(d.grads));
 }
 
 void GradStreamer::push_unit(int u, Mirrored<float> grads) {
@@ -265,6 +342,20 @@ void GradStreamer::push_unit(int u, Mirrored<float> grads) {
     give_grads(std::move(grads));
     data = push.packed.data();
   }
+  start(std::move(push), g, data);
+}
+
+void GradStreamer::push_segment(int u, Mirrored<float> grads, Mirrored<float> device_packed) {
+  TraceSpan span(trace_, trace_ ? "push " + params_.unit_name(u) : std::string(), "pd");
+  if (pushes_in_flight_ > 0) retire_pushes(static_cast<std::size_t>(pushes_in_flight_ - 1));
+  Push push;
+  push.grads = std::move(grads);
+  push.device_packed = std::move(device_packed);
+  float* data = push.device_packed.empty() ? push.grads.host() : push.device_packed.host();
+  start(std::move(push), group_of_unit_[u], data);
+}
+
+void GradStreamer::start(Push push, int g, float* data) {
   if (reduce_and_start_push(g, data, &push.ticket))
     pushes_.push_back(std::move(push));
   else
@@ -288,9 +379,8 @@ bool GradStreamer::reduce_and_start_push(int g, float* data,
     *ticket = service_.start_push(step_, reducer_.blocks(g), data);
     return true;
   }
-  // Reduced on the device already (NCCL): this replica's segment is where it lies.
-  const float* mine = reducer_.on_device() ? data + reducer_.my_offset(g)
-                                           : reducer_.reduce_scatter(data, g);
+  // Reduce-scattered on the device already (NCCL): `data` is this replica's segment.
+  const float* mine = reducer_.on_device() ? data : reducer_.reduce_scatter(data, g);
   if (mine != data)
     std::memmove(data, mine, static_cast<std::size_t>(reducer_.my_numel(g)) * sizeof(float));
   if (reducer_.my_blocks(g).empty()) return false;
@@ -314,6 +404,11 @@ void GradStreamer::recycle(Push& push) {
     packed_counts_.give(static_cast<std::int64_t>(push.packed.size()));
     spare_packed_.give(push.packed.size(), std::move(push.packed));
   }
+  if (!push.device_packed.empty()) {
+    packed_counts_.give(push.device_packed.size());
+    spare_device_packed_.give(static_cast<std::size_t>(push.device_packed.size()),
+                              std::move(push.device_packed));
+  }
 }
 
 void GradStreamer::give_grads(Mirrored<float> grads) {
@@ -327,6 +422,15 @@ std::vector<float> GradStreamer::take_packed(std::int64_t n) {
   count(4 * packed_counts_.take(n));
   std::optional<std::vector<float>> spare = spare_packed_.take(static_cast<std::size_t>(n));
   return spare ? std::move(*spare) : std::vector<float>(static_cast<std::size_t>(n));
+}
+
+// A packed device buffer (with its pinned host view) of exactly n floats, as take_packed.
+Mirrored<float> GradStreamer::take_device_packed(std::int64_t n) {
+  count(4 * packed_counts_.take(n));
+  if (std::optional<Mirrored<float>> spare = spare_device_packed_.take(static_cast<std::size_t>(n)))
+    return std::move(*spare);
+  const AllocationLabel label(device_, "a packed gradient buffer");
+  return Mirrored<float>(device_, n);
 }
 
 void GradStreamer::count(std::int64_t delta_bytes) {

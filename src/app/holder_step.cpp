@@ -69,8 +69,8 @@ HolderStep::HolderStep(std::unique_ptr<FetchClient> client, StepParts parts)
       cache_(parts.stage, *client_, static_cast<std::int64_t>(parts.deck.pd.cache_mb * 1048576.0),
              static_cast<int>(parts.deck.pd.prefetch_depth), parts.phases.trace(),
              parts.deck.pd.cache_warm_steps),
-      grads_(parts.stage, *client_, parts.layout.dp_comm(), parts.reducer.device_collectives(),
-             backward_passes(parts.deck),
+      grads_(parts.stage, *client_, parts.ops, parts.layout.dp_comm(),
+             parts.reducer.device_collectives(), backward_passes(parts.deck),
              static_cast<int>(parts.deck.pd.pushes_in_flight), parts.phases.trace()),
       step_plan_(step_plan_of(parts)) {}
 

@@ -255,11 +255,12 @@ void print_run_summary(const Deck& deck, const TrainResult& r, std::int64_t star
                     static_cast<double>((r.final_step - start_step) * stage_bytes),
                 human_bytes(static_cast<double>(stage_bytes)).c_str());
   if (grads)
-    std::printf("grads: streamed per unit during backward | peak %s held (bound %s) | "
-                "reduce + push inside backward %.2f s\n",
+    std::printf("grads: streamed per unit during backward | peak %s held (bound %s; exactly "
+                "%lld and %lld B) | reduce + push inside backward %.2f s\n",
                 human_bytes(static_cast<double>(grads->peak_bytes())).c_str(),
                 human_bytes(static_cast<double>(grads->bound())).c_str(),
-                grads->stream_seconds());
+                static_cast<long long>(grads->peak_bytes()),
+                static_cast<long long>(grads->bound()), grads->stream_seconds());
   if (!device.is_host())
     std::printf("device: %s | peak %s allocated by this rank\n", device.describe().c_str(),
                 human_bytes(static_cast<double>(device.peak_bytes())).c_str());

@@ -44,11 +44,20 @@ GradReducer::Group GradReducer::make_group(std::vector<int> blocks,
   return g;
 }
 
-void GradReducer::allreduce_on_device(float* data, std::int64_t n) {
+void GradReducer::before_device_reduce() {
   PDT_CHECK(on_device(), "a device reduce without the replicas' NCCL collectives");
   PDT_CHECK(device_->size() == dp_, "the dp group's NCCL and MPI collectives differ in size");
   test_hooks::stall_point("dp_reduce");
+}
+
+void GradReducer::allreduce_on_device(float* data, std::int64_t n) {
+  before_device_reduce();
   device_->allreduce_sum(data, n);
+}
+
+const float* GradReducer::reduce_scatter_on_device(const float* packed, int g) {
+  before_device_reduce();
+  return device_->reduce_scatter(packed, groups_[g].counts);
 }
 
 double GradReducer::sum(double local) {

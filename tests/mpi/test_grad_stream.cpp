@@ -154,8 +154,8 @@ Streamed streamed(const ParamCatalog& cat, const Case& c, int steps) {
   // Parameters through a cache of two layers: evictions and re-fetches within each step.
   const std::int64_t capacity = 2 * 4 * params.unit_storage(0);
   StageCache cache(params, service, capacity, 2, nullptr);
-  GradStreamer grads(params, service, c.dp_comm(), nullptr, layer_major ? 1 : c.micro_batches,
-                     c.pushes_in_flight, nullptr);
+  GradStreamer grads(params, service, kernels::cpu_kernel_ops(), c.dp_comm(), nullptr,
+                     layer_major ? 1 : c.micro_batches, c.pushes_in_flight, nullptr);
   NoTensorParallel tp;
   GptStage stage(params, kMicroBatch, s.seq_len, tp, slots(c), Recompute::none,
                  kernels::cpu_kernel_ops(), c.order);

@@ -30,7 +30,7 @@ void checkpoint_write_point(std::string_view point);
 // first) it reaches stall_point(point) and sleeps until the job is ended, as a rank whose GPU or
 // process hangs would: its peers' waits on it must end the job (the NCCL collectives'
 // failed-peer check and watchdog). Points: "dp_reduce" (GradReducer, before a data-parallel
-// reduce on the device, once a step). Nothing when unset.
+// reduce on the device: once a step in the baseline, once a unit under PD). Nothing when unset.
 void stall_point(std::string_view point);
 
 }  // namespace pdtrain::test_hooks

@@ -11,7 +11,9 @@
 // Where every compute rank has a GPU of its own (parallel.comm resolved to NCCL), the reducer
 // is also given the replicas' NCCL collectives: allreduce_on_device() sums device memory in
 // place in the same order (the NCCL collectives' fixed-order kernel), so the gradients never
-// cross to the host to be reduced and the bits are those of the host path.
+// cross to the host to be reduced and the bits are those of the host path;
+// reduce_scatter_on_device() sums one group's segments the same way and leaves each replica
+// its own segment only (PD's streamer: each replica downloads and pushes just that).
 #include <mpi.h>
 
 #include <cstdint>
@@ -59,6 +61,11 @@ class GradReducer {
   // every replica) in place, each element added in replica order: queued on the device, in
   // order with its compute queue. Collective over the replicas.
   void allreduce_on_device(float* data, std::int64_t n);
+  // on_device(): `packed` (device memory) holds this replica's gradients of blocks(g) back to
+  // back; returns the sum over replicas of this replica's segment (my_numel(g) floats of device
+  // memory, each element added in replica order: allreduce_on_device's bits), valid until the
+  // collectives' next operation. Queued as allreduce_on_device. Collective over the replicas.
+  const float* reduce_scatter_on_device(const float* packed, int g);
 
   // Sum over replicas of one value per replica, added in replica order.
   double sum(double local);
@@ -70,6 +77,7 @@ class GradReducer {
     std::int64_t total = 0, my_offset = 0;
   };
   Group make_group(std::vector<int> blocks, const std::vector<std::int64_t>& numel) const;
+  void before_device_reduce();  // the checks, and the test hook "dp_reduce"
 
   MPI_Comm comm_;
   std::unique_ptr<Collectives> replicas_;  // the dp group's collectives (host memory)
