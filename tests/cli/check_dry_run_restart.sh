@@ -7,6 +7,7 @@ set -u
 expect=$1 out=$2
 shift 3
 rm -rf "$out"
+mkdir -p "$(dirname "$out")"  # $out.log lies beside $out: its folder may not exist yet
 "$@" --set run.steps=2 --set checkpoint.codec=raw --set run.out_dir="$out/run" >"$out.log" 2>&1 \
   || { echo "FAIL: the run that writes the checkpoint failed"; cat "$out.log"; exit 1; }
 ckpt="$out/run/checkpoints/ckpt-00000002.h5"
