@@ -269,9 +269,10 @@ ComputeLoop::ComputeLoop(const Deck& deck, const Setup& setup, const Layout& lay
       phases_(timers_, trace),
       step_(std::visit(
           [&](auto&& o) {
-            return make_parameter_step(std::move(o), StepParts{deck, layout, stage_params_,
-                                                               reducer_, *backend.ops, phases_,
-                                                               kind_, micro_batches_});
+            return make_parameter_step(
+                std::move(o), StepParts{deck, layout, stage_params_, reducer_, *comms_.tp,
+                                        *comms_.pp, *backend.ops, phases_, kind_,
+                                        micro_batches_});
           },
           std::move(owner))) {
   norm_checked_ = start_step;

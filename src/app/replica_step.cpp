@@ -4,6 +4,7 @@
 // where the holders would complete them (the tied embedding's two stages summed, blocks
 // replicated over the tensor group taken from tp rank 0, whose are the ones PD pushes) and the
 // replica applies AdamW there.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -49,6 +50,10 @@ class ReplicaStep final : public ParameterStep {
   void complete_on_host(float* kept);
   void take_tp_replicated(float* kept);
   void sum_tied_embedding(float* kept);
+  void complete_on_device(float* kept);
+  void take_tp_replicated_on_device(float* kept);
+  void sum_tied_embedding_on_device(float* kept);
+  std::vector<kernels::KernelOps::Tile> block_tiles(const std::vector<int>& blocks) const;
 
   std::unique_ptr<DeviceReplica> replica_;
   StageParams& stage_;
@@ -56,6 +61,9 @@ class ReplicaStep final : public ParameterStep {
   kernels::KernelOps& ops_;
   StepPhases& phases_;
   const Layout& layout_;
+  Collectives& tp_;
+  Collectives& pp_;
+  bool completes_on_device_;  // NCCL: the tp and pp exchanges below on device memory
   bool one_replica_;  // dp = 1: nothing to sum over replicas
   std::vector<kernels::KernelOps::Tile> tiles_;  // every kept block in the stage's buffers
   std::vector<float> packed_;                    // the reducer's blocks' gradients, packed
@@ -65,12 +73,14 @@ class ReplicaStep final : public ParameterStep {
   std::vector<int> tied_;                        // pp > 1, first or last stage: wte's blocks
   std::vector<int> completed_;                   // both, in block order
   std::vector<float> exchange_;                  // their gradients, on their way
+  Buffer<float> exchange_device_;                // on device memory (NCCL)
   std::int64_t have_version_ = -1;               // the version scattered into the stage
 };
 
 ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts)
     : replica_(std::move(replica)), stage_(parts.stage), reducer_(parts.reducer),
-      ops_(parts.ops), phases_(parts.phases), layout_(parts.layout) {
+      ops_(parts.ops), phases_(parts.phases), layout_(parts.layout), tp_(parts.tp),
+      pp_(parts.pp), completes_on_device_(parts.tp.device_memory() && parts.pp.device_memory()) {
   const LayoutShape& shape = layout_.shape();
   one_replica_ = shape.dp == 1;
   // The replica keeps the stage's blocks, in order, as the stage's tiles pack them.
@@ -87,6 +97,12 @@ ReplicaStep::ReplicaStep(std::unique_ptr<DeviceReplica> replica, StepParts parts
     if (replicated) tp_replicated_.push_back(b);
     if (tied) tied_.push_back(b);
     if (replicated || tied) completed_.push_back(b);
+  }
+  if (completes_on_device_ && !completed_.empty()) {
+    std::int64_t tp_n = 0, tied_n = 0;
+    for (int b : tp_replicated_) tp_n += cat.block(b).numel();
+    for (int b : tied_) tied_n += cat.block(b).numel();
+    exchange_device_ = Buffer<float>(stage_.device(), std::max(tp_n, 2 * tied_n));
   }
   if (one_replica_ || reducer_.on_device()) return;
   packed_.resize(static_cast<std::size_t>(reducer_.total_numel()));
@@ -119,12 +135,15 @@ void ReplicaStep::gradients_out(std::int64_t step, StepRecord& rec) {
 // are packed on the device, summed over the replicas there in replica order (NCCL:
 // GradReducer::allreduce_on_device, every element added in replica order, so the bits do not
 // depend on how the buffer is cut), and the replica's optimizer step runs there. Only the
-// blocks completed across ranks (the tied embedding, tensor-replicated blocks) visit the host.
+// blocks completed across ranks (the tied embedding, tensor-replicated blocks) are exchanged:
+// over the NCCL groups on device memory, or through the host over MPI.
 void ReplicaStep::update_on_device(std::int64_t step, StepRecord& rec) {
   const double t0 = now_seconds();
   ops_.optimizer().gather_tiles(replica_->grads(), stage_.grads_device(), tiles_);
   if (!one_replica_) reducer_.allreduce_on_device(replica_->grads(), replica_->numel());
-  if (!completed_.empty()) {
+  if (completes_on_device_) {
+    complete_on_device(replica_->grads());
+  } else if (!completed_.empty()) {
     replica_->download_grads(completed_);
     complete_on_host(replica_->grads_host());
     replica_->upload_grads(completed_);
@@ -160,6 +179,55 @@ void ReplicaStep::reduce_and_push(std::int64_t step, StepRecord& rec) {
   phases_.record(rec.reduce_ms, "reduce", t0, t1, "reduce", "dp");
   replica_->push(step, replica_->kept_blocks(), kept_grads_.data());
   phases_.record(rec.push_ms, "push", t1, now_seconds(), "push", "pd");
+}
+
+// The blocks' places in the replica's packed buffers: each block's elements back to back.
+std::vector<kernels::KernelOps::Tile> ReplicaStep::block_tiles(const std::vector<int>& blocks) const {
+  std::vector<kernels::KernelOps::Tile> tiles;
+  for (int b : blocks) {
+    const std::int64_t n = stage_.catalog().block(b).numel();
+    tiles.push_back({at_[b], 1, n, n});
+  }
+  return tiles;
+}
+
+// complete_on_host's exchanges on device memory, over the NCCL groups: the same operations on
+// the same values (a broadcast; a sum of two addends), so the same bits.
+void ReplicaStep::complete_on_device(float* kept) {
+  if (!tp_replicated_.empty()) take_tp_replicated_on_device(kept);
+  if (!tied_.empty()) sum_tied_embedding_on_device(kept);
+}
+
+// tp rank 0's gradients of the tp-replicated blocks to every tp rank: an all-gather in which
+// only rank 0 has a segment.
+void ReplicaStep::take_tp_replicated_on_device(float* kept) {
+  const std::vector<kernels::KernelOps::Tile> tiles = block_tiles(tp_replicated_);
+  std::int64_t n = 0;
+  for (const auto& t : tiles) n += t.cols;
+  float* x = exchange_device_.data();
+  ops_.optimizer().gather_tiles(x, kept, tiles);
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(tp_.size()), 0);
+  counts[0] = n;
+  tp_.allgather(tp_.rank() == 0 ? x : x + n, x, counts);
+  ops_.optimizer().scatter_tiles(kept, nullptr, x, tiles);
+}
+
+// The first and the last stage swap their tied-embedding gradients GPU to GPU and add the other's
+// (the compute queue runs the sum after the exchange).
+void ReplicaStep::sum_tied_embedding_on_device(float* kept) {
+  const std::vector<kernels::KernelOps::Tile> tiles = block_tiles(tied_);
+  std::int64_t n = 0;
+  for (const auto& t : tiles) n += t.cols;
+  float *mine = exchange_device_.data(), *theirs = mine + n;
+  ops_.optimizer().gather_tiles(mine, kept, tiles);
+  const int last = layout_.shape().pp - 1;
+  const int peer = layout_.pp_rank() == 0 ? last : 0;
+  pp_.send(mine, n, peer, 0);
+  pp_.recv(theirs, n, peer, 0);
+  pp_.end_group();
+  ops_.elementwise().residual_forward(mine, mine, theirs, n);
+  ops_.optimizer().scatter_tiles(kept, nullptr, mine, tiles);
+  pp_.finish_sends();
 }
 
 // `kept`: the kept blocks' reduced gradients, packed as the replica packs them.

@@ -374,5 +374,18 @@ TEST(GpuNccl, ReplicatedPipelineOverNcclIsTheMpiPathBitForBit) {
                    run_on(5, cuda("mpi", grid), "dp2pp2-mpi"), "dp 2 x pp 2");
 }
 
+TEST(GpuNccl, BaselineTensorAndPipelineOverNcclIsTheMpiPathBitForBit) {
+  if (!own_gpus(5)) GTEST_SKIP() << "needs a GPU of its own for each of four compute ranks";
+  // The replicated baseline at tp 2 x pp 2: the tp-replicated blocks' gradients (tp rank 0's to
+  // the others) and the tied embedding's two stages' gradients (swapped and added) cross GPU to
+  // GPU over NCCL, as the pipeline's messages and the tp all-reduces do.
+  const std::vector<std::string> grid = plus(
+      kShort, {"parallel.holders=0", "parallel.tp=2", "parallel.pp=2", "parallel.micro_batches=2"});
+  const RunOutcome nccl = run_on(4, cuda("nccl", grid), "base-tp2pp2-nccl");
+  expect_identical(nccl, run_on(4, cuda("mpi", grid), "base-tp2pp2-mpi"), "baseline tp 2 x pp 2");
+  expect_identical(run_on(4, cuda("nccl", grid), "base-tp2pp2-nccl-again"), nccl,
+                   "baseline tp 2 x pp 2 rerun");
+}
+
 }  // namespace
 }  // namespace pdtrain::test

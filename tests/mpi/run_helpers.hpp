@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -64,9 +65,13 @@ inline int world_size() {
   return n;
 }
 
-// "pdtrain-<name>" in the temporary directory: a test's output directory or file.
+// "pdtrain-<name>" in the temporary directory: a test's output directory or file; with
+// PDTRAIN_TEST_RUN_TAG set (ctest does, where one test binary runs as several tests that may run
+// at once) "pdtrain-<tag>-<name>", so that they never share a run.out_dir.
 inline std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("pdtrain-" + name)).string();
+  const char* tag = std::getenv("PDTRAIN_TEST_RUN_TAG");
+  const std::string prefix = tag != nullptr && *tag != '\0' ? "pdtrain-" + std::string(tag) + "-" : "pdtrain-";
+  return (std::filesystem::temp_directory_path() / (prefix + name)).string();
 }
 
 struct RunOutcome {

@@ -12,6 +12,7 @@
 #include "pdtrain/app/grad_stream.hpp"
 #include "pdtrain/app/setup.hpp"
 #include "pdtrain/app/stage_cache.hpp"
+#include "pdtrain/core/collectives.hpp"
 #include "pdtrain/core/timer.hpp"
 #include "pdtrain/deck/deck.hpp"
 #include "pdtrain/io/metrics.hpp"
@@ -43,12 +44,17 @@ class StepPhases {
   TraceRecorder* trace_;
 };
 
-// What both step objects are built from: the loop's stage, reducer and clocks.
+// What both step objects are built from: the loop's stage, reducer, groups and clocks.
 struct StepParts {
   const Deck& deck;
   const Layout& layout;
   StageParams& stage;
   GradReducer& reducer;
+  // The compute ranks' tensor-parallel group and pipeline (app/compute_comms): the replicated
+  // baseline completes the gradients that cross stages or tp ranks over them (on device memory
+  // with NCCL).
+  Collectives& tp;
+  Collectives& pp;
   kernels::KernelOps& ops;
   StepPhases& phases;
   PipelineKind kind;
