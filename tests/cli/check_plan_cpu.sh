@@ -5,8 +5,9 @@
 # configuration below (holders, dp, tp, pp, micro-batches, staleness, cache size,
 # recomputation, the baseline), trains a few steps and compares
 #   - the median step time of steps 4..12 (metrics.csv's step_ms) with the predicted step time:
-#     within 25 %. A row outside is trained once more (a neighbour's burst can take a run's
-#     seconds on a shared VM) and fails if the second run is outside too. The times need the
+#     within 25 %. A row outside is trained up to twice more, each time once the machine is
+#     quiet (a neighbour's burst can take a run's seconds on a shared VM, and has lasted two
+#     runs), and fails if the last run is outside too. The times need the
 #     machine to itself: if it stays busy (other processes using more than half a core) for a
 #     minute before the runs, the times are printed but not asserted, and the test ends skipped
 #     (status 77, never passed) once memory has been checked. PLAN_CPU_CHECK_TIME=0: never
@@ -127,16 +128,22 @@ for c in "${configs[@]}"; do
     measured_mem=$(( $(to_bytes "$pv" "$pu") + $(to_bytes "$gv" "$gu") + $(to_bytes "$av" "$au") + $(to_bytes "$rv" "$ru") ))
   fi
   t_err=$(error_of "$measured_ms" "$predicted_ms")
-  if [ -z "$dry" ] && [ -n "$check_time" ] && outside "$t_err" "$time_bound"; then
-    echo "  $name: step time off by $t_err % (measured $measured_ms ms); training it once more"
-    if train "$dir-again"; then
-      run=$dir-again
+  # A shared machine has slow moments that last longer than one run (seen: two runs in a row
+  # 55 % slower than the same binary a minute later): up to two more runs, each after the
+  # machine has been quiet, before the step time counts as the model's error.
+  for again in 1 2; do
+    { [ -z "$dry" ] && [ -n "$check_time" ] && outside "$t_err" "$time_bound"; } || break
+    echo "  $name: step time off by $t_err % (measured $measured_ms ms); training it again"
+    for _ in $(seq 10); do awk -v u="$(others_busy)" 'BEGIN { exit !(u <= 0.5) }' && break; done
+    if train "$dir-again$again"; then
+      run=$dir-again$again
       measured_ms=$(step_ms "$run")
       t_err=$(error_of "$measured_ms" "$predicted_ms")
     else
-      echo "FAIL: $name: training it again failed"; cat "$dir-again.log"; fail=1
+      echo "FAIL: $name: training it again failed"; cat "$dir-again$again.log"; fail=1
+      break
     fi
-  fi
+  done
   m_err=$(error_of "$measured_mem" "$predicted_mem")
   printf "%-14s %5s %12s %12s %6s%% %14s %14s %6s%%\n" "$name" "$ranks" "$measured_ms" "$predicted_ms" "$t_err" "$measured_mem" "$predicted_mem" "$m_err"
   # The run's own phase timers (medians over the same steps): where a step's time goes.
