@@ -11,26 +11,14 @@
 set -uo pipefail
 pdtrain=$1 out=$2
 shift 3
-src=$(cd "$(dirname "$0")/../.." && pwd)
-rm -rf "${out:?}"
-mkdir -p "$out"
-fail() { echo "FAIL: $*"; exit 1; }
-
-run() {  # run TAG STEPS COMM: the run's output in $out/TAG.log, its counts in $out/TAG/
+source "$(dirname "$0")/emulated_counts_lib.sh"
+run() {  # run TAG STEPS COMM ARGS...: the baseline at tp 2 x pp 2 on four GPUs
   local tag=$1 steps=$2 comm=$3
   shift 3
-  mkdir -p "$out/$tag"
-  PDTRAIN_CUDA_EMU_COUNTS=$out/$tag timeout --kill-after=5 600 \
-    "$src/scripts/mpirun-local" -np 4 "$pdtrain" "$@" --set compute.device=cuda \
-    --set parallel.holders=0 --set parallel.tp=2 --set parallel.pp=2 --set parallel.comm="$comm" \
-    --set run.steps="$steps" --set run.out_dir="$out/run-$tag" > "$out/$tag.log" 2>&1 ||
-    { tail -30 "$out/$tag.log"; fail "the $tag run failed"; }
+  emu_run "$tag" 4 "$@" --set parallel.holders=0 --set parallel.tp=2 --set parallel.pp=2 \
+    --set parallel.comm="$comm" --set run.steps="$steps"
 }
-d2h_bytes() {  # the device-to-host copy bytes of run TAG, all processes
-  awk -F'\t' '$1 == "copy" && $2 ~ /^device to .*host$/ { b += $6 } END { print b + 0 }' \
-    "$out/$1"/counts.*.tsv
-}
-final() { grep -m1 -oE "final step=[0-9]+ loss=[^ ]+ params_crc32c=[0-9a-f]+" "$out/$1.log"; }
+d2h_bytes() { copy_bytes "$1" '^device to .*host$'; }
 
 run nccl-2 2 nccl "$@"
 run nccl-3 3 nccl "$@"

@@ -13,25 +13,9 @@
 set -uo pipefail
 pdtrain=$1 out=$2
 shift 3
-src=$(cd "$(dirname "$0")/../.." && pwd)
-rm -rf "${out:?}"
-mkdir -p "$out"
-fail() { echo "FAIL: $*"; exit 1; }
-
-run() {  # run TAG RANKS SETS...: the run's output in $out/TAG.log, its counts in $out/TAG/
-  local tag=$1 ranks=$2
-  shift 2
-  mkdir -p "$out/$tag"
-  PDTRAIN_CUDA_EMU_COUNTS=$out/$tag timeout --kill-after=5 600 \
-    "$src/scripts/mpirun-local" -np "$ranks" "$pdtrain" "$@" --set compute.device=cuda \
-    --set run.out_dir="$out/run-$tag" > "$out/$tag.log" 2>&1 ||
-    { tail -30 "$out/$tag.log"; fail "the $tag run failed"; }
-}
-d2h_bytes() {  # the device-to-host copy bytes of run TAG, all processes
-  awk -F'\t' '$1 == "copy" && $2 == "device to pinned host" { b += $6 } END { print b + 0 }' \
-    "$out/$1"/counts.*.tsv
-}
-final() { grep -m1 -oE "final step=[0-9]+ loss=[^ ]+ params_crc32c=[0-9a-f]+" "$out/$1.log"; }
+source "$(dirname "$0")/emulated_counts_lib.sh"
+run() { emu_run "$@"; }  # run TAG RANKS ARGS...
+d2h_bytes() { copy_bytes "$1" '^device to pinned host$'; }
 
 run pd-nccl 3 "$@" --set parallel.holders=1 --set parallel.comm=nccl
 run pd-mpi 3 "$@" --set parallel.holders=1 --set parallel.comm=mpi
