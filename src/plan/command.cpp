@@ -110,6 +110,14 @@ void check_as_training(const Deck& deck, const PlanOptions& o, const Machine& m,
   o.check_layout(deck, shape, job_nodes(shape.world(), nodes_for(o, m, shape)));
 }
 
+// One micro-batch's compute through a stage by kind of kernel (the issue a user reads first:
+// where a step's time goes on the device).
+void print_kernel_times(const char* direction, const KernelTimes& k) {
+  std::printf("    %s: GEMMs %s, attention %s, classifier %s, elementwise %s\n", direction,
+              seconds(k.gemm).c_str(), seconds(k.attention).c_str(), seconds(k.classifier).c_str(),
+              seconds(k.elementwise).c_str());
+}
+
 void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, const Prediction& p) {
   const LayoutShape& L = in.layout;
   std::printf("pdtrain plan: %s on %s, %d node(s): %d holder(s) + dp %d x pp %d x tp %d compute ranks "
@@ -129,9 +137,13 @@ void print_prediction(const Deck& deck, const Machine& m, const PlanInput& in, c
               L.holders > 0 ? (", staleness " + std::to_string(in.staleness)).c_str() : ", replicated baseline");
   const char* where = m.device.gpu ? "device" : "node memory";
   std::printf("per micro-batch, each stage: forward / backward (in them: tensor-parallel all-reduces, pipeline messages)\n");
-  for (const StagePrediction& s : p.stages)
+  for (const StagePrediction& s : p.stages) {
     std::printf("  stage %d: %s / %s (tp %s, p2p %s)\n", s.pp, seconds(s.forward).c_str(),
                 seconds(s.backward).c_str(), seconds(s.tp_comm).c_str(), seconds(s.p2p).c_str());
+    print_kernel_times("forward ", s.forward_kernels);
+    print_kernel_times("backward", s.backward_kernels);
+  }
+  if (!p.stages.empty()) std::printf("  attention: %s\n", p.stages.front().attention_kernels.c_str());
   std::printf("memory per compute rank (%s):\n", where);
   for (const StagePrediction& s : p.stages)
     std::printf("  stage %d (rank %d, %lld layer(s), %.4g parameters): params %s, grads %s, optimizer %s, "

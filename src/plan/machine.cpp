@@ -77,7 +77,7 @@ const std::vector<NumberKey>& number_keys() {
 // Keys that are not plain numbers, read by hand below.
 const std::vector<std::string>& other_keys() {
   static const std::vector<std::string> keys = {"machine.name", "machine.sources", "device.name",
-                                                "device.kind", "device.gemm_efficiency",
+                                                "device.kind", "device.gemm_efficiency", "device.attention",
                                                 "node.devices", "node.cpu_cores"};
   return keys;
 }
@@ -170,7 +170,92 @@ std::vector<GemmPoint> gemm_curve(const toml::value& root, const std::string& fi
   return curve;
 }
 
+// One [[device.attention]] table: a library's published rates by sequence length.
+const char* const kAttentionKeys[] = {"library", "head_dim", "source", "seq_len",
+                                      "forward_causal_tflops", "forward_tflops", "backward_tflops"};
+
+std::vector<double> rate_row(const toml::value& table, const std::string& file, const std::string& key,
+                             std::size_t length) {
+  const std::string name = "device.attention." + key;
+  if (!table.contains(key)) fail(at(file, table) + ": missing key '" + name + "'");
+  const toml::value& v = table.at(key);
+  if (!v.is_array() || v.as_array().empty()) fail(at(file, v) + ": " + name + ": expected an array of numbers");
+  std::vector<double> row;
+  for (const toml::value& x : v.as_array()) row.push_back(positive_number(x, file, name));
+  if (length && row.size() != length)
+    fail(at(file, v) + ": " + name + ": expected " + std::to_string(length) + " numbers (one per seq_len), got " +
+         std::to_string(row.size()));
+  return row;
+}
+
+AttentionRates attention_table(const toml::value& t, const std::string& file) {
+  if (!t.is_table()) fail(at(file, t) + ": device.attention: expected tables ([[device.attention]])");
+  for (const auto& [name, v] : t.as_table())
+    if (std::find(std::begin(kAttentionKeys), std::end(kAttentionKeys), name) == std::end(kAttentionKeys))
+      fail(at(file, v) + ": unknown key 'device.attention." + name + "' in a machine file");
+  auto text = [&](const char* key) {
+    if (!t.contains(key)) fail(at(file, t) + ": missing key 'device.attention." + key + "'");
+    if (!t.at(key).is_string()) fail(at(file, t.at(key)) + ": device.attention." + key + ": expected a string");
+    return t.at(key).as_string().str;
+  };
+  AttentionRates r;
+  r.library = text("library");
+  if (std::find_if(std::begin(kAttentionLibraries), std::end(kAttentionLibraries),
+                   [&](const char* l) { return r.library == l; }) == std::end(kAttentionLibraries))
+    fail(at(file, t.at("library")) + ": device.attention.library: expected \"cudnn\" or \"flash2\", got \"" +
+         r.library + "\"");
+  r.source = text("source");
+  if (!t.contains("head_dim")) fail(at(file, t) + ": missing key 'device.attention.head_dim'");
+  r.head_dim = positive_number(t.at("head_dim"), file, "device.attention.head_dim");
+  r.seq_len = rate_row(t, file, "seq_len", 0);
+  if (!std::is_sorted(r.seq_len.begin(), r.seq_len.end(), std::less_equal<double>()))
+    fail(at(file, t.at("seq_len")) + ": device.attention.seq_len: must increase from one entry to the next");
+  for (auto [key, row] : {std::pair{"forward_causal_tflops", &r.forward_causal},
+                          std::pair{"forward_tflops", &r.forward}, std::pair{"backward_tflops", &r.backward}}) {
+    *row = rate_row(t, file, key, r.seq_len.size());
+    for (double& x : *row) x *= kTera;
+  }
+  return r;
+}
+
+std::vector<AttentionRates> attention_tables(const toml::value& root, const std::string& file) {
+  const toml::value* v = lookup(root, "device", "attention");
+  if (!v) return {};
+  if (!v->is_array()) fail(at(file, *v) + ": device.attention: expected tables ([[device.attention]])");
+  std::vector<AttentionRates> tables;
+  for (const toml::value& t : v->as_array()) {
+    tables.push_back(attention_table(t, file));
+    for (std::size_t i = 0; i + 1 < tables.size(); ++i)
+      if (tables[i].library == tables.back().library)
+        fail(at(file, t) + ": device.attention: a second table for library \"" + tables.back().library + "\"");
+  }
+  return tables;
+}
+
+// Linear in log(T) between the table's points, held at its ends (as the GEMM curve).
+double interpolate_log(const std::vector<double>& x, const std::vector<double>& y, double at_x) {
+  if (at_x <= x.front()) return y.front();
+  if (at_x >= x.back()) return y.back();
+  const std::size_t hi = static_cast<std::size_t>(std::upper_bound(x.begin(), x.end(), at_x) - x.begin());
+  const std::size_t lo = hi - 1;
+  const double t = std::log(at_x / x[lo]) / std::log(x[hi] / x[lo]);
+  return y[lo] + t * (y[hi] - y[lo]);
+}
+
 }  // namespace
+
+double AttentionRates::forward_causal_at(double T) const { return interpolate_log(seq_len, forward_causal, T); }
+double AttentionRates::forward_at(double T) const { return interpolate_log(seq_len, forward, T); }
+double AttentionRates::backward_at(double T) const { return interpolate_log(seq_len, backward, T); }
+double AttentionRates::backward_causal_at(double T) const {
+  return backward_at(T) * std::min(1.0, forward_causal_at(T) / forward_at(T));
+}
+
+const AttentionRates* DeviceSpec::attention_rates(const std::string& library) const {
+  for (const AttentionRates& r : attention)
+    if (r.library == library) return &r;
+  return nullptr;
+}
 
 double DeviceSpec::gemm_efficiency(double flops) const {
   if (gemm.empty()) return 1.0;
@@ -203,6 +288,7 @@ Machine parse_machine(const std::string& text, const std::string& file) {
          kind + "\"");
   m.device.gpu = kind == "gpu";
   m.device.gemm = gemm_curve(root, file);
+  m.device.attention = attention_tables(root, file);
   m.node.devices = count_key(root, file, "node", "devices");
   m.node.cpu_cores = count_key(root, file, "node", "cpu_cores");
   for (const NumberKey& k : number_keys()) {
@@ -248,6 +334,19 @@ std::string machine_toml(const Machine& m) {
     if (v <= 0) continue;  // an optional key left out
     open(k.section);
     out << k.name << " = " << v / k.scale << "\n";
+  }
+  auto row = [&](const char* key, const std::vector<double>& xs, double scale) {
+    out << key << " = [";
+    for (std::size_t i = 0; i < xs.size(); ++i) out << (i ? ", " : "") << xs[i] / scale;
+    out << "]\n";
+  };
+  for (const AttentionRates& r : m.device.attention) {
+    out << "\n[[device.attention]]\nlibrary = " << toml::value(r.library) << "\nhead_dim = " << r.head_dim
+        << "\nsource = " << toml::value(r.source) << "\n";
+    row("seq_len", r.seq_len, 1);
+    row("forward_causal_tflops", r.forward_causal, kTera);
+    row("forward_tflops", r.forward, kTera);
+    row("backward_tflops", r.backward, kTera);
   }
   return out.str();
 }

@@ -93,13 +93,58 @@ double layer_params(const ModelShape& s, int tp) {
   return 12.0 * C * C / tp + 7.0 * C / tp + 6.0 * C;  // as in stage_params
 }
 
-// Forward of one micro-batch through a stage: seconds of compute and its GEMM flops.
+// One micro-batch through a stage, forward and backward: seconds by kind of kernel, its GEMM
+// flops and its tensor-parallel traffic.
 struct Pass {
-  double gemm_s = 0, elementwise_s = 0, flops = 0, attention_s = 0, tp_bytes = 0;
+  KernelTimes forward, backward;
+  double flops = 0, tp_bytes = 0;
   int tp_calls = 0;
+  std::string attention_kernels;  // what priced the attention
 };
 
-Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
+// Which attention kernels a GPU rank runs for heads of `hs` channels (compute.attention as a
+// run resolves it): cuDNN's SDPA takes bf16 runs with head sizes that are multiples of 8 up to
+// 128 (cudnn_takes); pdtrain's fused kernels take heads up to 64 (fused_attention_takes);
+// anything else runs the T x T products as GEMMs with the softmax in memory.
+enum class AttentionKernels { cudnn, fused, unfused };
+
+bool cudnn_takes(const kernels::AttentionShape& a, Precision precision) {
+  const int hs = a.NH > 0 && a.C % a.NH == 0 ? a.C / a.NH : 0;
+  return precision == Precision::bf16 && hs > 0 && hs % 8 == 0 && hs <= 128;
+}
+
+AttentionKernels attention_kernels(const PlanInput& in, const kernels::AttentionShape& a, bool gpu) {
+  if (!gpu || in.attention == "unfused") return AttentionKernels::unfused;
+  if (in.attention != "pdtrain" && cudnn_takes(a, in.precision)) return AttentionKernels::cudnn;
+  return kernels::fused_attention_takes(a) ? AttentionKernels::fused : AttentionKernels::unfused;
+}
+
+// A fused, flash-style attention (cuDNN's or pdtrain's) priced at a library's published rates
+// on this device, in FlashAttention's count: forward 4·B·heads·T²·hs over the causal half,
+// backward 2.5 times that (five T x T products against two) at the causal backward rate. A
+// machine file without the library's table leaves only the GEMM rate to price it with: said
+// in the label, since a FLOP count alone flatters a kernel that is not a GEMM.
+void price_flash(const Costs& c, const char* library, const char* who, double B, double heads, double T,
+                 double hs, double layers, Pass& p) {
+  const double forward_flops = 4 * B * heads * T * T * hs / 2;
+  const AttentionRates* r = c.m.device.attention_rates(library);
+  if (!r) {
+    p.forward.attention = layers * c.gemm(forward_flops, 1);
+    p.backward.attention = 2.5 * p.forward.attention;
+    p.attention_kernels = std::string(who) + " at the GEMM rate (the machine file has no " + library +
+                          " attention table: a guess)";
+    return;
+  }
+  // The tables are 16-bit tensor-core rates; an fp32 run's kernels (pdtrain's fp32 tiles run on
+  // the CUDA cores) reach at most the same share of the fp32 peak.
+  const double precision = c.in.precision == Precision::bf16 ? 1.0 : c.m.device.peak_fp32 / c.m.device.peak_bf16;
+  const double f = r->head_factor(hs) * c.share * std::min(1.0, precision);
+  p.forward.attention = layers * forward_flops / (r->forward_causal_at(T) * f);
+  p.backward.attention = layers * 2.5 * forward_flops / (r->backward_causal_at(T) * f);
+  p.attention_kernels = std::string(who) + ", at " + library + "'s published rates (" + r->source + ")";
+}
+
+Pass forward_and_backward(const Costs& c, const StageSpec& spec, double B) {
   const ModelShape& s = c.in.model;
   const double T = static_cast<double>(s.seq_len), C = static_cast<double>(s.d_model);
   const double tp = static_cast<double>(spec.tp_size), N = B * T, Cl = C / tp;
@@ -108,39 +153,50 @@ Pass forward_pass(const Costs& c, const StageSpec& spec, double B) {
   const ElementwiseBytes bytes = forward_elementwise_bytes(
       s, spec, B, c.in.activations.value_or(pdtrain_traffic(c.m.device.gpu, c.in.precision)));
   Pass p;
-  // The four weight GEMMs of a layer, each by its own size.
+  // The four weight GEMMs of a layer, each by its own size; backward: the input's and the
+  // weight's gradient, each a product of the forward's size.
   const double weights[] = {2 * N * C * 3 * Cl, 2 * N * Cl * C, 2 * N * C * 4 * Cl, 2 * N * 4 * Cl * C};
-  for (double f : weights) p.gemm_s += layers * c.gemm(f), p.flops += layers * f;
-  // Attention: QK^T and att.V as full T x T products (the causal mask is applied after, as
-  // in pdtrain's reference kernels and Megatron's), per sequence and head (on a GPU the heads of
-  // a sequence are one strided-batch GEMM; on a CPU each (sequence, head) is its own), and the
-  // softmax over the T x T scores in memory. On a GPU with heads the fused
-  // kernels take (kernel_ops.hpp, fused_attention_takes): one launch, only the causal half of
-  // the tiles, the scores never leave shared memory (no softmax traffic); modelled at the
-  // machine's GEMM rate.
+  for (double f : weights) p.forward.gemm += layers * c.gemm(f), p.flops += layers * f;
+  p.backward.gemm = 2 * p.forward.gemm;
+  // Attention: fused kernels (cuDNN's or pdtrain's) at published rates; otherwise QK^T and
+  // att.V as full T x T products (the causal mask applied after, as in pdtrain's reference
+  // kernels and Megatron's), per sequence and head (on a GPU the heads of a sequence are one
+  // strided-batch GEMM; on a CPU each (sequence, head) is its own), and the softmax over the
+  // T x T scores in memory; backward twice that.
   const double att = 2 * 2 * B * heads * T * T * hs;
   const kernels::AttentionShape shape{static_cast<int>(B), static_cast<int>(T), static_cast<int>(Cl),
                                       static_cast<int>(heads), false};
-  if (c.m.device.gpu && kernels::fused_attention_takes(shape))
-    p.attention_s = layers * c.gemm(att * (T + 1) / (2 * T), 1);
-  else
-    p.attention_s = layers * c.gemm(att, c.m.device.gpu ? 2 * B : 2 * B * heads) +
-                    c.elementwise(bytes.softmax);
+  switch (attention_kernels(c.in, shape, c.m.device.gpu)) {
+    case AttentionKernels::cudnn:
+      price_flash(c, "cudnn", "cuDNN's fused SDPA", B, heads, T, hs, layers, p);
+      break;
+    case AttentionKernels::fused:
+      price_flash(c, "flash2", "pdtrain's fused kernels, no faster than FlashAttention-2", B, heads, T, hs, layers, p);
+      break;
+    case AttentionKernels::unfused:
+      p.forward.attention = layers * c.gemm(att, c.m.device.gpu ? 2 * B : 2 * B * heads) + c.elementwise(bytes.softmax);
+      p.backward.attention = 2 * p.forward.attention;
+      p.attention_kernels = "T x T products as GEMMs, the softmax in memory";
+      break;
+  }
   p.flops += layers * att;
-  p.elementwise_s = c.elementwise(bytes.layers + bytes.embedding + bytes.head) +
-                    layers * kKernelsPerLayer * c.m.device.kernel_overhead_s;
+  p.forward.elementwise = c.elementwise(bytes.layers + bytes.embedding) +
+                          layers * kKernelsPerLayer * c.m.device.kernel_overhead_s;
+  p.backward.elementwise = 2 * p.forward.elementwise;
   p.tp_calls = 2 * static_cast<int>(layers);  // after attention projection and MLP down
   p.tp_bytes = c.in.message_bytes * N * C;
   if (spec.has_embedding) ++p.tp_calls;  // the vocabulary-parallel lookups are summed
   if (spec.has_head) {
+    // The classifier: the tied head's GEMM and the passes over the logits (loss forward,
+    // dlogits backward); backward: the GEMM's two gradient products and twice the passes.
     const double V = static_cast<double>(s.padded_vocab) / tp;
-    p.gemm_s += c.gemm(2 * N * C * V);
+    const double head_gemm = c.gemm(2 * N * C * V);
+    p.forward.classifier = head_gemm + c.elementwise(bytes.head);
+    p.backward.classifier = 2 * head_gemm + 2 * c.elementwise(bytes.head);
     p.flops += 2 * N * C * V;
   }
   return p;
 }
-
-double pass_seconds(const Pass& p) { return p.gemm_s + p.attention_s + p.elementwise_s; }
 
 // The baseline's step after the reduction on a rank of n parameters (threads: a CPU rank's BLAS
 // threads): AdamW over its whole replica (every replica updates all of it), memory bound on a
@@ -354,14 +410,19 @@ Prediction predict(const PlanInput& in, const Machine& machine) {
     st.pp = p;
     st.layers = spec.layer_end - spec.layer_begin;
     st.param_count = stage_params(s, spec);
-    const Pass f = forward_pass(c, spec, B);
-    const double fwd = pass_seconds(f);
-    // Backward: twice the forward's GEMMs and elementwise traffic; recomputation adds a forward
-    // (full) or attention's forward (attention).
-    double bwd = 2 * fwd, flops = 3 * f.flops;
+    const Pass f = forward_and_backward(c, spec, B);
+    const double fwd = f.forward.total();
+    // Backward: its own kernels (forward_and_backward); recomputation adds a forward (full) or
+    // attention's forward (attention).
+    double bwd = f.backward.total(), flops = 3 * f.flops;
     int tp_calls = 2 * f.tp_calls;
     if (in.recompute == Recompute::full) bwd += fwd, flops += f.flops, tp_calls += f.tp_calls;
-    if (in.recompute == Recompute::attention) bwd += f.attention_s;
+    if (in.recompute == Recompute::attention) bwd += f.forward.attention;
+    st.forward_kernels = f.forward;
+    st.backward_kernels = f.backward;
+    if (in.recompute == Recompute::full) st.backward_kernels += f.forward;
+    if (in.recompute == Recompute::attention) st.backward_kernels.attention += f.forward.attention;
+    st.attention_kernels = f.attention_kernels;
     st.gemm_flops = flops;
     // pdtrain moves tensor-parallel and pipeline traffic through pinned host memory on a GPU
     // (device/host_staging): each message is downloaded and uploaded once more.

@@ -2,6 +2,7 @@
 // file is an Error(deck) naming the file, line and key.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "pdtrain/core/error.hpp"
@@ -160,6 +161,66 @@ TEST(Machine, CpuNodeNeedsNoHostLink) {
   EXPECT_FALSE(parse_machine(t, "m.toml").device.gpu);
   EXPECT_EQ(error_of(with("[link.host]\nlatency_us = 10\n", "[link.host]\n")),
             "m.toml: missing key 'link.host.latency_us' (us)");
+}
+
+// The shipped GPU files carry the FlashAttention-3 paper's head-size-64 tables (cuDNN and
+// FlashAttention-2 on an H100 SXM5), read in flop/s and interpolated in log(T).
+TEST(Machine, AttentionRatesArePublishedTablesInterpolatedInLogSeqLen) {
+  for (const char* f : {"h100-sxm.toml", "h200.toml"}) {
+    const Machine m = load_machine(kMachines + f);
+    const AttentionRates* cudnn = m.device.attention_rates("cudnn");
+    const AttentionRates* flash2 = m.device.attention_rates("flash2");
+    ASSERT_TRUE(cudnn && flash2) << f;
+    EXPECT_DOUBLE_EQ(cudnn->forward_causal_at(1024), 288e12);
+    EXPECT_DOUBLE_EQ(cudnn->forward_at(1024), 373e12);
+    EXPECT_DOUBLE_EQ(flash2->backward_at(1024), 238e12);
+    EXPECT_NEAR(cudnn->forward_causal_at(std::sqrt(1024.0 * 2048)), (288e12 + 334e12) / 2, 1e3);
+    EXPECT_DOUBLE_EQ(cudnn->forward_causal_at(64), 225e12);  // held at the ends
+    EXPECT_DOUBLE_EQ(cudnn->forward_causal_at(1 << 20), 388e12);
+    // Not published: the causal backward, the non-causal one scaled as the forward is.
+    EXPECT_DOUBLE_EQ(cudnn->backward_causal_at(1024), 348e12 * 288e12 / 373e12);
+    EXPECT_DOUBLE_EQ(cudnn->head_factor(32), 0.5);
+    EXPECT_DOUBLE_EQ(cudnn->head_factor(128), 1.0);
+    EXPECT_EQ(m.device.attention_rates("triton"), nullptr);
+  }
+  EXPECT_TRUE(load_machine(kMachines + "a100-80gb.toml").device.attention.empty());
+}
+
+const char* kAttention = R"(
+[[device.attention]]
+library = "cudnn"
+head_dim = 64
+source = "a paper"
+seq_len = [512, 1024]
+forward_causal_tflops = [100, 200]
+forward_tflops = [150, 250]
+backward_tflops = [120, 220]
+)";
+
+TEST(Machine, AttentionTablesReadBackAndTheirMistakesNameFileLineAndKey) {
+  const std::string text = std::string(kMinimal) + kAttention;
+  const Machine m = parse_machine(text, "m.toml");
+  const Machine back = parse_machine(machine_toml(m), "w.toml");
+  ASSERT_EQ(back.device.attention.size(), 1u);
+  EXPECT_EQ(back.device.attention[0].source, "a paper");
+  EXPECT_EQ(back.device.attention[0].backward, m.device.attention[0].backward);
+  auto mistake = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    return error_of(t);
+  };
+  EXPECT_EQ(mistake("library = \"cudnn\"", "library = \"triton\""),
+            "m.toml:32: device.attention.library: expected \"cudnn\" or \"flash2\", got \"triton\"");
+  EXPECT_EQ(mistake("backward_tflops = [120, 220]", "backward_tflops = [120]"),
+            "m.toml:38: device.attention.backward_tflops: expected 2 numbers (one per seq_len), got 1");
+  EXPECT_EQ(mistake("head_dim = 64", "head_dim = 64\nheaddim = 64"),
+            "m.toml:34: unknown key 'device.attention.headdim' in a machine file");
+  EXPECT_EQ(mistake("seq_len = [512, 1024]", "seq_len = [1024, 512]"),
+            "m.toml:35: device.attention.seq_len: must increase from one entry to the next");
+  EXPECT_EQ(mistake("forward_tflops = [150, 250]", "forward_tflops = [150, 0]"),
+            "m.toml:37: device.attention.forward_tflops: expected a number > 0, got 0");
+  EXPECT_EQ(error_of(text + kAttention).substr(0, 72),
+            "m.toml:40: device.attention: a second table for library \"cudnn\"");
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ PlanInput megatron_input(const Row& r) {
   in.recompute = Recompute::full;
   in.precision = Precision::bf16;
   in.activations = ActivationTraffic{.residual = 2, .branch = 2, .scores = 2, .gelu_in_gemm = false};
+  in.attention = "unfused";  // Megatron-LM of 2021: the T x T products and a softmax kernel
   in.message_bytes = 2;
   in.host_staged = false;
   in.tp_host_staged = false;

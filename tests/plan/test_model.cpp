@@ -318,5 +318,67 @@ TEST(PlanModel, TheCpuBaselinesOptimizerIsAtLeastItsAdamWArithmetic) {
   EXPECT_GE(p.step.update, p.stages[0].param_count / cpu.holder.adamw_params_per_core);
 }
 
+// GPT-2 124M at llm.c's micro-batch, B 16 x T 1024, and `more` settings.
+std::vector<std::string> gpt2_124m_b16(std::vector<std::string> more) {
+  std::vector<std::string> sets = {"model.n_layer=12", "model.n_head=12", "model.d_model=768",
+                                   "model.vocab_size=50257", "model.seq_len=1024", "train.batch_size=16"};
+  sets.insert(sets.end(), more.begin(), more.end());
+  return sets;
+}
+
+// A GPU's fused attention is priced at its library's published rates on the device, never at
+// the GEMM rate of the same FLOPs: GPT-2 124M, bf16, B 16 x T 1024 on an H200 takes cuDNN's
+// SDPA (compute.attention = auto), whose causal forward at head size 64, T 1024 is 288
+// TFLOP/s in FlashAttention's count; its backward (five T x T products against two) at the
+// non-causal backward's 348 scaled as the forward is by the mask.
+TEST(PlanModel, FusedAttentionIsPricedAtItsLibrarysPublishedRates) {
+  const Machine h200 = machine("h200.toml");
+  const std::vector<std::string> sets = gpt2_124m_b16({"train.precision=\"bf16\""});
+  const double layers = 12, forward_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;
+  const StagePrediction cudnn = predict(input(sets, {0, 1, 1, 1}), h200).stages[0];
+  EXPECT_NEAR(cudnn.forward_kernels.attention, layers * forward_flops / 288e12, 1e-12);
+  EXPECT_NEAR(cudnn.backward_kernels.attention, layers * 2.5 * forward_flops / (348e12 * 288 / 373), 1e-12);
+  EXPECT_NE(cudnn.attention_kernels.find("cuDNN"), std::string::npos) << cudnn.attention_kernels;
+  // pdtrain's own kernels are never priced faster than FlashAttention-2's published rates.
+  PlanInput ours = input(sets, {0, 1, 1, 1});
+  ours.attention = "pdtrain";
+  const StagePrediction own = predict(ours, h200).stages[0];
+  EXPECT_NEAR(own.forward_kernels.attention, layers * forward_flops / 229e12, 1e-12);
+  EXPECT_NEAR(own.backward_kernels.attention, layers * 2.5 * forward_flops / (238e12 * 229 / 306), 1e-12);
+  // The old pricing (the machine's GEMM rate for the same FLOPs) was 2-3x faster than either.
+  const double gemm_rate = h200.device.peak_bf16 * h200.device.gemm_efficiency(forward_flops);
+  EXPECT_GT(cudnn.forward_kernels.attention, 1.5 * layers * forward_flops / gemm_rate);
+  // A backward of five products costs more than twice the forward of two.
+  EXPECT_GT(cudnn.backward_kernels.attention, 2.5 * cudnn.forward_kernels.attention);
+}
+
+// cuDNN's SDPA is 16-bit only: an fp32 run takes pdtrain's kernels, priced at the same share of
+// the fp32 peak as FlashAttention-2 reaches of the bf16 one; heads wider than the fused
+// kernels take run the products as GEMMs with the softmax in memory.
+TEST(PlanModel, AttentionKernelsFollowPrecisionAndHeadSize) {
+  const Machine h200 = machine("h200.toml");
+  const std::vector<std::string> fp32 = gpt2_124m_b16({"train.precision=\"fp32\""});
+  const std::vector<std::string> wide = gpt2_124m_b16({"train.precision=\"bf16\"", "model.n_head=6"});
+  const StagePrediction f = predict(input(fp32, {0, 1, 1, 1}), h200).stages[0];
+  EXPECT_NE(f.attention_kernels.find("pdtrain"), std::string::npos) << f.attention_kernels;
+  const double forward_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;
+  EXPECT_NEAR(f.forward_kernels.attention, 12 * forward_flops / (229e12 * 67 / 989.5), 1e-9);
+  PlanInput w = input(wide, {0, 1, 1, 1});
+  w.attention = "pdtrain";
+  EXPECT_NE(predict(w, h200).stages[0].attention_kernels.find("GEMMs"), std::string::npos);
+}
+
+// The kinds of kernel add up to the stage's compute: forward and backward (no tensor or
+// pipeline parallelism, so nothing else is in them).
+TEST(PlanModel, KernelTimesAddUpToTheStagesCompute) {
+  const Machine h200 = machine("h200.toml");
+  const std::vector<std::string> sets = gpt2_124m_b16({"train.precision=\"bf16\""});
+  const StagePrediction s = predict(input(sets, {0, 1, 1, 1}), h200).stages[0];
+  EXPECT_NEAR(s.forward, s.forward_kernels.total(), 1e-12);
+  EXPECT_NEAR(s.backward, s.backward_kernels.total(), 1e-12);
+  EXPECT_GT(s.forward_kernels.classifier, 0);
+  EXPECT_GT(s.forward_kernels.elementwise, 0);
+}
+
 }  // namespace
 }  // namespace pdtrain::plan

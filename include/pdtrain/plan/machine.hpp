@@ -14,6 +14,31 @@ struct GemmPoint {
   double flops = 0, efficiency = 0;
 };
 
+// What one attention library was published to reach on this device ([[device.attention]] in a
+// machine file), in FlashAttention's count of FLOPs: the forward 4·T²·hd per sequence and head
+// (half of it causal), the backward 2.5 times its forward. Rates at head size `head_dim` by
+// sequence length, interpolated linearly in log(T) and held at the table's ends.
+struct AttentionRates {
+  std::string library;  // "cudnn" (cuDNN's fused SDPA) or "flash2" (FlashAttention-2)
+  double head_dim = 0;
+  std::string source;   // where the figures were published
+  std::vector<double> seq_len;                            // ascending
+  std::vector<double> forward_causal, forward, backward;  // flop/s, one per seq_len
+  double forward_causal_at(double T) const;
+  double forward_at(double T) const;
+  double backward_at(double T) const;
+  // The causal backward is not published: the non-causal backward scaled as the forward is by
+  // the mask (backward x forward_causal / forward at the same T), never faster than either.
+  double backward_causal_at(double T) const;
+  // The factor a head of `hd` channels reaches of this table's rates: a narrower head does the
+  // same per-element softmax and memory work for fewer FLOPs (hd / head_dim); a wider head is
+  // priced at this table's rates (published wider heads run faster, so this never flatters).
+  double head_factor(double hd) const { return hd < head_dim ? hd / head_dim : 1.0; }
+};
+
+// The published attention libraries a machine file knows.
+inline const char* const kAttentionLibraries[] = {"cudnn", "flash2"};
+
 struct DeviceSpec {
   std::string name;
   bool gpu = true;  // false: a CPU node whose compute ranks share its cores and memory
@@ -28,6 +53,8 @@ struct DeviceSpec {
   double elementwise() const { return elementwise_rate > 0 ? elementwise_rate : memory_bandwidth; }
   double kernel_overhead_s = 0;  // fixed cost per kernel launch
   std::vector<GemmPoint> gemm;   // ascending in flops
+  std::vector<AttentionRates> attention;  // published fused-attention rates (GPUs; may be empty)
+  const AttentionRates* attention_rates(const std::string& library) const;
   // Fraction of peak one GEMM of `flops` reaches: the curve interpolated linearly in log(flops),
   // held at its ends.
   double gemm_efficiency(double flops) const;

@@ -46,6 +46,10 @@ struct PlanInput {
   // machine's device (pdtrain_traffic); set to model another implementation (Megatron: 16-bit
   // activations throughout).
   std::optional<ActivationTraffic> activations;
+  // Which attention kernels a GPU rank runs (compute.attention): "auto" (cuDNN's fused SDPA
+  // where it takes the shape, else pdtrain's fused kernels where they do), "cudnn", "pdtrain",
+  // or "unfused" (the T x T products as GEMMs, the softmax in memory: Megatron-LM's of 2021).
+  std::string attention = "auto";
   // Bytes of one element of the tensor-parallel all-reduces and pipeline messages (pdtrain: 4).
   double message_bytes = 4;
   // pdtrain moves a GPU rank's pipeline messages and data-parallel gradients through pinned
@@ -92,6 +96,19 @@ struct ComputeMemory {
   double device_total() const { return params + grads + optimizer + activations + workspace; }
 };
 
+// Seconds of one micro-batch's kernels through a stage, by kind (pdtrain plan prints them).
+struct KernelTimes {
+  double gemm = 0;         // the layers' weight GEMMs
+  double attention = 0;    // attention (fused kernels, or products and softmax)
+  double classifier = 0;   // the head's GEMM and the passes over the logits (last stage)
+  double elementwise = 0;  // LayerNorms, residuals, GELU, embedding, launches
+  double total() const { return gemm + attention + classifier + elementwise; }
+  KernelTimes& operator+=(const KernelTimes& o) {
+    gemm += o.gemm, attention += o.attention, classifier += o.classifier, elementwise += o.elementwise;
+    return *this;
+  }
+};
+
 struct StagePrediction {
   int pp = 0;               // pipeline stage (its tensor rank 0 stands for the others)
   std::int64_t layers = 0;  // transformer layers of the stage
@@ -102,6 +119,10 @@ struct StagePrediction {
   // tensor-parallel all-reduces and the point-to-point messages to the neighbouring stages.
   double forward = 0, backward = 0, tp_comm = 0, p2p = 0;
   double gemm_flops = 0;  // per micro-batch, forward + backward (+ recomputation)
+  // The compute of forward and backward (recomputation included) by kind of kernel, and what
+  // priced the attention.
+  KernelTimes forward_kernels, backward_kernels;
+  std::string attention_kernels;
 };
 
 struct HolderPrediction {
