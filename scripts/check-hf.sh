@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-build/hf-venv}
 WORK=${WORK:-build/check-hf}
-TEXT=../shared/data/tinyshakespeare.txt
+TEXT=data/tinyshakespeare.txt
 B=4 T=64 NEW=48 PROMPT="ROMEO:"
 run() { scripts/mpirun-local -np "$1" build/pdtrain "${@:2}"; }
 

@@ -18,9 +18,8 @@
 #     ompi/, pmix/    Open MPI's runtime (orterun/mpirun, orted, ompi_info, the MCA components
 #                     without the ucx/ofi/openib/psm and OpenSHMEM ones, help files,
 #                     openmpi-mca-params.conf) and PMIx's components and help files
-#     src/            the source tree (git ls-files: decks, docs, perf scripts, test inputs)
-#     shared/data/    tinyshakespeare.txt (from $GPU_CHECK_DATA_DIR, default ../shared/data
-#                     next to the checkout)
+#     src/            the source tree (git ls-files: decks, docs, perf scripts, test inputs,
+#                     data/tinyshakespeare.txt)
 #     bundle.env      what was built, from which commit, and what the binaries need
 #   and prints its size; it fails above GPU_BUNDLE_MAX_MB (default 60), and when a ctest test
 #   labelled `gpu` (GPU_CHECK_LABEL, a regex) runs an executable of the build not bundled.
@@ -41,7 +40,7 @@
 #   GLIBCXX/CXXABI version the binaries need, else the bundle's).
 #
 #   The test executables have the build's source directory compiled in (they read
-#   input/default.toml, docs/deck.md and ../shared/data from it). If that path does not exist
+#   input/default.toml, docs/deck.md and data/ from it). If that path does not exist
 #   on the GPU machine, `run` points it at the bundle's src/ with a symbolic link (root only)
 #   and removes the link when it ends.
 #
@@ -116,9 +115,6 @@ bundle() {
   done
   cd "$REPO"
   [[ $archive == /* ]] || archive=$PWD/$archive
-  local data_dir=${GPU_CHECK_DATA_DIR:-$REPO/../shared/data}
-  [[ -f $data_dir/tinyshakespeare.txt ]] ||
-    die "bundle: $data_dir/tinyshakespeare.txt not found (the data tests read it; set GPU_CHECK_DATA_DIR)"
   if (( do_build )); then
     echo "gpu-check: building $build_dir (CUDA on, BLAS GEMM backend)"
     BUILD_DIR=$build_dir CMAKE_ARGS="-DPDTRAIN_CUDA=ON -DPDTRAIN_GEMM_BACKEND=blas ${CMAKE_ARGS:-}" \
@@ -139,7 +135,7 @@ bundle() {
   stage=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle.XXXXXX")
   trap "rm -rf '$stage'" EXIT
   local P=$stage/$TOP
-  mkdir -p "$P"/{build,lib/compat,bin,ompi/bin,ompi/lib,ompi/share,ompi/etc,pmix/lib/pmix,pmix/share/pmix,pmix/etc,shared/data,src}
+  mkdir -p "$P"/{build,lib/compat,bin,ompi/bin,ompi/lib,ompi/share,ompi/etc,pmix/lib/pmix,pmix/share/pmix,pmix/etc,src}
 
   # Executables from the list, at their paths in the build tree.
   local elves=() line glob f n rel
@@ -248,7 +244,6 @@ bundle() {
     mkdir -p "$P/src/$(dirname "$rel")"
     ln -sfn "${up}build" "$P/src/$rel"
   fi
-  cp -p "$data_dir/tinyshakespeare.txt" "$P/shared/data/"
   ln -s ../src/scripts/mpirun-local "$P/bin/mpirun-local"
 
   {
@@ -420,7 +415,7 @@ EOF
       CREATED_LINKS+=("$s")
       echo "source dir: $s -> $P/src (a link for this run; removed at the end)"
     else
-      echo "source dir: cannot create $s (not root?): tests reading input/, docs/ or ../shared/data will fail"
+      echo "source dir: cannot create $s (not root?): tests reading input/, docs/ or data/ will fail"
     fi
   elif [[ -n $s ]]; then
     echo "source dir: $s exists on this machine; the tests read it"

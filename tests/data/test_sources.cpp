@@ -26,7 +26,7 @@ namespace {
 
 using Tokens = std::vector<std::int32_t>;
 
-const std::string kShakespeare = std::string(PDTRAIN_SHARED_DATA_DIR) + "/tinyshakespeare.txt";
+const std::string kShakespeare = std::string(PDTRAIN_DATA_DIR) + "/tinyshakespeare.txt";
 
 Tokens train(const TokenSource& s, std::int64_t T, std::int64_t step, std::int64_t first,
              std::int64_t count) {

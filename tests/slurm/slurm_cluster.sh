@@ -29,12 +29,17 @@ chmod 400 "$dir/munge/munge.key"
 munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
   --pid-file="$dir/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed"
 
+# A test cluster's timers, not a production site's: a killed job's surviving ranks get SIGKILL
+# kill_wait seconds after SIGTERM (Slurm's default 30), and a requeued job may start again
+# cred_expire seconds after it was requeued (Slurm's default 120). test_slurm.sh reads both
+# back from slurm.conf to bound what is pdtrain's own part of a recovery.
+kill_wait=5 cred_expire=30
 cat >"$conf" <<CONF
 ClusterName=pdtrain-test
 SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=$cred_expire
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
@@ -46,7 +51,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 JobRequeue=1
 MinJobAge=600
-KillWait=30
+KillWait=$kill_wait
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldPort=16817

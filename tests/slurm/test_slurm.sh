@@ -5,7 +5,8 @@
 #  2. a job whose time limit runs out mid-training: it checkpoints on the warning signal, is
 #     requeued, resumes, and ends with the same params_crc32c as an uninterrupted run;
 #  3. meanwhile a job one of whose ranks is killed (SIGKILL, as a crash or a lost node leaves
-#     it) comes back by itself within 3 minutes (the time is printed) and ends the same way;
+#     it) comes back by itself within Slurm's waits plus 60 s (the time is printed) and ends
+#     the same way;
 #     both jobs' losses at every step are the uninterrupted run's;
 #  4. the daemons it started are stopped (also on failure).
 # Usage: test_slurm.sh SOURCE_DIR BUILD_DIR
@@ -80,11 +81,16 @@ grep -q "restart: from .*ckpt-" "$out" || { echo "FAIL: the requeued job did not
 [ -n "$killed_at" ] || { echo "FAIL: no rank of job $heal was killed"; fail=1; }
 grep -q "pdtrain failed (status [0-9]*): a lost rank or node; requeueing job $heal" "$heal_out" \
   || { echo "FAIL: job $heal did not requeue itself after the lost rank"; fail=1; }
-# The design's bound. Most of it is Slurm's: KillWait (30 s) for the surviving ranks, which
-# take SIGTERM as a request to checkpoint but wait on the dead one, and a requeued job may
-# start only cred_expire (AuthInfo, 120 s by default) after it was requeued.
-[ -n "$recovered" ] && [ "$recovered" -le 180 ] \
-  || { echo "FAIL: job $heal not training again within 180 s (${recovered:-never})"; fail=1; }
+# The bound: Slurm's own waits as the test cluster sets them (KillWait for the surviving
+# ranks, which take SIGTERM as a request to checkpoint but wait on the dead one; cred_expire
+# before a requeued job may start), plus 60 s for pdtrain's part (seeing the lost rank,
+# exiting, the job script's requeue, start-up and the checkpoint read) on a loaded 2-core host.
+slurm_wait=$(( $(grep -oE '^KillWait=[0-9]+' "$SLURM_CONF" | cut -d= -f2) + \
+               $(grep -oE 'cred_expire=[0-9]+' "$SLURM_CONF" | cut -d= -f2) ))
+bound=$((slurm_wait + 60))
+echo "recovery bound: ${bound} s (${slurm_wait} s of it Slurm's KillWait and cred_expire)"
+[ -n "$recovered" ] && [ "$recovered" -le "$bound" ] \
+  || { echo "FAIL: job $heal not training again within $bound s (${recovered:-never})"; fail=1; }
 mpirun --oversubscribe --mca mpi_yield_when_idle 1 -np 3 "$pdtrain" "$src/tests/slurm/long.toml" \
   --set run.out_dir=runs/uninterrupted > uninterrupted.out 2>&1
 want=$(grep -oE "params_crc32c=[0-9a-f]{8}" uninterrupted.out | tail -n 1 | cut -d= -f2)
