@@ -7,17 +7,21 @@ set -u
 out=$1
 shift 2
 fail=0
-run() {  # TAG [env...] -- prints the run's output; a failed run fails the check
-  local tag=$1
+# Runs in a command substitution (a subshell): it returns the run's status, which the caller
+# turns into `fail` (a variable set in the subshell would be lost).
+run() {  # TAG [env...] -- prints the run's output; returns non-zero when the run failed
+  local tag=$1 status=0
   shift
-  env "$@" "${cmd[@]}" --set run.out_dir="$out/$tag" 2>&1 || { echo "FAIL: the $tag run exited with $?" >&2; fail=1; }
+  env "$@" "${cmd[@]}" --set run.out_dir="$out/$tag" 2>&1 || status=$?
+  [ $status -eq 0 ] || echo "FAIL: the $tag run exited with $status" >&2
+  return $status
 }
 cmd=("$@")
-auto=$(run auto)
+auto=$(run auto) || fail=1
 cmd=("$@" --set pd.fetch_path=mpi)
-mpi=$(run mpi)
+mpi=$(run mpi) || fail=1
 cmd=("$@")
-full=$(run full OMPI_MCA_osc_sm_backing_directory="$out/no-such-dir")
+full=$(run full OMPI_MCA_osc_sm_backing_directory="$out/no-such-dir") || fail=1
 crc() { grep -o 'params_crc32c=[0-9a-f]*' <<<"$1"; }
 shared_mib() { grep -o '([0-9.]* through shared memory)' <<<"$1" | head -n 1 | tr -dc '0-9.'; }
 [ -n "$(crc "$auto")" ] || { echo "FAIL: the auto run printed no params_crc32c"; fail=1; }

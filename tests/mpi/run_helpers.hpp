@@ -2,6 +2,7 @@
 // The MPI training tests' deck and runs: the tiny deck they change, scratch paths, and runs on
 // groups of ranks whose reporter's results every rank of the group shares, so that
 // expectations hold on any rank.
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -77,6 +78,9 @@ inline std::string temp_path(const std::string& name) {
 struct RunOutcome {
   std::vector<double> losses;
   std::uint32_t crc = 0;
+  // Whether this rank was in a group that ran (run_on_groups): a rank that sat the run out has
+  // nothing to compare, every rank that ran has the group's losses (checked there).
+  bool ran = false;
 };
 
 // Shares `r` of rank `root` with every rank of `comm`.
@@ -88,14 +92,25 @@ inline void share(RunOutcome& r, int root, MPI_Comm comm) {
   MPI_Bcast(&r.crc, 1, MPI_UINT32_T, root, comm);
 }
 
+// The rank of `comm` that reported `r`'s run (the compute rank dp 0, tp 0, last stage: where it
+// sits depends on how holders were placed over the nodes, so it is asked, not guessed); -1 if
+// none did. Collective over `comm`.
+inline int reporting_rank(const TrainResult& r, MPI_Comm comm) {
+  int rank = 0, reporter = -1;
+  MPI_Comm_rank(comm, &rank);
+  const int mine = r.reporter ? rank : -1;
+  MPI_Allreduce(&mine, &reporter, 1, MPI_INT, MPI_MAX, comm);
+  return reporter;
+}
+
 inline RunOutcome run_deck(const std::string& deck_text, const std::vector<std::string>& sets,
                            MPI_Comm comm, RunOptions opts = {}) {
   const Deck deck = parse_deck(deck_text, "test.toml", sets);
   opts.verbose = false;
   const TrainResult r = run_training(deck, comm, opts);
-  // The reporter is the compute rank (dp 0, tp 0, last stage).
-  const int reporter = static_cast<int>(deck.parallel.holders + (deck.parallel.pp - 1) * deck.parallel.tp);
+  const int reporter = reporting_rank(r, comm);
   RunOutcome out;
+  if (reporter < 0) return out;
   out.losses = r.losses;
   out.crc = r.params_crc32c;
   share(out, reporter, comm);
@@ -118,7 +133,8 @@ inline MPI_Comm group_of(MPI_Comm comm, int size, int groups = INT_MAX) {
 
 // The deck with `sets` run by each group of `size` world ranks (every full group, or the first
 // `groups`), group g with run.out_dir "<out_dir>-<g>". Returns the outcome of this rank's
-// group; empty on ranks in no group.
+// group (ran = true); empty on ranks in no group. A group that ran without losses fails the
+// test.
 inline RunOutcome run_on_groups(const std::string& deck_text, int size,
                                 std::vector<std::string> sets, const std::string& out_dir,
                                 int groups = INT_MAX) {
@@ -127,7 +143,11 @@ inline RunOutcome run_on_groups(const std::string& deck_text, int size,
   if (g != MPI_COMM_NULL) {
     sets.push_back("run.out_dir=" + out_dir + "-" + std::to_string(world_rank() / size));
     r = run_deck(deck_text, sets, g);
+    r.ran = true;
     MPI_Comm_free(&g);
+    // A group that ran and reported no loss must fail here: the tests skip ranks that sat out,
+    // and a run whose reporter printed nothing would otherwise look like one.
+    if (r.losses.empty()) ADD_FAILURE() << "a group of " << size << " ranks ran " << out_dir << " but its reporter has no losses";
   }
   return r;
 }

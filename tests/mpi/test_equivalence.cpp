@@ -51,7 +51,7 @@ TEST(Equivalence, ReferenceLearns) {
 
 TEST(Equivalence, OneHolderOneCompute) {
   RunOutcome r = run_groups(2, {"parallel.holders=1"}, "h1dp1");
-  if (r.losses.empty()) return;
+  if (!r.ran) return;
   expect_same_losses(r, 1e-5);
   // With one replica the holder applies the same gradients with the same arithmetic as the
   // single rank: decoupling changes nothing, bit for bit.
@@ -79,7 +79,7 @@ TEST(Equivalence, FourRankLayoutsFollowTheReference) {
                                      {"parallel.holders=0", "h0dp4"}}) {
     SCOPED_TRACE(tag);
     RunOutcome r = run_groups(4, {holders}, tag);
-    if (!r.losses.empty()) expect_same_losses(r, 1e-5);
+    if (r.ran) expect_same_losses(r, 1e-5);
     if (world_rank() == 0) {
       const auto [rows, last_has_val] = metrics_rows(out_dir(tag) + "-0");
       EXPECT_EQ(rows, 20);
@@ -93,7 +93,7 @@ TEST(Equivalence, DecoupledEqualsReplicatedBitwiseAtSameDp) {
   RunOutcome pd = run_groups(4, {"parallel.holders=1"}, "bw-pd");
   RunOutcome rep = run_groups(3, {"parallel.holders=0"}, "bw-rep");  // dp 3 on 3 ranks
   // Ranks 0-2 ran both; compare where both outcomes exist.
-  if (pd.losses.empty() || rep.losses.empty()) return;
+  if (!pd.ran || !rep.ran) return;
   EXPECT_EQ(pd.losses, rep.losses);
   EXPECT_EQ(pd.crc, rep.crc);
 }
@@ -103,7 +103,7 @@ TEST(Equivalence, LosslessWireCodecsAreBitIdenticalToRaw) {
   RunOutcome raw = run_groups(4, {"parallel.holders=1"}, "codec-raw");
   RunOutcome packed = run_groups(
       4, {"parallel.holders=1", "pd.fetch_codec=lz4", "pd.push_codec=zstd"}, "codec-lz4");
-  if (raw.losses.empty()) return;
+  if (!raw.ran) return;
   EXPECT_EQ(raw.losses, packed.losses);
   EXPECT_EQ(raw.crc, packed.crc);
 }
@@ -139,12 +139,12 @@ TEST(Equivalence, PrefetchAndBoundedCacheAreBitIdentical) {
     sets.push_back("parallel.holders=1");
     const std::string tag = "cache" + std::to_string(i);
     RunOutcome one = run_groups(2, sets, tag + "-dp1");
-    if (!one.losses.empty()) {
+    if (one.ran) {
       EXPECT_EQ(one.losses, reference().losses) << i;
       EXPECT_EQ(one.crc, reference().crc) << i;
     }
     RunOutcome three = run_groups(4, sets, tag + "-dp3");
-    if (!three.losses.empty()) {
+    if (three.ran) {
       EXPECT_EQ(three.losses, dp3.losses) << i;
       EXPECT_EQ(three.crc, dp3.crc) << i;
     }
@@ -179,14 +179,14 @@ TEST(Equivalence, LayerMajorOrderFetchesEachLayerOncePerDirection) {
                                      out_dir("lm-base1"));
   RunOutcome pd1 = run_groups(2, with(layer, pd), "lm-pd1");
   RunOutcome mb1 = run_groups(2, with(pd, {"parallel.micro_batches=2"}), "lm-mb1");
-  if (!pd1.losses.empty()) {
+  if (pd1.ran) {
     EXPECT_EQ(pd1.losses, base1.losses);
     EXPECT_EQ(pd1.crc, base1.crc);
     expect_same_losses(pd1, 1e-5);
   }
   RunOutcome base3 = run_groups(3, with(layer, {"parallel.holders=0"}), "lm-base3");
   RunOutcome pd3 = run_groups(4, with(layer, pd), "lm-pd3");
-  if (!pd3.losses.empty() && !base3.losses.empty()) {
+  if (pd3.ran && base3.ran) {
     EXPECT_EQ(pd3.losses, base3.losses);
     EXPECT_EQ(pd3.crc, base3.crc);
   }
@@ -210,7 +210,7 @@ TEST(Equivalence, HoldersSpreadOverNodesChangeNothing) {
   setenv("PDTRAIN_TEST_RANKS_PER_NODE", "1", 1);  // every rank its own node
   RunOutcome four_nodes = run_groups(4, sets, "nodes-4");
   unsetenv("PDTRAIN_TEST_RANKS_PER_NODE");
-  if (one_node.losses.empty()) return;
+  if (!one_node.ran) return;
   EXPECT_EQ(two_nodes.losses, one_node.losses);
   EXPECT_EQ(two_nodes.crc, one_node.crc);
   EXPECT_EQ(four_nodes.losses, one_node.losses);
@@ -237,7 +237,7 @@ TEST(Equivalence, FetchPathsAreBitIdentical) {
       RunOutcome a = run_groups(4, shared, tag + "a");
       RunOutcome b = run_groups(4, message, tag + "m");
       unsetenv("PDTRAIN_TEST_RANKS_PER_NODE");
-      if (a.losses.empty()) continue;
+      if (!a.ran) continue;
       ASSERT_EQ(a.losses.size(), 20u) << tag;
       EXPECT_EQ(a.losses, b.losses) << tag;
       EXPECT_EQ(a.crc, b.crc) << tag;
@@ -267,7 +267,7 @@ TEST(Equivalence, HolderThreadsAreBitIdentical) {
       by_threads[t - 1] = run_on_groups(wide, 2, sets,
                                         out_dir("threads" + std::to_string(i) + std::to_string(t)));
     }
-    if (by_threads[0].losses.empty()) continue;
+    if (!by_threads[0].ran) continue;
     ASSERT_EQ(by_threads[0].losses.size(), 6u);
     for (int t = 2; t <= 3; ++t) {
       EXPECT_EQ(by_threads[t - 1].losses, by_threads[0].losses) << i << " threads " << t;
@@ -281,7 +281,7 @@ TEST(Equivalence, HolderThreadsAreBitIdentical) {
   two.push_back("pd.holder_threads=2");
   RunOutcome a = run_on_groups(wide, 4, one, out_dir("threads-tied1"));
   RunOutcome b = run_on_groups(wide, 4, two, out_dir("threads-tied2"));
-  if (a.losses.empty()) return;
+  if (!a.ran) return;
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.crc, b.crc);
 }
@@ -298,7 +298,7 @@ TEST(Equivalence, PushesInFlightAreBitIdentical) {
     sets.push_back("pd.pushes_in_flight=" + std::to_string(n));
     by_count[n] = run_groups(3, sets, "in-flight" + std::to_string(n));
   }
-  if (by_count[0].losses.empty()) return;
+  if (!by_count[0].ran) return;
   ASSERT_EQ(by_count[1].losses.size(), 20u);
   for (int n : {0, 2}) {
     EXPECT_EQ(by_count[n].losses, by_count[1].losses) << n << " in flight";
@@ -316,7 +316,7 @@ TEST(Reproducibility, BoundedStalenessIsReproducible) {
                                            "pd.staleness_ramp=0"};
     RunOutcome a = run_groups(4, sets, std::string("ssp-a") + s[12]);
     RunOutcome b = run_groups(4, sets, std::string("ssp-b") + s[12]);
-    if (a.losses.empty()) continue;
+    if (!a.ran) continue;
     EXPECT_EQ(a.crc, b.crc) << s;
     EXPECT_EQ(a.losses, b.losses) << s;
     EXPECT_NE(a.crc, reference().crc) << s;  // stale gradients: a different trajectory
@@ -331,7 +331,7 @@ TEST(Reproducibility, LossyBf16WireIsCloseAndReproducible) {
                                          "pd.push_codec=bf16"};
   RunOutcome a = run_groups(4, bf16, "bf16-a");
   RunOutcome b = run_groups(4, bf16, "bf16-b");
-  if (a.losses.empty()) return;
+  if (!a.ran) return;
   EXPECT_EQ(a.crc, b.crc);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_NE(a.crc, reference().crc);  // it is lossy...
@@ -343,7 +343,7 @@ TEST(Reproducibility, SamePdRunTwiceGivesIdenticalCrc) {
   ASSERT_GE(world_size(), 4);
   RunOutcome a = run_groups(4, {"parallel.holders=1"}, "rep-a");
   RunOutcome b = run_groups(4, {"parallel.holders=1"}, "rep-b");
-  if (a.losses.empty()) return;
+  if (!a.ran) return;
   EXPECT_EQ(a.crc, b.crc);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_NE(a.crc, 0u);

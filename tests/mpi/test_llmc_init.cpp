@@ -66,9 +66,10 @@ double eval_loss(const std::vector<std::string>& sets, MPI_Comm comm) {
   o.verbose = false;
   o.eval_batches = 3;
   const TrainResult r = run_training(d, comm, o);
-  const int reporter = static_cast<int>(d.parallel.holders + (d.parallel.pp - 1) * d.parallel.tp);
+  const int reporter = reporting_rank(r, comm);
+  EXPECT_GE(reporter, 0) << "no rank reported";
   double loss = r.reporter ? r.val_losses.at(0) : 0.0;
-  MPI_Bcast(&loss, 1, MPI_DOUBLE, reporter, comm);
+  if (reporter >= 0) MPI_Bcast(&loss, 1, MPI_DOUBLE, reporter, comm);
   return loss;
 }
 
