@@ -89,7 +89,7 @@ def combine(weighted):
 
 
 def base_name(name):
-    name = name.replace("(anonymous namespace)", "").strip().lstrip("(").split("(")[0]
+    name = name.replace("(anonymous namespace)", "").strip().strip("()").split("(")[0]
     depth, plain = 0, ""
     for ch in name:
         depth += ch == "<"
@@ -273,7 +273,8 @@ def table(rows, res, machines, out):
         else:
             _, occ, lim = occupancy(block, regs, smem + dyn)
             occ_text, regs_text, smem_text = f"{100 * occ:.0f}", str(regs), str(smem)
-        line = (f"{name[:34]:<34} {block:>5} {dyn:>6} {row['launches']:>6} {regs_text:>4} "
+        shown = name.replace("(", "").replace(")", "").replace(", ", ",")
+        line = (f"{shown[:34]:<34} {block:>5} {dyn:>6} {row['launches']:>6} {regs_text:>4} "
                 f"{smem_text:>6} {occ_text:>5} {lim[:5]:<5} {row['shared_requests']:>10} "
                 f"{ratio(row['shared_wavefronts'], row['shared_ideal_wavefronts']):>8.2f} "
                 f"{row['global_requests']:>10} "
