@@ -33,7 +33,8 @@ set(_pdt_nccl_sources ${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/nccl_collectiv
 if(PDTRAIN_CUDA_EMULATED)
   # The emulation's NCCL (over MPI) is pdtrain::nccl already; the .cu is C++ there.
   set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/src/device/cuda/fixed_order_sum.cu
-                              PROPERTIES LANGUAGE CXX)
+                              PROPERTIES LANGUAGE CXX
+                              COMPILE_OPTIONS "${PDTRAIN_CUDA_EMU_PROFILE_FLAGS}")
   list(APPEND PDTRAIN_DEVICE_EXTRA_SOURCES ${_pdt_nccl_sources})
   set(PDTRAIN_NCCL ON)
 else()
@@ -85,7 +86,8 @@ function(pdtrain_cuda_kernels_library)
   if(PDTRAIN_CUDA_EMULATED)
     # The .cu files as C++ (CMake adds -x c++); the host compiler never contracts anyway.
     list(FILTER srcs INCLUDE REGEX "\\.cu$")
-    set_source_files_properties(${srcs} PROPERTIES LANGUAGE CXX)
+    set_source_files_properties(${srcs} PROPERTIES LANGUAGE CXX
+                                COMPILE_OPTIONS "${PDTRAIN_CUDA_EMU_PROFILE_FLAGS}")
     target_compile_options(pdtrain_kernels_cuda PRIVATE -Wno-unknown-pragmas)
   else()
     set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/src/kernels/cuda/crossentropy.cu

@@ -18,6 +18,22 @@ if(PDTRAIN_SANITIZE)
   message(STATUS "pdtrain: emulated CUDA target with -fsanitize=${_pdt_sanitizers}")
 endif()
 
+# PDTRAIN_CUDA_EMU_PROFILE (default OFF): the profiling build of the emulated target (a test
+# tool like it; scripts/build-cuda-profile.sh): clang's -fsanitize-coverage=trace-loads and
+# trace-stores on the kernel sources only (the .cu files, and the tests' planted kernels), so
+# that every load and store of kernel code reaches the runtime's counters (emulation/cuda/src/
+# profile.cpp, docs/cuda-emulation.md "Kernel counts"). GCC has no trace-loads: clang only.
+option(PDTRAIN_CUDA_EMU_PROFILE "Count kernel memory accesses (clang coverage callbacks)" OFF)
+set(PDTRAIN_CUDA_EMU_PROFILE_FLAGS "")
+if(PDTRAIN_CUDA_EMU_PROFILE)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "PDTRAIN_CUDA_EMU_PROFILE needs clang (-fsanitize-coverage=trace-loads)")
+  endif()
+  set(PDTRAIN_CUDA_EMU_PROFILE_FLAGS -fsanitize-coverage=edge,trace-loads,trace-stores)
+  add_compile_definitions(PDTRAIN_CUDA_EMU_PROFILE=1)
+  message(STATUS "pdtrain: emulated CUDA target, profiling build (kernel loads and stores counted)")
+endif()
+
 find_package(Boost 1.74 REQUIRED COMPONENTS context)
 find_package(Threads REQUIRED)
 

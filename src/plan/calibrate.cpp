@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "pdtrain/core/bf16.hpp"
@@ -102,6 +103,15 @@ double time_of(int reps, bool best, F&& f) {
 // the cache run up to 1.6x faster here (AMD EPYC, n = 64..1024) and predicted steps too short.
 constexpr std::size_t kColdBytes = std::size_t{64} << 20;
 
+// The GEMM inputs' values as T (bf16: rounded as everywhere, core/bf16.hpp).
+template <class T>
+T input_value(float x) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return to_bf16(x);
+  else
+    return x;
+}
+
 template <class T>
 double gemm_rate(int n) {
   const std::size_t elems = static_cast<std::size_t>(n) * n;
@@ -110,7 +120,7 @@ double gemm_rate(int n) {
   std::vector<std::vector<float>> c(sets);
   for (std::size_t s = 0; s < sets; ++s) {
     a[s].resize(elems), b[s].resize(elems), c[s].assign(elems, 0.0f);
-    for (std::size_t i = 0; i < elems; ++i) a[s][i] = T(0.001f * static_cast<float>(i % 1000)), b[s][i] = a[s][i];
+    for (std::size_t i = 0; i < elems; ++i) a[s][i] = input_value<T>(0.001f * static_cast<float>(i % 1000)), b[s][i] = a[s][i];
   }
   double seconds = 0;
   std::size_t next = 0;

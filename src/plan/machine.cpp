@@ -48,6 +48,10 @@ const std::vector<NumberKey>& number_keys() {
        [](Machine& m) -> double& { return m.device.elementwise_rate; }},
       {"device", "kernel_overhead_us", "us", kMicro, false,
        [](Machine& m) -> double& { return m.device.kernel_overhead_s; }},
+      {"device", "sm_count", "SMs", 1, false,
+       [](Machine& m) -> double& { return m.device.sm_count; }},
+      {"device", "sm_clock_mhz", "MHz", 1e6, false,
+       [](Machine& m) -> double& { return m.device.sm_clock_hz; }},
       {"node", "cpu_memory_gib", "GiB", kGiB, true,
        [](Machine& m) -> double& { return m.node.cpu_memory_bytes; }},
       {"node", "cpu_memory_bandwidth_gbs", "GB/s", kGB, true,
@@ -242,6 +246,17 @@ double interpolate_log(const std::vector<double>& x, const std::vector<double>& 
   return y[lo] + t * (y[hi] - y[lo]);
 }
 
+// The SM count is a whole number of SMs (at most 1024) and the clock one a GPU runs at (100 MHz
+// to 5 GHz): a figure outside is a typo (a clock in GHz or Hz, a core count for SMs).
+void check_gpu_cores(const toml::value& root, const std::string& file, const DeviceSpec& d) {
+  if (const toml::value* v = lookup(root, "device", "sm_count");
+      v && (!v->is_integer() || d.sm_count > 1024))
+    fail(at(file, *v) + ": device.sm_count: expected an integer from 1 to 1024, got " + describe(*v));
+  if (const toml::value* v = lookup(root, "device", "sm_clock_mhz");
+      v && (d.sm_clock_hz < 100e6 || d.sm_clock_hz > 5000e6))
+    fail(at(file, *v) + ": device.sm_clock_mhz: expected 100 to 5000 (MHz), got " + describe(*v));
+}
+
 }  // namespace
 
 double AttentionRates::forward_causal_at(double T) const { return interpolate_log(seq_len, forward_causal, T); }
@@ -297,6 +312,7 @@ Machine parse_machine(const std::string& text, const std::string& file) {
     if (!v && needed) fail(file + ": missing key '" + k.section + "." + k.name + "' (" + k.unit + ")");
     if (v) k.field(m) = k.scale * positive_number(*v, file, std::string(k.section) + "." + k.name);
   }
+  check_gpu_cores(root, file, m.device);
   if (m.node.wait_core_share >= 1)
     fail(at(file, *lookup(root, "node", "wait_core_share")) +
          ": node.wait_core_share: a waiting rank takes less than a whole core, got " +

@@ -55,8 +55,7 @@ std::string error_of(const std::string& text) {
   return "";
 }
 
-std::string with(const std::string& from, const std::string& to) {
-  std::string t = kMinimal;
+std::string with(const std::string& from, const std::string& to, std::string t = kMinimal) {
   const auto at = t.find(from);
   EXPECT_NE(at, std::string::npos) << from;
   return t.replace(at, from.size(), to);
@@ -113,6 +112,32 @@ TEST(Machine, WaitCoreShareIsOptionalAndBelowOne) {
             "m.toml:16: node.wait_core_share: a waiting rank takes less than a whole core, got 1");
   EXPECT_EQ(error_of(with("cpu_cores = 32\n", "cpu_cores = 32\nwait_core_share = -0.1\n")),
             "m.toml:16: node.wait_core_share: expected a number > 0, got -0.1");
+}
+
+// The SMs and their clock (perf/kernel_counts.sh's time bounds): optional, read in SMs and MHz,
+// written back; a count that is no whole number of SMs or a clock in the wrong unit is refused.
+TEST(Machine, SmCountAndClockAreOptionalAndChecked) {
+  EXPECT_EQ(parse_machine(kMinimal, "m.toml").device.sm_count, 0);
+  const std::string cores =
+      with("memory_bandwidth_gbs = 1000\n", "memory_bandwidth_gbs = 1000\nsm_count = 132\nsm_clock_mhz = 1980\n");
+  const Machine m = parse_machine(cores, "m.toml");
+  EXPECT_DOUBLE_EQ(m.device.sm_count, 132);
+  EXPECT_DOUBLE_EQ(m.device.sm_clock_hz, 1980e6);
+  const Machine back = parse_machine(machine_toml(m), "w.toml");
+  EXPECT_DOUBLE_EQ(back.device.sm_count, 132);
+  EXPECT_DOUBLE_EQ(back.device.sm_clock_hz, 1980e6);
+  EXPECT_EQ(error_of(with("sm_count = 132", "sm_count = 132.5", cores)),
+            "m.toml:10: device.sm_count: expected an integer from 1 to 1024, got 132.5");
+  EXPECT_EQ(error_of(with("sm_count = 132", "sm_count = 2048", cores)),
+            "m.toml:10: device.sm_count: expected an integer from 1 to 1024, got 2048");
+  EXPECT_EQ(error_of(with("sm_clock_mhz = 1980", "sm_clock_mhz = 1.98", cores)),
+            "m.toml:11: device.sm_clock_mhz: expected 100 to 5000 (MHz), got 1.98");
+  const Machine h100 = load_machine(kMachines + "h100-sxm.toml");
+  const Machine h200 = load_machine(kMachines + "h200.toml");
+  for (const Machine* g : {&h100, &h200}) {
+    EXPECT_DOUBLE_EQ(g->device.sm_count, 132) << g->name;
+    EXPECT_DOUBLE_EQ(g->device.sm_clock_hz, 1980e6) << g->name;
+  }
 }
 
 TEST(Machine, WrittenFileReadsBackTheSame) {

@@ -100,6 +100,11 @@ void* dynamic_shared();  // the block's dynamic shared memory (the launch's shar
 
 void sync_threads();
 
+// One 8- or 16-byte access of a vector (float4, uint2, ...) by the running thread, as a GPU makes
+// it (LDG.128, STS.64, ...), for the kernel counts (profile.cpp): the CPU compiler splits a
+// vector copy into its components, whose coverage callbacks this access then absorbs.
+void vector_access(const void* p, unsigned bytes, bool is_store);
+
 enum class WarpOp { shfl_idx, shfl_xor, shfl_down, shfl_up, ballot, sync, wmma_load, wmma_store,
                     wmma_mma };
 // A warp-level call of the running lane: waits until every lane of `mask` made the same call,
@@ -133,6 +138,10 @@ T shuffle(WarpOp op, unsigned mask, T v, int arg, int width) {
 // The block's dynamic shared memory as `type* name` (extern __shared__ type name[] under nvcc).
 #define PDTRAIN_CUDA_EMU_DYNAMIC_SHARED(type, name) \
   type* name = static_cast<type*>(::cuda_emu::dynamic_shared())
+
+// Kernel code (src/kernels/cuda/common.cuh's loads and stores) names its vector accesses.
+#define PDTRAIN_CUDA_EMU_VECTOR_ACCESS(p, bytes, is_store) \
+  ::cuda_emu::vector_access((p), (bytes), (is_store))
 
 #define threadIdx (::cuda_emu::thread_idx())
 #define blockIdx (::cuda_emu::block_idx())

@@ -50,6 +50,9 @@ void fault(int device, cudaError_t error, const std::string& message);
 // undefined (`why`, after the block and thread it names); the thread never runs again and the
 // launch faults as a barrier never reached does.
 [[noreturn]] void thread_fault(const std::string& why);
+// The running kernel thread's linear index in its block; -1 when the caller runs no kernel
+// thread (the kernel counts attribute accesses with it: profile.cpp).
+int running_thread();
 
 // ---------------------------------------------------------------------------------------------
 // Streams (streams.cpp). Each stream is an in-order queue run by a worker thread of its own.

@@ -36,6 +36,7 @@
 #include <cuda_runtime.h>
 
 #include "emulator.hpp"
+#include "profile.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
@@ -214,10 +215,12 @@ class Block {
     }
     rng_ = rng;
     make_all_runnable();
+    profile::block_begins(n, dynamic_shared, this, sizeof *this);
     if (direct_)
       run_directly();
     else
       schedule(n);
+    profile::block_ends();
     if (!fault.empty()) bury();
   }
 
@@ -228,6 +231,7 @@ class Block {
   void wait_at_barrier() {
     synchronized_ = true;
     if (direct_) throw NotDirect{"__syncthreads"};
+    profile::thread_synchronized(running->linear, true);
     running->state = State::barrier;
     yield();
   }
@@ -245,6 +249,7 @@ class Block {
     synchronized_ = true;
     if (direct_) throw NotDirect{op_name(op)};
     Thread& t = *running;
+    profile::thread_synchronized(t.linear, false);
     t.state = State::warp;
     t.op = op, t.mask = mask, t.value = value, t.arg = arg, t.width = width;
     yield();
@@ -274,6 +279,7 @@ class Block {
       while (head_ < runnable_.size()) {
         running = &threads_[static_cast<std::size_t>(next_runnable())];
         kernel->run_thread();
+        profile::thread_ended(running->linear);
       }
     } catch (const NotDirect& e) {
       fault = "thread " + coords(running->idx) + " calls " + e.call +
@@ -360,6 +366,7 @@ class Block {
 #endif
                            scheduler_ = std::move(scheduler);
                            kernel->run_thread();
+                           profile::thread_ended(t.linear);
                            t.state = State::done;
 #ifdef PDTRAIN_EMU_ASAN
                            __sanitizer_start_switch_fiber(nullptr, scheduler_bottom_,
@@ -616,6 +623,7 @@ void run_checked_twice(const LaunchConfig& config, const Kernel& kernel, std::ui
   std::minstd_rand first(
       static_cast<unsigned>(race_check().seed ^ (launch * 0x9e3779b97f4a7c15ull)));
   if (!run_grid(config, kernel, &first)) return;
+  profile::launch_ends();  // the second run is not counted
   const std::vector<std::vector<char>> results = save(regions);
   restore(regions, inputs);
   std::minstd_rand second(
@@ -667,10 +675,12 @@ void launch(const LaunchConfig& config, std::shared_ptr<const Kernel> kernel) {
                    config.block.y * config.block.z,
                0, 0);
   enqueue(config.stream, std::string("kernel ") + config.name, [config, kernel, id] {
+    profile::launch_begins(config);
     if (race_check().on)
       run_checked_twice(config, *kernel, id);
     else
       run_grid(config, *kernel, nullptr);
+    profile::launch_ends();
   });
 }
 
@@ -687,5 +697,10 @@ std::uint64_t warp_call(WarpOp op, unsigned mask, std::uint64_t value, int arg, 
 }
 
 void thread_fault(const std::string& why) { current_block().fault_running(why); }
+
+int running_thread() {
+  const Thread* t = current_block().running;
+  return t == nullptr ? -1 : t->linear;
+}
 
 }  // namespace cuda_emu

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "emulator.hpp"
+#include "profile.hpp"
 
 namespace cuda_emu::wmma {
 namespace {
@@ -90,6 +91,35 @@ std::size_t offset(int element, unsigned ldm, bool col_major) {
   return col_major ? c * ldm + r : r * ldm + c;
 }
 
+// The kernel counts (profile.hpp) of a load or store: the accesses a GPU makes, not the
+// emulation's. sm_80 and later build a 16x16x16 bf16 fragment from the mma.m16n8k16 fragments
+// the PTX ISA documents ("Matrix Fragments for mma.m16n8k16": lane = 4 * group + t; a and the
+// accumulator hold rows group and group + 8, columns 2t, 2t + 1 and those + 8; b holds rows
+// 2t, 2t + 1 and those + 8, columns group and group + 8), register by register, a 32-bit access
+// per register (nvcc's generic LD/ST for wmma, as its SASS shows): two bf16 of a row (or of a
+// column-major b's column) that are adjacent in memory are one 4-byte access, otherwise two
+// 2-byte ones; an fp32 element is one 4-byte access.
+void count_fragment_accesses(Use use, const void* ptr, unsigned ldm, bool col_major,
+                             bool is_store) {
+  if (!profile::on()) return;
+  const int lane = linear_thread() % kLanes, group = lane / 4, t = lane % 4;
+  const std::size_t bytes = use == Use::accumulator ? sizeof(float) : sizeof(__nv_bfloat16);
+  const auto address = [&](int i) {  // element i of the lane's fragment (register i / 2 or i)
+    const int along = 2 * t + (i & 1) + 8 * (i >> 1 & 1), across = group + 8 * (i >> 2);
+    const bool b = use == Use::matrix_b;
+    const int row = b ? along : group + 8 * (i >> 1 & 1);
+    const int col = b ? across : 2 * t + (i & 1) + 8 * (i >> 2);
+    return static_cast<const char*>(ptr) + offset(row * kDim + col, ldm, col_major) * bytes;
+  };
+  for (int i = 0; i < kElementsPerLane; ++i) {
+    const char* p = address(i);
+    const bool pair = bytes == sizeof(__nv_bfloat16) && (i & 1) == 0 &&
+                      address(i + 1) == p + bytes && reinterpret_cast<std::uintptr_t>(p) % 4 == 0;
+    profile::access(p, pair ? 4 : static_cast<unsigned>(bytes), is_store);
+    if (pair) ++i;
+  }
+}
+
 // Where each lane of the running block put its mma operands (published before the warp meets).
 struct Operands {
   const __nv_bfloat16* a = nullptr;
@@ -103,6 +133,7 @@ void load(Use use, void* x, const void* ptr, unsigned ldm, bool col_major) {
   const std::size_t bytes = use == Use::accumulator ? sizeof(float) : sizeof(__nv_bfloat16);
   check_arguments("nvcuda::wmma::load_matrix_sync", use, ptr, ldm, bytes);
   warp_call(WarpOp::wmma_load, kFullWarp, pointer_bits(ptr), layout_arg(ldm, col_major), kLanes);
+  count_fragment_accesses(use, ptr, ldm, col_major, false);
   const int lane = linear_thread() % kLanes;
   const Mapping& m = mapping(use);
   for (int i = 0; i < kElementsPerLane; ++i) {
@@ -116,6 +147,7 @@ void store(float* ptr, const float* x, unsigned ldm, bool col_major) {
   check_arguments("nvcuda::wmma::store_matrix_sync", Use::accumulator, ptr, ldm, sizeof(float));
   warp_call(WarpOp::wmma_store, kFullWarp, pointer_bits(ptr), layout_arg(ldm, col_major),
             kLanes);
+  count_fragment_accesses(Use::accumulator, ptr, ldm, col_major, true);
   const int lane = linear_thread() % kLanes;
   const Mapping& m = mapping(Use::accumulator);
   for (int i = 0; i < kElementsPerLane; ++i) {
@@ -128,6 +160,7 @@ void mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* 
   const int me = linear_thread(), lane = me % kLanes, first = me - lane;
   tl_operands[static_cast<std::size_t>(me)] = {a, b};
   warp_call(WarpOp::wmma_mma, kFullWarp, 0, 0, kLanes);  // every lane published its operands
+  if (lane == 0) profile::tensor_op("m16n16k16.bf16", 2 * kDim * kDim * kDim);
   const Mapping &ma = mapping(Use::matrix_a), &mb = mapping(Use::matrix_b),
                 &mc = mapping(Use::accumulator);
   const auto element = [&](const Mapping& m, bool is_a, int r, int col) {

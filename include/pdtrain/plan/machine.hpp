@@ -52,6 +52,10 @@ struct DeviceSpec {
   double elementwise_rate = 0;
   double elementwise() const { return elementwise_rate > 0 ? elementwise_rate : memory_bandwidth; }
   double kernel_overhead_s = 0;  // fixed cost per kernel launch
+  // A GPU's streaming multiprocessors and their clock (hertz; the highest boost clock, so that a
+  // time bound from cycles stays a lower bound): perf/kernel_counts.sh's per-kernel time bounds.
+  // 0: the optional keys left out.
+  double sm_count = 0, sm_clock_hz = 0;
   std::vector<GemmPoint> gemm;   // ascending in flops
   std::vector<AttentionRates> attention;  // published fused-attention rates (GPUs; may be empty)
   const AttentionRates* attention_rates(const std::string& library) const;

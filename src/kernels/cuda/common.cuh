@@ -31,6 +31,11 @@ using Index = std::int64_t;
 #define PDTRAIN_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream) \
   kernel<<<grid, block, shared_bytes, stream>>>
 #endif
+// One 8- or 16-byte access of the vector at p, as a GPU makes it: the emulation's kernel counts
+// take it whole, which the CPU compiler splits into its components (docs/cuda-emulation.md).
+#ifndef PDTRAIN_CUDA_EMU_VECTOR_ACCESS
+#define PDTRAIN_CUDA_EMU_VECTOR_ACCESS(p, bytes, is_store)
+#endif
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -105,9 +110,11 @@ __device__ __forceinline__ uint2 pack_bf16x4(float4 v) {
 // one 16- or 8-byte access, the caller checked the alignment) or one at a time, so one kernel
 // template serves either element type; stores round with core/bf16.hpp's rounding.
 __device__ __forceinline__ float4 load4(const float* p, Index i) {
+  PDTRAIN_CUDA_EMU_VECTOR_ACCESS(reinterpret_cast<const float4*>(p) + i, sizeof(float4), false);
   return reinterpret_cast<const float4*>(p)[i];
 }
 __device__ __forceinline__ float4 load4(const bf16* p, Index i) {
+  PDTRAIN_CUDA_EMU_VECTOR_ACCESS(reinterpret_cast<const uint2*>(p) + i, sizeof(uint2), false);
   const uint2 u = reinterpret_cast<const uint2*>(p)[i];
   const auto f = [](unsigned bits) { return __uint_as_float(bits << 16); };
   return make_float4(f(u.x & 0xffffu), f(u.x >> 16), f(u.y & 0xffffu), f(u.y >> 16));
@@ -115,10 +122,13 @@ __device__ __forceinline__ float4 load4(const bf16* p, Index i) {
 __device__ __forceinline__ float load1(const float* p, Index i) { return p[i]; }
 __device__ __forceinline__ float load1(const bf16* p, Index i) { return pdtrain::to_float(p[i]); }
 __device__ __forceinline__ void store4(float* p, Index i, float4 v) {
+  PDTRAIN_CUDA_EMU_VECTOR_ACCESS(reinterpret_cast<float4*>(p) + i, sizeof(float4), true);
   reinterpret_cast<float4*>(p)[i] = v;
 }
 __device__ __forceinline__ void store4(bf16* p, Index i, float4 v) {
-  reinterpret_cast<uint2*>(p)[i] = pack_bf16x4(v);
+  const uint2 packed = pack_bf16x4(v);
+  PDTRAIN_CUDA_EMU_VECTOR_ACCESS(reinterpret_cast<uint2*>(p) + i, sizeof(uint2), true);
+  reinterpret_cast<uint2*>(p)[i] = packed;
 }
 __device__ __forceinline__ void store1(float* p, Index i, float v) { p[i] = v; }
 __device__ __forceinline__ void store1(bf16* p, Index i, float v) { p[i] = pdtrain::to_bf16(v); }
