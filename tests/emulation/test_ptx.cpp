@@ -370,7 +370,7 @@ TEST(EmulatedPtx, DynamicSharedMemoryAbove48KibNeedsTheAttribute) {
   float* out = device_copy(std::vector<float>(32, -1.0f));
   const int n = 100 * 1024 / 4;  // 100 KiB
   cudaGetLastError();
-  PDTRAIN_CUDA_EMU_LAUNCH(fill_dynamic_shared, 1, 32, std::size_t(n) * 4, nullptr)(out, n);
+  PDTRAIN_CUDA_EMU_LAUNCH_FUNC(fill_dynamic_shared, 1, 32, std::size_t(n) * 4, nullptr)(out, n);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "above 48 KiB without the attribute";
   EXPECT_EQ(cudaFuncSetAttribute(fill_dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  232448 + 1),
@@ -379,11 +379,11 @@ TEST(EmulatedPtx, DynamicSharedMemoryAbove48KibNeedsTheAttribute) {
   ASSERT_EQ(cudaFuncSetAttribute(fill_dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  n * 4),
             cudaSuccess);
-  PDTRAIN_CUDA_EMU_LAUNCH(fill_dynamic_shared, 1, 32, std::size_t(n) * 4, nullptr)(out, n);
+  PDTRAIN_CUDA_EMU_LAUNCH_FUNC(fill_dynamic_shared, 1, 32, std::size_t(n) * 4, nullptr)(out, n);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (float s : host_copy(out, 32)) EXPECT_EQ(s, 0.0f);
-  PDTRAIN_CUDA_EMU_LAUNCH(fill_dynamic_shared, 1, 32, std::size_t(n) * 4 + 16, nullptr)(out, n);
+  PDTRAIN_CUDA_EMU_LAUNCH_FUNC(fill_dynamic_shared, 1, 32, std::size_t(n) * 4 + 16, nullptr)(out, n);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "above the kernel's own limit";
   cudaFree(out);
 }

@@ -134,10 +134,20 @@ T shuffle(WarpOp op, unsigned mask, T v, int arg, int width) {
   PDTRAIN_CUDA_EMU_LAUNCH_AS(#kernel, kernel, grid, block, shared_bytes, stream)
 // The same launch called `name` (a string that outlives the launch, e.g. a literal).
 #define PDTRAIN_CUDA_EMU_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream)          \
-  ::cuda_emu::Launcher {                                                                  \
-    ::cuda_emu::LaunchConfig{(name), dim3(grid), dim3(block), (shared_bytes), (stream),   \
-        ::cuda_emu::kernel_address(kernel)},                                              \
-        [=](auto... pdtrain_emu_args_) { kernel(pdtrain_emu_args_...); }                   \
+  PDTRAIN_CUDA_EMU_LAUNCH_CONFIG(                                                          \
+      (::cuda_emu::LaunchConfig{(name), dim3(grid), dim3(block), (shared_bytes), (stream)}), \
+      kernel)
+// A launch of `kernel` naming one function (a complete template-id: its address is taken), so
+// that the launch check finds the limit cudaFuncSetAttribute gave it: the launch of a kernel
+// with more than 48 KiB of dynamic shared memory (which a launch without it is refused).
+#define PDTRAIN_CUDA_EMU_LAUNCH_FUNC(kernel, grid, block, shared_bytes, stream)               \
+  PDTRAIN_CUDA_EMU_LAUNCH_CONFIG((::cuda_emu::LaunchConfig{#kernel, dim3(grid), dim3(block),  \
+                                                           (shared_bytes), (stream),         \
+                                                           ::cuda_emu::kernel_address(kernel)}), \
+                                 kernel)
+#define PDTRAIN_CUDA_EMU_LAUNCH_CONFIG(config, kernel) \
+  ::cuda_emu::Launcher {                               \
+    config, [=](auto... pdtrain_emu_args_) { kernel(pdtrain_emu_args_...); } \
   }
 
 // cudaFuncSetAttribute on a kernel function itself, as CUDA's C++ overload takes it.
