@@ -383,7 +383,8 @@ TEST(EmulatedPtx, DynamicSharedMemoryAbove48KibNeedsTheAttribute) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (float s : host_copy(out, 32)) EXPECT_EQ(s, 0.0f);
-  PDTRAIN_CUDA_EMU_LAUNCH_FUNC(fill_dynamic_shared, 1, 32, std::size_t(n) * 4 + 16, nullptr)(out, n);
+  PDTRAIN_CUDA_EMU_LAUNCH_FUNC(fill_dynamic_shared, 1, 32, std::size_t(n) * 4 + 16, nullptr)(
+      out, n);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "above the kernel's own limit";
   cudaFree(out);
 }

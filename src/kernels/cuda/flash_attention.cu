@@ -102,12 +102,12 @@ struct ScoresAs {
 template <class E>
 struct WarpTile;
 
-// fp32 (the only one: bf16 tiles run the fa2 kernels): lane l holds elements l, l+32, ..., l+224 of the tile: column l % 16 of rows l / 16,
-// l / 16 + 2, ..., l / 16 + 14. Each element is a dot product summed in k order. mma walks k
-// outermost so that the lane's one B value of each k serves all its 8 rows (9 shared loads per
-// k instead of 16), unrolled 4 times only: fully unrolled, nvcc hoisted the loads of every k at
-// once and the fp32 kernels with 48- and 64-channel heads spilled (ptxas -v). Each sum is in k
-// order either way: the same bits.
+// fp32 (the only one: bf16 tiles run the fa2 kernels below): lane l holds elements l, l+32,
+// ..., l+224 of the tile: column l % 16 of rows l / 16, l / 16 + 2, ..., l / 16 + 14. Each
+// element is a dot product summed in k order. mma walks k outermost so that the lane's one B
+// value of each k serves all its 8 rows (9 shared loads per k instead of 16), unrolled 4 times
+// only: fully unrolled, nvcc hoisted the loads of every k at once and the fp32 kernels with
+// 48- and 64-channel heads spilled (ptxas -v). Each sum is in k order either way: the same bits.
 template <>
 struct WarpTile<float> {
   static constexpr int kPerLane = kTile * kTile / kWarp;
