@@ -10,7 +10,8 @@
 // Launches: the sources write PDTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream)(args)
 // (src/kernels/cuda/common.cuh), which is kernel<<<...>>>(args) under nvcc and
 // PDTRAIN_CUDA_EMU_LAUNCH here. The launch is checked as a GPU checks it (at most 1024
-// threads, block z <= 64, grid y and z <= 65535, dynamic shared memory <= 48 KiB): a launch a
+// threads, block z <= 64, grid y and z <= 65535, dynamic shared memory <= 48 KiB or the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize): a launch a
 // GPU refuses sets cudaErrorInvalidConfiguration / cudaErrorInvalidValue and runs nothing.
 //
 // Shared memory: `__shared__` is a static thread_local: a worker thread runs one block at a
@@ -58,7 +59,14 @@ struct LaunchConfig {
   dim3 grid, block;
   std::size_t shared_bytes;
   cudaStream_t stream;
+  const void* func = nullptr;  // the kernel function (its cudaFuncSetAttribute limits)
 };
+
+// A kernel's address as cudaFuncSetAttribute names it (a function, or a pointer to one).
+template <class F>
+const void* kernel_address(F* f) {
+  return reinterpret_cast<const void*>(f);
+}
 
 // Checks the configuration and queues the kernel on the stream (emulation/cuda/src/kernels.cpp).
 void launch(const LaunchConfig& config, std::shared_ptr<const Kernel> kernel);
@@ -106,10 +114,11 @@ void sync_threads();
 void vector_access(const void* p, unsigned bytes, bool is_store);
 
 enum class WarpOp { shfl_idx, shfl_xor, shfl_down, shfl_up, ballot, sync, wmma_load, wmma_store,
-                    wmma_mma };
+                    wmma_mma, ldmatrix, mma_sync };
 // A warp-level call of the running lane: waits until every lane of `mask` made the same call,
 // then returns this lane's result (the value read for shuffles, the ballot's bits). The wmma
-// calls (<mma.h>, emulation/cuda/src/wmma.cpp) pass their warp-uniform arguments as `value`
+// calls (<mma.h>, emulation/cuda/src/wmma.cpp) and the PTX ones (ldmatrix, mma.sync:
+// <cuda_emu_ptx.h>, emulation/cuda/src/ptx.cpp) pass their warp-uniform arguments as `value`
 // and `arg`: lanes that pass different ones are a fault.
 std::uint64_t warp_call(WarpOp op, unsigned mask, std::uint64_t value, int arg, int width);
 
@@ -130,10 +139,27 @@ T shuffle(WarpOp op, unsigned mask, T v, int arg, int width) {
   PDTRAIN_CUDA_EMU_LAUNCH_AS(#kernel, kernel, grid, block, shared_bytes, stream)
 // The same launch called `name` (a string that outlives the launch, e.g. a literal).
 #define PDTRAIN_CUDA_EMU_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream)          \
-  ::cuda_emu::Launcher {                                                                  \
-    ::cuda_emu::LaunchConfig{(name), dim3(grid), dim3(block), (shared_bytes), (stream)},  \
-        [=](auto... pdtrain_emu_args_) { kernel(pdtrain_emu_args_...); }                   \
+  PDTRAIN_CUDA_EMU_LAUNCH_CONFIG(                                                          \
+      (::cuda_emu::LaunchConfig{(name), dim3(grid), dim3(block), (shared_bytes), (stream)}), \
+      kernel)
+// A launch of `kernel` naming one function (a complete template-id: its address is taken), so
+// that the launch check finds the limit cudaFuncSetAttribute gave it: the launch of a kernel
+// with more than 48 KiB of dynamic shared memory (which a launch without it is refused).
+#define PDTRAIN_CUDA_EMU_LAUNCH_FUNC(kernel, grid, block, shared_bytes, stream)               \
+  PDTRAIN_CUDA_EMU_LAUNCH_CONFIG((::cuda_emu::LaunchConfig{#kernel, dim3(grid), dim3(block),  \
+                                                           (shared_bytes), (stream),         \
+                                                           ::cuda_emu::kernel_address(kernel)}), \
+                                 kernel)
+#define PDTRAIN_CUDA_EMU_LAUNCH_CONFIG(config, kernel) \
+  ::cuda_emu::Launcher {                               \
+    config, [=](auto... pdtrain_emu_args_) { kernel(pdtrain_emu_args_...); } \
   }
+
+// cudaFuncSetAttribute on a kernel function itself, as CUDA's C++ overload takes it.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
 
 // The block's dynamic shared memory as `type* name` (extern __shared__ type name[] under nvcc).
 #define PDTRAIN_CUDA_EMU_DYNAMIC_SHARED(type, name) \

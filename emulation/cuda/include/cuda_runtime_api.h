@@ -196,3 +196,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
+
+// Kernel attributes (emulation/cuda/src/func_attributes.cpp): the one pdtrain sets. A kernel
+// may use more than 48 KiB of dynamic shared memory only after
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, n) with n up to
+// the device's opt-in limit (sm_90: 227 KiB = 232448 bytes, the CUDA C++ Programming Guide's
+// "Maximum amount of shared memory per thread block"); a launch asking for more than the
+// kernel's limit is refused with cudaErrorInvalidValue, as on a GPU.
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);

@@ -69,6 +69,13 @@ cudaError_t synchronize(cudaStream_t stream);
 cudaError_t synchronize_device(int device);
 
 // ---------------------------------------------------------------------------------------------
+// Kernel attributes (func_attributes.cpp): the dynamic shared memory a launch of `func` may
+// ask for: 48 KiB, or what cudaFuncSetAttribute raised it to (at most kMaxOptinShared).
+constexpr std::size_t kDefaultDynamicShared = 48 * 1024;
+constexpr std::size_t kMaxOptinShared = 227 * 1024;  // sm_90's opt-in limit per block
+std::size_t dynamic_shared_limit(const void* func);
+
+// ---------------------------------------------------------------------------------------------
 // Work counts (counters.cpp; PDTRAIN_CUDA_EMU_COUNTS=DIR): one queued piece of work of `kind`
 // ("kernel", "gemm", "copy", "memset") called `name`, with the threads it runs and the FLOPs and
 // bytes known for it (0 where unknown).

@@ -55,7 +55,6 @@ namespace ctx = boost::context;
 
 constexpr unsigned kMaxThreads = 1024, kMaxBlockZ = 64, kMaxGridYZ = 65535;
 constexpr unsigned kMaxGridX = 2147483647u;
-constexpr std::size_t kMaxDynamicShared = 48 * 1024;
 constexpr std::size_t kStackBytes = 256 * 1024;  // per thread; AddressSanitizer's frames are large
 constexpr std::size_t kGuardBytes = 4096;
 
@@ -169,6 +168,8 @@ const char* op_name(WarpOp op) {
     case WarpOp::wmma_load: return "nvcuda::wmma::load_matrix_sync";
     case WarpOp::wmma_store: return "nvcuda::wmma::store_matrix_sync";
     case WarpOp::wmma_mma: return "nvcuda::wmma::mma_sync";
+    case WarpOp::ldmatrix: return "ldmatrix.sync.aligned.m8n8";
+    case WarpOp::mma_sync: return "mma.sync.aligned.m16n8k16";
   }
   return "a warp call";
 }
@@ -468,7 +469,8 @@ class Block {
   }
 
   static bool is_wmma(WarpOp op) {
-    return op == WarpOp::wmma_load || op == WarpOp::wmma_store || op == WarpOp::wmma_mma;
+    return op == WarpOp::wmma_load || op == WarpOp::wmma_store || op == WarpOp::wmma_mma ||
+           op == WarpOp::ldmatrix || op == WarpOp::mma_sync;
   }
 
   // A wmma call's pointer, leading dimension and layout (value, arg) must be the same in every
@@ -658,9 +660,11 @@ cudaError_t check_config(const LaunchConfig& c) {
   if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > kMaxGridX || g.y > kMaxGridYZ || g.z > kMaxGridYZ)
     return fail(cudaErrorInvalidConfiguration, std::string("launch of ") + c.name,
                 "grid " + coords(uint3(g)) + " (y and z at most 65535, none 0)");
-  if (c.shared_bytes > kMaxDynamicShared)
+  if (c.shared_bytes > dynamic_shared_limit(c.func))
     return fail(cudaErrorInvalidValue, std::string("launch of ") + c.name,
-                std::to_string(c.shared_bytes) + " bytes of dynamic shared memory (at most 49152)");
+                std::to_string(c.shared_bytes) + " bytes of dynamic shared memory (at most " +
+                    std::to_string(dynamic_shared_limit(c.func)) +
+                    "; above 49152 after cudaFuncSetAttribute only)");
   return cudaSuccess;
 }
 

@@ -20,6 +20,7 @@
 
 #include "emulator.hpp"
 #include "profile.hpp"
+#include "tensor_core.hpp"
 
 namespace cuda_emu::wmma {
 namespace {
@@ -172,9 +173,8 @@ void mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* 
   for (int i = 0; i < kElementsPerLane; ++i) {
     const int e = mc.element_of[static_cast<std::size_t>(lane * kElementsPerLane + i)];
     const int r = e / kDim, col = e % kDim;
-    float dot = 0.0f;  // products of bf16 values are exact in fp32
-    for (int k = 0; k < kDim; ++k) dot += element(ma, true, r, k) * element(mb, false, k, col);
-    result[i] = c[i] + dot;
+    result[i] = tensor_core_dot(c[i], kDim, [&](int k) { return element(ma, true, r, k); },
+                                [&](int k) { return element(mb, false, k, col); });
   }
   warp_call(WarpOp::wmma_mma, kFullWarp, 0, 0, kLanes);  // every lane read every operand
   std::memcpy(d, result, sizeof result);

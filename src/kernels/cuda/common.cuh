@@ -20,12 +20,18 @@ using Index = std::int64_t;
 // CUDA target (emulation/cuda) the same launch queued for the CPU's fibers.
 // PDTRAIN_LAUNCH_AS names the launch (for the emulation's fault messages and work counts) where
 // `kernel` is a variable, e.g. a function pointer handed to a launcher.
+// PDTRAIN_LAUNCH_FUNC is the launch of a kernel whose dynamic shared memory may pass 48 KiB
+// (after cudaFuncSetAttribute): `kernel` names one function, whose limit the emulation checks.
 #ifdef PDTRAIN_CUDA_EMULATED
+#define PDTRAIN_LAUNCH_FUNC(kernel, grid, block, shared_bytes, stream) \
+  PDTRAIN_CUDA_EMU_LAUNCH_FUNC(kernel, grid, block, shared_bytes, stream)
 #define PDTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream) \
   PDTRAIN_CUDA_EMU_LAUNCH_AS(#kernel, kernel, grid, block, shared_bytes, stream)
 #define PDTRAIN_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream) \
   PDTRAIN_CUDA_EMU_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream)
 #else
+#define PDTRAIN_LAUNCH_FUNC(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<grid, block, shared_bytes, stream>>>
 #define PDTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream) \
   kernel<<<grid, block, shared_bytes, stream>>>
 #define PDTRAIN_LAUNCH_AS(name, kernel, grid, block, shared_bytes, stream) \
@@ -35,6 +41,16 @@ using Index = std::int64_t;
 // take it whole, which the CPU compiler splits into its components (docs/cuda-emulation.md).
 #ifndef PDTRAIN_CUDA_EMU_VECTOR_ACCESS
 #define PDTRAIN_CUDA_EMU_VECTOR_ACCESS(p, bytes, is_store)
+#endif
+
+// The block's dynamic shared memory (the launch's shared_bytes) as `type* name`, 16-byte
+// aligned.
+#ifdef PDTRAIN_CUDA_EMULATED
+#define PDTRAIN_DYNAMIC_SHARED(type, name) PDTRAIN_CUDA_EMU_DYNAMIC_SHARED(type, name)
+#else
+#define PDTRAIN_DYNAMIC_SHARED(type, name)                                  \
+  extern __shared__ __align__(16) unsigned char pdtrain_dynamic_shared_[]; \
+  type* name = reinterpret_cast<type*>(pdtrain_dynamic_shared_)
 #endif
 
 constexpr int kWarp = 32;

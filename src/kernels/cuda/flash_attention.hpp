@@ -7,8 +7,9 @@
 // the backward recomputes the probabilities.
 //
 // Precision: with bf16_inputs, q, k, v (and in the backward dout and the probabilities) are
-// rounded to bf16 in shared memory and multiplied on tensor cores (WMMA 16x16x16, fp32
-// accumulation), everything else in fp32; without it the same tiles are fp32 and multiplied on
+// rounded to bf16 in shared memory and multiplied on tensor cores (mma.sync m16n8k16, fp32
+// accumulation; the probabilities and score gradients rounded to bf16 in registers),
+// everything else in fp32; without it the same tiles are fp32 and multiplied on
 // the CUDA cores in fp32 (an fp32 run never gets bf16 attention).
 //
 // Activations: qkv and out are fp32, or bf16 (the overloads taking pdtrain::bf16, core/bf16.hpp:
