@@ -14,6 +14,7 @@
 // runtime through the API its own primitives use. Either way the counting rules are what is
 // tested. ctest runs it with PDTRAIN_CUDA_EMU_PROFILE set and the race check on.
 #include <cuda_bf16.h>
+#include <cuda_emu_ptx.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mma.h>
@@ -120,6 +121,27 @@ __global__ void fragment_from_shared(float* d) {
   wmma::load_matrix_sync(b, tile.e, kLd);
   wmma::mma_sync(acc, a, b, acc);
   wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
+
+// One warp: ldmatrix.x4 of four 8x8 bf16 matrices from shared rows `kPitch` bytes apart (lane l
+// gives row l), a 16-byte cp.async per lane from in[] into shared memory, one m16n8k16 mma.
+template <int kPitch>
+__global__ void ptx_primitives(float* out, const float* in) {
+  struct alignas(16) Rows {
+    unsigned char bytes[32 * kPitch];
+  };
+  __shared__ Rows rows;
+  __shared__ float4 landed[32];
+  const unsigned lane = threadIdx.x;
+  cuda_emu::ptx::cp_async_16(&landed[lane], &in[4 * lane], 16);
+  cuda_emu::ptx::cp_async_commit_group();
+  cuda_emu::ptx::cp_async_wait_group(0);
+  unsigned a[4];
+  cuda_emu::ptx::ldmatrix(a, 4, false, &rows.bytes[lane * kPitch]);
+  const unsigned b[2] = {a[0], a[1]};
+  float d[4] = {};
+  cuda_emu::ptx::mma_m16n8k16_bf16(d, a, b, d);  // of rows never written: only counted
+  write(&out[lane], 0.0f);
 }
 
 // ---- helpers
@@ -254,6 +276,28 @@ TEST_F(KernelCounts, AFragmentFromUnpaddedRowsIsAnEightWayConflict) {
   const profile::KernelCounts padded = profile::counted("rows_of_144_bytes");
   EXPECT_EQ(padded.shared_requests, 4u + 4u);
   EXPECT_EQ(padded.shared_wavefronts, 4u + 4u);
+}
+
+// ldmatrix: each lane's 16-byte row is one access, in quarter-warp phases (a matrix's 8 rows);
+// rows 128 bytes apart all start on bank 0 (8 rows on 4 banks: 8-way), 144 bytes apart cover
+// the 32 banks once. cp.async: a 16-byte global read (4 sectors for 8 lanes, 16 for the warp)
+// and a 16-byte shared write per lane. mma: one m16n8k16 operation per warp.
+TEST_F(KernelCounts, PtxPrimitivesCountWhatTheGpusPipelinesSee) {
+  PDTRAIN_CUDA_EMU_LAUNCH_AS("ptx_128", ptx_primitives<128>, 1, 32, 0, nullptr)(out_, in_);
+  PDTRAIN_CUDA_EMU_LAUNCH_AS("ptx_144", ptx_primitives<144>, 1, 32, 0, nullptr)(out_, in_);
+  const profile::KernelCounts unpadded = after_sync("ptx_128");
+  const profile::KernelCounts padded = profile::counted("ptx_144");
+  // One request each: cp.async's shared write (4 phases, no conflict) and ldmatrix's rows.
+  EXPECT_EQ(unpadded.shared_requests, 2u);
+  EXPECT_EQ(unpadded.shared_wavefronts, 4u + 4u * 8u);
+  EXPECT_EQ(padded.shared_requests, 2u);
+  EXPECT_EQ(padded.shared_wavefronts, 4u + 4u);
+  EXPECT_EQ(padded.shared_ideal_wavefronts, 8u);
+  // cp.async's global read (512 contiguous bytes: 16 sectors) and the result's store (4).
+  EXPECT_EQ(padded.global_requests, 2u);
+  EXPECT_EQ(padded.global_sectors, 16u + 4u);
+  EXPECT_EQ(padded.tensor_ops.at("m16n8k16.bf16"), 1u);
+  EXPECT_EQ(padded.tensor_flops, 2u * 16u * 8u * 16u);
 }
 
 }  // namespace

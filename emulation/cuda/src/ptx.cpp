@@ -2,8 +2,10 @@
 // and wait groups) on the emulated CUDA target, to the fragment layouts the PTX ISA documents
 // (the header cites them). Every memory access they make goes through one function per kind:
 // shared_read (ldmatrix's rows), global_read (cp.async's source) and shared_write (cp.async's
-// landing); every tensor-core operation through mma_m16n8k16_bf16. An emulation profiler
-// counts there (requests, wavefronts, sectors, tensor ops).
+// landing); every tensor-core operation through mma_m16n8k16_bf16. The kernel counts
+// (profile.hpp) see what a GPU's memory pipelines see, at the instruction's issue: ldmatrix's
+// one 16-byte row per lane that gives an address, cp.async's 16-byte global read and shared
+// write per lane, one m16n8k16 tensor operation per warp.
 //
 // Warp-collective calls publish what the other lanes need in a per-thread table and meet in
 // warp_call (kernels.cpp checks the warp converged and that the lanes made the same call with
@@ -14,6 +16,7 @@
 // can reuse a table only after its next mma, which waits for every lane of the warp to arrive.
 #include <cuda_emu_ptx.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "emulator.hpp"
+#include "profile.hpp"
 #include "tensor_core.hpp"
 
 namespace cuda_emu::ptx {
@@ -135,6 +139,7 @@ void ldmatrix(unsigned* regs, int matrices, bool trans, const void* row) {
   if (lane < 8 * matrices) {  // lanes past the matrices' rows give no address
     check_aligned16(call, "row", row);
     check_shared(call, row);
+    profile::access(row, 16, false);  // each row is one 16-byte shared read
   }
   tl_rows[static_cast<std::size_t>(me)] = static_cast<const unsigned char*>(row);
   warp_call(WarpOp::ldmatrix, kFullWarp, 0, matrices * 2 + trans, kLanes);
@@ -162,6 +167,7 @@ void mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b, const flo
   std::memcpy(mine.a, a, sizeof mine.a);
   std::memcpy(mine.b, b, sizeof mine.b);
   warp_call(WarpOp::mma_sync, kFullWarp, 0, 0, kLanes);
+  if (lane == 0) profile::tensor_op("m16n8k16.bf16", 2 * 16 * 8 * 16);
   // A(r, k): lane (r % 8) * 4 + (k % 8) / 2, element i = 2 [r >= 8] + 4 [k >= 8] + k % 2.
   const auto a_at = [&](int r, int k) {
     const int i = 2 * (r / 8) + 4 * (k / 8) + k % 2;
@@ -199,6 +205,12 @@ void cp_async_16(void* dst_shared, const void* src_global, int src_bytes) {
       thread_fault(std::string(call) + ": the global source " + address(src_global) +
                    " is not " + std::to_string(src_bytes) + " bytes of device memory");
   }
+  // The GPU's accesses, at issue: the source's bytes read (none for a zero-fill), 16 bytes
+  // written into shared memory when the copy lands.
+  unsigned read = 16;  // the access width that covers src_bytes (1, 2, 4, 8 or 16)
+  while (read / 2 >= static_cast<unsigned>(std::max(src_bytes, 1))) read /= 2;
+  if (src_bytes > 0) profile::access(src_global, read, false);
+  profile::access(dst_shared, 16, true);
   AsyncCopies& mine = my_copies();
   auto* dst = static_cast<unsigned char*>(dst_shared);
   std::memset(dst, 0xff, 16);  // undefined until a wait covers the copy: NaN here
