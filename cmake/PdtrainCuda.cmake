@@ -1,5 +1,6 @@
 # The CUDA backend for compute ranks (-DPDTRAIN_CUDA=ON): the CUDA device (src/device/cuda/)
-# and the CUDA kernels with cuBLASLt GEMMs (src/kernels/cuda/, library pdtrain_kernels_cuda).
+# and the CUDA kernels with cuBLASLt GEMMs and cuDNN attention (src/kernels/cuda/, library
+# pdtrain_kernels_cuda).
 # Included by the top-level CMakeLists.txt before the parts are defined; it sets
 #   PDTRAIN_DEVICE_EXTRA_SOURCES, PDTRAIN_DEVICE_EXTRA_DEPS  (the CUDA device joins pdtrain_device)
 #   PDTRAIN_KERNELS_EXTRA_SOURCES, PDTRAIN_KERNELS_EXTRA_DEPS (pdtrain_kernels links the CUDA kernels)
@@ -76,7 +77,7 @@ function(pdtrain_cuda_kernels_library)
   target_include_directories(pdtrain_kernels_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
                                                          ${CMAKE_CURRENT_BINARY_DIR}/generated)
   target_link_libraries(pdtrain_kernels_cuda PUBLIC pdtrain_device CUDA::cudart_static
-                                                    CUDA::cublasLt CUDA::cublas)
+                                                    CUDA::cublasLt CUDA::cublas pdtrain::cudnn)
   target_compile_options(pdtrain_kernels_cuda PRIVATE ${PDTRAIN_CUDA_WARNING_FLAGS})
   target_compile_definitions(pdtrain_kernels_cuda PRIVATE
                              PDTRAIN_CUDA_ARCH_LIST="${PDTRAIN_CUDA_ARCH_LIST}")

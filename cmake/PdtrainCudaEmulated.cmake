@@ -1,7 +1,7 @@
 # The emulated CUDA target (-DPDTRAIN_CUDA=ON -DPDTRAIN_CUDA_EMULATED=ON; included by
 # PdtrainCuda.cmake instead of the toolkit): pdtrain's own .cu sources built by the C++ compiler
-# against the emulation runtime in emulation/cuda/ (the CUDA runtime, cuBLASLt, cuBLAS and NCCL
-# subsets pdtrain calls, on the CPU), so that every GPU code path runs in CI without a GPU.
+# against the emulation runtime in emulation/cuda/ (the CUDA runtime, cuBLASLt, cuBLAS, cuDNN and
+# NCCL subsets pdtrain calls, on the CPU), so that every GPU code path runs in CI without a GPU.
 # A test tool: configure it in a build directory of its own (scripts/build-cuda-emulated.sh);
 # the production pdtrain is never linked against it, and an emulated run says "cuda (emulated
 # on the CPU)" wherever a GPU run names its GPU.
@@ -52,3 +52,4 @@ add_library(CUDA::cudart_static ALIAS pdtrain_cuda_emulation)
 add_library(CUDA::cublasLt ALIAS pdtrain_cuda_emulation)
 add_library(CUDA::cublas ALIAS pdtrain_cuda_emulation)
 add_library(pdtrain::nccl ALIAS pdtrain_cuda_emulation)
+add_library(pdtrain::cudnn ALIAS pdtrain_cuda_emulation)

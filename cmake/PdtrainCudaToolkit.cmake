@@ -1,6 +1,7 @@
 # The real CUDA toolkit for the CUDA backend (included by PdtrainCuda.cmake): nvcc, the
-# architectures, C++20 for CUDA, and the imported targets CUDA::cudart_static, CUDA::cublasLt,
-# CUDA::cublas; NCCL is found by PdtrainCuda.cmake.
+# architectures, C++20 for CUDA, the imported targets CUDA::cudart_static, CUDA::cublasLt,
+# CUDA::cublas, and pdtrain::cudnn (cuDNN 9, in the toolkit's tree or CUDNN_ROOT); NCCL is found
+# by PdtrainCuda.cmake.
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   set(CMAKE_CUDA_ARCHITECTURES 90)
 endif()
@@ -32,3 +33,20 @@ list(TRANSFORM _pdt_archs PREPEND "sm_")
 list(JOIN _pdt_archs ", " PDTRAIN_CUDA_ARCH_LIST)
 message(STATUS "pdtrain: CUDA backend with CUDA ${CUDAToolkit_VERSION} for ${PDTRAIN_CUDA_ARCH_LIST}")
 
+
+# cuDNN (the attention family's fused attention, src/kernels/cuda/cudnn_sdpa.cpp): its graph API
+# is in libcudnn.so.9 (which loads its engine libraries itself). The binary then needs
+# libcudnn.so.9 at run time, like cuBLASLt: the toolkit's, or PyTorch's (nvidia-cudnn-cu12/13
+# wheels) on LD_LIBRARY_PATH (scripts/gpu-check.sh).
+find_path(PDTRAIN_CUDNN_INCLUDE_DIR cudnn_graph.h
+          HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+find_library(PDTRAIN_CUDNN_LIBRARY cudnn
+             HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+if(NOT PDTRAIN_CUDNN_INCLUDE_DIR OR NOT PDTRAIN_CUDNN_LIBRARY)
+  message(FATAL_ERROR "pdtrain: the CUDA backend needs cuDNN 9 (cudnn_graph.h and libcudnn): "
+                      "install it into the toolkit or point CUDNN_ROOT at it")
+endif()
+message(STATUS "pdtrain: cuDNN from ${PDTRAIN_CUDNN_LIBRARY}")
+add_library(pdtrain::cudnn UNKNOWN IMPORTED)
+set_target_properties(pdtrain::cudnn PROPERTIES IMPORTED_LOCATION ${PDTRAIN_CUDNN_LIBRARY}
+                                                INTERFACE_INCLUDE_DIRECTORIES ${PDTRAIN_CUDNN_INCLUDE_DIR})

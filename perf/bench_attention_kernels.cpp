@@ -4,6 +4,10 @@
 //   flash fp32   the same kernels with fp32 tiles on the CUDA cores
 //   cublas fp32  attention.cu's path: cuBLASLt GEMMs over the full T x T square (fp32, no TF32)
 //                and the softmax kernels, with the B*NH*T*T score and probability arrays
+//   cudnn bf16   cuDNN's fused attention through the graph pdtrain builds (cudnn_sdpa.hpp:
+//                bf16 q, k, v, out and dout, the deterministic backward), where cuDNN takes the
+//                shape ("attention cudnn refused: <why>" otherwise); the family's bf16
+//                conversions around it are not timed
 // Useful FLOPs of causal attention (the lower triangle, T(T+1)/2 score pairs per head):
 // forward 2 products (q k^T, P v), backward 4 (dP, dv, dq, dk), each 2 * HS flops per pair.
 // The bound is those FLOPs at --peak-tflops (default 989: an H100/H200 SXM's dense bf16 tensor
@@ -30,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "../src/kernels/cuda/cudnn_sdpa.hpp"
 #include "../src/kernels/cuda/flash_attention.hpp"
 #include "../src/kernels/cuda/launch.hpp"
 
@@ -156,6 +161,36 @@ void check_same_function(const std::vector<float>& flash, const std::vector<floa
   if (!(worst <= tol)) std::exit(1);
 }
 
+// cuDNN's forward checked against the cuBLAS path's output, then timed like the others.
+void bench_cudnn(const Config& c, cudaStream_t stream, const float* qkv, const float* dout,
+                 const std::vector<float>& reference) {
+  const kc::SdpaShape s{c.B, c.T, c.NH, c.HS};
+  kc::CudnnSdpa sdpa(stream);
+  std::printf("attention cudnn version=%s\n", kc::cudnn_version().c_str());
+  if (const std::string& why = sdpa.refusal(s); !why.empty()) {
+    std::printf("attention cudnn refused: %s\n", why.c_str());
+    return;
+  }
+  const std::size_t n = std::size_t(c.B) * c.T * c.NH * c.HS, rows = std::size_t(c.B) * c.NH * c.T;
+  const std::size_t ws_bytes = std::max(sdpa.workspace_bytes(s), sdpa.backward_scratch_bytes(s));
+  DeviceFloats qkv16((3 * n + 1) / 2), out16((n + 1) / 2), dout16((n + 1) / 2),
+      dqkv16((3 * n + 1) / 2), stats(rows), out(n), ws(ws_bytes / sizeof(float) + 1);
+  using pdtrain::bf16;
+  auto* q = reinterpret_cast<bf16*>(qkv16.p);
+  auto* o = reinterpret_cast<bf16*>(out16.p);
+  auto* g = reinterpret_cast<bf16*>(dout16.p);
+  auto* dq = reinterpret_cast<bf16*>(dqkv16.p);
+  kc::to_bf16(stream, q, qkv, 3 * n);
+  kc::to_bf16(stream, g, dout, n);
+  sdpa.forward(s, o, stats.p, q, ws.p);
+  kc::to_float(stream, out.p, o, n);
+  check_same_function(download(out.p, n), reference, "cudnn bf16", 2e-2);
+  report(c, "cudnn_bf16", "forward",
+         time_ms(c, stream, [&] { sdpa.forward(s, o, stats.p, q, ws.p); }), 2);
+  report(c, "cudnn_bf16", "backward",
+         time_ms(c, stream, [&] { sdpa.backward(s, dq, g, q, o, stats.p, ws.p); }), 4);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,6 +243,7 @@ int main(int argc, char** argv) {
                                           c.B, c.T, C, c.NH, bf16);
            }), 4);
   }
+  bench_cudnn(c, stream, qkv.p, dout.p, reference);
   report(c, "cublas_fp32", "forward", time_ms(c, stream, cublas_forward), 2);
   cublas_forward();  // the att the backward reads
   report(c, "cublas_fp32", "backward", time_ms(c, stream, cublas_backward), 4);

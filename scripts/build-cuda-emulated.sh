@@ -11,7 +11,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$src/build/cuda-emulated}
 mkdir -p "$build"
 targets=(pdtrain test_backend_cuda test_gpu_training test_gpu_nccl test_emulation_runtime
-         test_emulation_wmma test_emulation_profile test_emulation_ptx test_emulation_cublaslt test_emulation_nccl)
+         test_emulation_wmma test_emulation_profile test_emulation_ptx test_emulation_cublaslt test_emulation_cudnn test_emulation_nccl)
 cmake -S "$src" -B "$build" -DPDTRAIN_CUDA_EMULATED=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DPDTRAIN_BUILD_PERF=OFF \
       -DPDTRAIN_SANITIZE="${PDTRAIN_SANITIZE-address;undefined}" > "$build/configure.log" 2>&1 ||

@@ -31,7 +31,11 @@ kernels::ComputeBackend make_compute_backend(const Deck& deck, const Setup& setu
                                        "; check the driver, CUDA_VISIBLE_DEVICES and the job's "
                                        "GPU request)");
   try {
-    return kernels::make_backend("cuda", node_local_compute_index(setup, rank) % gpus);
+    const std::string& a = deck.compute.attention;
+    const kernels::AttentionChoice attention = a == "cudnn"     ? kernels::AttentionChoice::cudnn
+                                               : a == "pdtrain" ? kernels::AttentionChoice::pdtrain
+                                                                : kernels::AttentionChoice::automatic;
+    return kernels::make_cuda_backend(node_local_compute_index(setup, rank) % gpus, attention);
   } catch (const Error& e) {
     throw Error(e.code(), "rank " + std::to_string(rank) + ": " + e.what());
   }

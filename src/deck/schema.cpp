@@ -259,6 +259,14 @@ std::vector<KeySpec> build_schema() {
       key(&D::compute, &ComputeConfig::tf32, "compute.tf32",
           "cuda: let fp32 matmuls use TF32 tensor cores (10-bit mantissa inputs, much faster); "
           "false keeps them exact fp32. No effect on cpu or in bf16 precision."),
+      key(&D::compute, &ComputeConfig::attention, "compute.attention",
+          "cuda: the attention kernels. cudnn: cuDNN's fused attention (its graph API; bf16 "
+          "Q/K/V/O, fp32 softmax statistics, its deterministic backward), and an error where "
+          "cuDNN refuses a bf16 run's shape. pdtrain: pdtrain's own fused kernel. auto: cuDNN "
+          "where it runs, pdtrain's kernel elsewhere. cuDNN's attention is 16-bit only: fp32 "
+          "runs use pdtrain's kernel with any value; every fall-back is said once on stderr and "
+          "the run header names the family.")
+          .one_of({"auto", "cudnn", "pdtrain"}),
       key(&D::optimizer, &OptimizerConfig::lr, "optimizer.lr",
           "Peak learning rate, reached after the warmup.")
           .above(0),

@@ -29,6 +29,9 @@ inline std::ostream& operator<<(std::ostream& os, const TestBackend& b) { return
 
 // The backends this test executable runs the backend tests on.
 std::vector<TestBackend> test_backends();
+// Backends that differ from one of test_backends() only in their attention family (e.g. a GPU
+// with cuDNN's attention): the attention tests run on them too.
+std::vector<TestBackend> attention_backends();
 
 // The fixture of a test run once per backend: a fresh backend (its Device and KernelOps) for
 // each test. exact(): the backend is the CPU's, whose results must equal the CPU reference's

@@ -5,5 +5,6 @@
 namespace pdtrain::kernels::testing {
 
 std::vector<TestBackend> test_backends() { return {{"cpu", [] { return make_backend("cpu"); }}}; }
+std::vector<TestBackend> attention_backends() { return {}; }
 
 }  // namespace pdtrain::kernels::testing

@@ -800,7 +800,11 @@ TEST_P(KernelOpsTest, MatmulBackwardBf16Gradient) {
 // the input gradient are compared, against the double reference of gpt_kernels.hpp.
 AttentionShape attention_shape(const Shape& s) { return {s.B, s.T, s.C, s.NH, false}; }
 
-TEST_P(KernelOpsTest, AttentionForward) {
+// The attention tests run on every backend and on the other attention families of a backend
+// (attention_backends(): cuDNN's on a GPU).
+class AttentionOpsTest : public KernelOpsTest {};
+
+TEST_P(AttentionOpsTest, AttentionForward) {
   const Shape s = shape();
   const AttentionShape as = attention_shape(s);
   AttentionOps& attention = ops_->attention();
@@ -823,7 +827,7 @@ TEST_P(KernelOpsTest, AttentionForward) {
 }
 
 // dqkv accumulates onto a nonzero start, from the backend's own forward (its saved floats).
-TEST_P(KernelOpsTest, AttentionBackward) {
+TEST_P(AttentionOpsTest, AttentionBackward) {
   const Shape s = shape();
   const AttentionShape as = attention_shape(s);
   AttentionOps& attention = ops_->attention();
@@ -864,7 +868,7 @@ TEST_P(KernelOpsTest, AttentionBackward) {
 // are derived); the CPU and the reference algorithm compute in fp32, far inside them.
 constexpr double kAttnBf16Forward = 1e-2, kAttnBf16Backward = 4e-2;
 
-TEST_P(KernelOpsTest, AttentionBf16ActivationsAreTheFp32OverloadsRounded) {
+TEST_P(AttentionOpsTest, AttentionBf16ActivationsAreTheFp32OverloadsRounded) {
   const Shape shp = shape();
   AttentionOps& attention = ops_->attention();
   for (const AttentionShape base : {attention_shape(shp), AttentionShape{1, shp.T, 80, 1, false}})
@@ -1051,6 +1055,16 @@ std::string test_name(const ::testing::TestParamInfo<std::tuple<TestBackend, Sha
 
 INSTANTIATE_TEST_SUITE_P(Backends, KernelOpsTest,
                          ::testing::Combine(::testing::ValuesIn(test_backends()),
+                                            ::testing::ValuesIn(kShapes)),
+                         test_name);
+
+std::vector<TestBackend> backends_and_attention_families() {
+  std::vector<TestBackend> all = test_backends();
+  for (const TestBackend& b : attention_backends()) all.push_back(b);
+  return all;
+}
+INSTANTIATE_TEST_SUITE_P(Backends, AttentionOpsTest,
+                         ::testing::Combine(::testing::ValuesIn(backends_and_attention_families()),
                                             ::testing::ValuesIn(kShapes)),
                          test_name);
 

@@ -140,6 +140,7 @@ const std::vector<std::string> kFullDeck = {
     "[compute]",                         // 82
     "device = \"cuda\"",                 // 83
     "tf32 = true",                       // 84
+    "attention = \"pdtrain\"",             // 85
 };
 
 // ------------------------------------------------------------------------------ valid decks
@@ -206,6 +207,7 @@ TEST(DeckValid, FullDeckSetsEveryKey) {
   EXPECT_EQ(d.optimizer.eps, 1e-6);
   EXPECT_EQ(d.compute.device, "cuda");
   EXPECT_TRUE(d.compute.tf32);
+  EXPECT_EQ(d.compute.attention, "pdtrain");
   EXPECT_EQ(d.checkpoint.bitdelta_bits, 3);
   EXPECT_EQ(d.checkpoint.moment_bits, 5);
   // Every key is in the file, so none is a default, and each origin is its own line.
@@ -439,6 +441,9 @@ TEST(DeckErrors, BadChoiceAndEmptyName) {
   EXPECT_EQ(deck_error(lines({"[data]", "source = \"txt\""})),
             "t.toml:2: data.source: must be one of \"synthetic\", \"text\", \"tokens\", got \"txt\"");
   EXPECT_EQ(deck_error(lines({"[run]", "name = \"\""})), "t.toml:2: run.name: must not be empty");
+  EXPECT_EQ(deck_error(lines({"[compute]", "device = \"cuda\"", "attention = \"flash\""})),
+            "t.toml:3: compute.attention: must be one of \"auto\", \"cudnn\", \"pdtrain\", got "
+            "\"flash\"");
 }
 
 TEST(DeckErrors, CrossKeyRulesNameTheLineToChange) {
@@ -642,9 +647,9 @@ TEST(DeckDocs, ReferenceListsEveryKeyAndDocsMatch) {
 // ------------------------------------------------------------------------------- schema
 
 TEST(DeckSchema, CoversEveryDeckField) {
-  // 5 run + 9 model + 6 data + 9 parallel + 11 train + 2 compute + 8 optimizer + 13 pd +
+  // 5 run + 9 model + 6 data + 9 parallel + 11 train + 3 compute + 8 optimizer + 13 pd +
   // 8 checkpoint + 2 output fields.
-  EXPECT_EQ(deck::schema().size(), 73u);
+  EXPECT_EQ(deck::schema().size(), 74u);
   // Setting every key through the schema must change the struct: no two keys share a field.
   for (const auto& k : deck::schema()) {
     Deck d;

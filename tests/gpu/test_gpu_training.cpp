@@ -72,10 +72,11 @@ double tail_mean(const RunOutcome& r, std::size_t n) {
 // fp32: the GPU sums in other orders than the CPU (cuBLASLt, warp trees, the fused attention's
 // tiles); after 20 steps of training the losses agree to ~1e-5 relative.
 // bf16: the GPU's attention runs on bf16 tensor cores (q, k, v, dout and the probabilities
-// rounded to bf16; flash_attention.hpp) where the CPU's bf16 precision keeps attention in fp32,
-// so the curves part by more than a summation order: held to the project's bf16 quality bar
+// rounded to bf16) where the CPU's bf16 precision keeps attention in fp32, so the curves part by
+// more than a summation order: held to the project's bf16 quality bar
 // (tests/cli/check_bf16_quality.sh), the last five steps' mean loss within 1 % of the CPU's
-// fp32 run, which the CPU's own bf16 run meets too.
+// fp32 run, which the CPU's own bf16 run meets too. Both GPU attention families: cuDNN's (the
+// default compute.attention = auto; cudnn_sdpa.hpp) and pdtrain's (flash_attention.hpp).
 TEST_F(GpuTraining, SingleRankFollowsTheCpuSingleRank) {
   const RunOutcome cpu = run_on(1, {"train.precision=fp32"}, "cpu-fp32");
   const RunOutcome gpu = run_on(1, with({"train.precision=fp32"}, kCuda), "gpu-fp32");
@@ -84,17 +85,23 @@ TEST_F(GpuTraining, SingleRankFollowsTheCpuSingleRank) {
 
   const RunOutcome cpu_bf16 = run_on(1, {"train.precision=bf16"}, "cpu-bf16");
   const RunOutcome gpu_bf16 = run_on(1, with({"train.precision=bf16"}, kCuda), "gpu-bf16");
+  const RunOutcome gpu_bf16_own =
+      run_on(1, with({"train.precision=bf16", "compute.attention=pdtrain"}, kCuda), "gpu-bf16-own");
   ASSERT_EQ(gpu_bf16.losses.size(), cpu.losses.size());
+  EXPECT_NE(gpu_bf16.losses, gpu_bf16_own.losses) << "cuDNN's attention did not run (auto)";
   const double fp32_tail = tail_mean(cpu, 5);
-  for (const auto& [what, run] : {std::pair{"cpu bf16", &cpu_bf16}, {"gpu bf16", &gpu_bf16}}) {
+  for (const auto& [what, run] : {std::pair{"cpu bf16", &cpu_bf16}, {"gpu bf16", &gpu_bf16},
+                                  {"gpu bf16 pdtrain attention", &gpu_bf16_own}}) {
     EXPECT_NEAR(tail_mean(*run, 5), fp32_tail, 0.01 * fp32_tail) << what << " against cpu fp32";
     EXPECT_LT(run->losses.back(), run->losses.front()) << what << ": the model learns";
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   for (std::size_t s = 0; rank == 0 && s < cpu.losses.size(); ++s)
-    std::printf("step %2zu loss: cpu fp32 %.6f  gpu fp32 %.6f  cpu bf16 %.6f  gpu bf16 %.6f\n",
-                s + 1, cpu.losses[s], gpu.losses[s], cpu_bf16.losses[s], gpu_bf16.losses[s]);
+    std::printf("step %2zu loss: cpu fp32 %.6f  gpu fp32 %.6f  cpu bf16 %.6f  gpu bf16 %.6f  "
+                "(pdtrain attention %.6f)\n",
+                s + 1, cpu.losses[s], gpu.losses[s], cpu_bf16.losses[s], gpu_bf16.losses[s],
+                gpu_bf16_own.losses[s]);
 }
 
 TEST_F(GpuTraining, PdWithCpuHoldersIsBitIdenticalToTheGpuBaseline) {

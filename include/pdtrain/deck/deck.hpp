@@ -82,6 +82,7 @@ struct TrainConfig {
 struct ComputeConfig {
   std::string device = "cpu";  // cpu | cuda: where compute ranks run the model
   bool tf32 = false;           // cuda: fp32 matmuls on TF32 tensor cores (faster, ~10 bits)
+  std::string attention = "auto";  // cuda: auto | cudnn | pdtrain (the attention family)
   friend bool operator==(const ComputeConfig&, const ComputeConfig&) = default;
 };
 

@@ -27,6 +27,14 @@ const BackendEntry* find_backend(std::string_view name);
 // backends this binary has.
 ComputeBackend make_backend(std::string_view name, int gpu = 0);
 
+// The attention family of a CUDA backend (the deck's compute.attention): automatic, cuDNN's
+// fused attention where it runs and pdtrain's kernel elsewhere; cudnn, the same but a bf16
+// run's shape cuDNN refuses is an error; pdtrain, pdtrain's kernel only (the registry's "cuda").
+enum class AttentionChoice { automatic, cudnn, pdtrain };
+// The CUDA backend on GPU `gpu` of this node with that attention; like the registry's factory,
+// throws pdtrain::Error(runtime) when the GPU cannot be used (and in a build without CUDA).
+ComputeBackend make_cuda_backend(int gpu, AttentionChoice attention);
+
 // The registrations, called once by backend_registry(): the CPU's (cpu_kernel_ops.cpp) and the
 // CUDA build's (src/kernels/cuda/cuda_kernel_ops.cpp; src/kernels/no_cuda adds none).
 void register_cpu_backend(std::vector<BackendEntry>& registry);

@@ -12,6 +12,8 @@
 #include <utility>
 
 #include "cuda_check.hpp"
+#include "cudnn_attention.hpp"
+#include "cudnn_sdpa.hpp"
 #include "flash_attention.hpp"
 #include "launch.hpp"
 #include "pdtrain/core/error.hpp"
@@ -461,13 +463,23 @@ class CudaOptimizer final : public OptimizerOps {
   cudaStream_t stream_;
 };
 
-std::unique_ptr<KernelOps> make_cuda_kernel_ops(CudaDevice& device) {
+// pdtrain's attention, or cuDNN's in front of it (cudnn_attention.hpp; workspace from the
+// context's scratch).
+std::unique_ptr<AttentionOps> make_attention(const Context& ctx, AttentionChoice choice) {
+  auto own = std::make_unique<CudaFusedAttention>(ctx);
+  if (choice == AttentionChoice::pdtrain) return own;
+  return cuda::make_cudnn_attention(
+      ctx->stream(), [ctx](Index floats) { return ctx->scratch(floats); }, std::move(own),
+      choice == AttentionChoice::cudnn);
+}
+
+std::unique_ptr<KernelOps> make_cuda_kernel_ops(CudaDevice& device, AttentionChoice attention) {
   const Context ctx = std::make_shared<CudaContext>(device);
   OpFamilies f;
   f.elementwise = std::make_unique<CudaElementwise>(ctx);
   f.norm = std::make_unique<CudaNorm>(ctx);
   f.gemm = std::make_unique<CudaGemm>(ctx);
-  f.attention = std::make_unique<CudaFusedAttention>(ctx);
+  f.attention = make_attention(ctx, attention);
   f.loss = std::make_unique<CudaLoss>(ctx);
   f.optimizer = std::make_unique<CudaOptimizer>(ctx);
   return std::make_unique<KernelOps>(
@@ -476,8 +488,16 @@ std::unique_ptr<KernelOps> make_cuda_kernel_ops(CudaDevice& device) {
       std::move(f), kGpuActivations);
 }
 
+// The registry's "cuda": pdtrain's attention (the deck's choice goes through
+// make_cuda_backend(gpu, attention)).
+ComputeBackend make_registered_cuda_backend(int gpu) {
+  return make_cuda_backend(gpu, AttentionChoice::pdtrain);
+}
+
+}  // namespace
+
 // The CUDA backend on GPU `gpu` of this node.
-ComputeBackend make_cuda_backend(int gpu) {
+ComputeBackend make_cuda_backend(int gpu, AttentionChoice attention) {
   std::string why_none;
   const int count = cuda_device_count(&why_none);
   if (count == 0)
@@ -491,12 +511,10 @@ ComputeBackend make_cuda_backend(int gpu) {
   ComputeBackend backend;
   backend.device = device.get();
   backend.gpu_uuid = device->uuid();
-  backend.ops = make_cuda_kernel_ops(*device);
+  backend.ops = make_cuda_kernel_ops(*device, attention);
   backend.owned_device = std::move(device);
   return backend;
 }
-
-}  // namespace
 
 bool cuda_backend_built() { return true; }
 
@@ -528,8 +546,10 @@ bool cuda_gpu_shareable(int gpu) {
 }
 
 void register_cuda_backends(std::vector<BackendEntry>& registry) {
-  registry.push_back({"cuda", std::string("cuda (") + PDTRAIN_CUDA_ARCH_LIST + ")",
-                      make_cuda_backend});
+  registry.push_back({"cuda",
+                      std::string("cuda (") + PDTRAIN_CUDA_ARCH_LIST + ") with attention by cuDNN " +
+                          cuda::cudnn_version() + " or pdtrain (compute.attention)",
+                      make_registered_cuda_backend});
 }
 
 }  // namespace pdtrain::kernels

@@ -1,6 +1,7 @@
 // A build without the CUDA backend (-DPDTRAIN_CUDA=OFF, or no CUDA toolkit): the registry has no
 // "cuda" entry (asking for it is a clear error, compute_device.cpp), and there is never a GPU to
 // count.
+#include "pdtrain/core/error.hpp"
 #include "pdtrain/kernels/backend_registry.hpp"
 
 namespace pdtrain::kernels {
@@ -13,6 +14,9 @@ int cuda_device_count(std::string* why_none) {
   return 0;
 }
 bool cuda_gpu_shareable(int) { return false; }
+ComputeBackend make_cuda_backend(int, AttentionChoice) {
+  throw Error(ExitCode::runtime, "this pdtrain was built without the CUDA backend");
+}
 std::string cuda_gpu_uuid(int) { return ""; }
 
 }  // namespace pdtrain::kernels

@@ -11,6 +11,10 @@ namespace pdtrain::kernels::testing {
 std::vector<TestBackend> test_backends() {
   return {{"cuda", [] { return make_backend("cuda", 0); }}};
 }
+// cuDNN's attention where it runs the shape (compute.attention = "auto"), pdtrain's elsewhere.
+std::vector<TestBackend> attention_backends() {
+  return {{"cuda_cudnn", [] { return make_cuda_backend(0, AttentionChoice::automatic); }}};
+}
 
 }  // namespace pdtrain::kernels::testing
 
