@@ -103,9 +103,11 @@ struct Pass {
 };
 
 // Which attention kernels a GPU rank runs for heads of `hs` channels (compute.attention as a
-// run resolves it): cuDNN's SDPA takes bf16 runs with head sizes that are multiples of 8 up to
-// 128 (cudnn_takes); pdtrain's fused kernels take heads up to 64 (fused_attention_takes);
-// anything else runs the T x T products as GEMMs with the softmax in memory.
+// run resolves it, src/kernels/cuda/cudnn_attention.cpp): cuDNN's SDPA takes bf16 runs with
+// head sizes that are multiples of 8 up to 128 (cudnn_takes: its backward's documented limit,
+// which the emulated cuDNN enforces too); pdtrain's fused kernels take heads up to 64
+// (fused_attention_takes); anything else runs the T x T products as GEMMs with the softmax in
+// memory.
 enum class AttentionKernels { cudnn, fused, unfused };
 
 bool cudnn_takes(const kernels::AttentionShape& a, Precision precision) {
@@ -354,6 +356,7 @@ PlanInput plan_input(const Deck& deck, const LayoutShape& shape, int nodes) {
                  : deck.train.recompute == "attention" ? Recompute::attention
                                                        : Recompute::none;
   in.precision = deck.train.precision;
+  in.attention = deck.compute.attention;
   in.staleness = deck.pd.staleness;
   in.prefetch_depth = deck.pd.prefetch_depth;
   in.fetch_thread = deck.pd.fetch_thread;

@@ -340,9 +340,9 @@ TEST(PlanModel, FusedAttentionIsPricedAtItsLibrarysPublishedRates) {
   EXPECT_NEAR(cudnn.backward_kernels.attention, layers * 2.5 * forward_flops / (348e12 * 288 / 373), 1e-12);
   EXPECT_NE(cudnn.attention_kernels.find("cuDNN"), std::string::npos) << cudnn.attention_kernels;
   // pdtrain's own kernels are never priced faster than FlashAttention-2's published rates.
-  PlanInput ours = input(sets, {0, 1, 1, 1});
-  ours.attention = "pdtrain";
-  const StagePrediction own = predict(ours, h200).stages[0];
+  const StagePrediction own =
+      predict(input(gpt2_124m_b16({"train.precision=\"bf16\"", "compute.attention=\"pdtrain\""}), {0, 1, 1, 1}),
+              h200).stages[0];
   EXPECT_NEAR(own.forward_kernels.attention, layers * forward_flops / 229e12, 1e-12);
   EXPECT_NEAR(own.backward_kernels.attention, layers * 2.5 * forward_flops / (238e12 * 229 / 306), 1e-12);
   // The old pricing (the machine's GEMM rate for the same FLOPs) was 2-3x faster than either.
@@ -363,9 +363,11 @@ TEST(PlanModel, AttentionKernelsFollowPrecisionAndHeadSize) {
   EXPECT_NE(f.attention_kernels.find("pdtrain"), std::string::npos) << f.attention_kernels;
   const double forward_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;
   EXPECT_NEAR(f.forward_kernels.attention, 12 * forward_flops / (229e12 * 67 / 989.5), 1e-9);
-  PlanInput w = input(wide, {0, 1, 1, 1});
-  w.attention = "pdtrain";
-  EXPECT_NE(predict(w, h200).stages[0].attention_kernels.find("GEMMs"), std::string::npos);
+  // cuDNN takes heads of 128; pdtrain's fused kernels do not.
+  EXPECT_NE(predict(input(wide, {0, 1, 1, 1}), h200).stages[0].attention_kernels.find("cuDNN"), std::string::npos);
+  std::vector<std::string> ours = wide;
+  ours.push_back("compute.attention=\"pdtrain\"");
+  EXPECT_NE(predict(input(ours, {0, 1, 1, 1}), h200).stages[0].attention_kernels.find("GEMMs"), std::string::npos);
 }
 
 // The kinds of kernel add up to the stage's compute: forward and backward (no tensor or
