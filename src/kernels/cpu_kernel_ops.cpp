@@ -4,6 +4,7 @@
 // CPU device has no queue to synchronize).
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -20,6 +21,13 @@ namespace {
 
 using Exec = Kokkos::DefaultExecutionSpace;
 using I32 = std::int32_t;
+
+// The float values of n bf16 elements (empty for null).
+std::vector<float> widened(const bf16* p, Index n) {
+  std::vector<float> out(p != nullptr ? static_cast<std::size_t>(n) : 0);
+  if (p != nullptr) kernels::to_float(p, out.data(), n);
+  return out;
+}
 
 class CpuElementwise final : public ElementwiseOps {
  public:
@@ -62,6 +70,19 @@ class CpuElementwise final : public ElementwiseOps {
     kernels::bias_add_forward(exec_, out, bias, N, OC);
     exec_.fence();
   }
+  void bias_residual_forward(float* out, const float* residual, float* branch, const float* bias,
+                             int N, int C) override {
+    bias_residual(exec_, out, residual, branch, bias, N, C);
+  }
+
+  // bias_add_forward then residual_forward (also CpuNorm's fused op's first half).
+  static void bias_residual(const Exec& exec, float* out, const float* residual, float* branch,
+                            const float* bias, int N, int C) {
+    kernels::bias_add_forward(exec, branch, bias, N, C);
+    exec.fence();
+    kernels::residual_forward(exec, out, residual, branch, Index(N) * C);
+    exec.fence();
+  }
 
  private:
   Exec exec_;
@@ -84,6 +105,18 @@ class CpuNorm final : public NormOps {
                           GradWrite dinp_write) override {
     kernels::layernorm_backward(exec_, dinp, dw, db, dout, inp, w, mean, rstd, N, C, dinp_write);
     exec_.fence();
+  }
+  void residual_layernorm_forward(float* residual_out, float* out, float* mean, float* rstd,
+                                  const float* residual, float* branch, const float* branch_bias,
+                                  const float* w, const float* b, int N, int C) override {
+    CpuElementwise::bias_residual(exec_, residual_out, residual, branch, branch_bias, N, C);
+    layernorm_forward(out, mean, rstd, residual_out, w, b, N, C);
+  }
+  void residual_layernorm_forward(float* residual_out, bf16* out, float* mean, float* rstd,
+                                  const float* residual, float* branch, const float* branch_bias,
+                                  const float* w, const float* b, int N, int C) override {
+    CpuElementwise::bias_residual(exec_, residual_out, residual, branch, branch_bias, N, C);
+    layernorm_forward(out, mean, rstd, residual_out, w, b, N, C);
   }
 
  private:
@@ -150,13 +183,14 @@ class CpuGemm final : public GemmOps {
   // bf16 outputs (the reference a GPU's bf16 activations are checked against; the CPU's own
   // runs keep fp32 outputs, kCpuActivations): the fp32 results above, rounded once.
   void matmul_forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C,
-                      int OC) override {
+                      int OC, int ld) override {
     std::vector<float> out32(sz(Index(N) * OC));
     const std::vector<float> bias32 = widened(bias, OC);
     kernels::matmul_forward(exec_, out32.data(), inp, w, bias ? bias32.data() : nullptr, N, C,
                             OC);
     exec_.fence();
-    kernels::to_bf16(out32.data(), out, Index(N) * OC);
+    for (int n = 0; n < N; ++n)
+      kernels::to_bf16(out32.data() + Index(n) * OC, out + Index(n) * ld, OC);
   }
   void matmul_gelu_forward(bf16* pre, bf16* out, const bf16* inp, const bf16* w, const bf16* bias,
                            int N, int C, int OC) override {
@@ -182,25 +216,20 @@ class CpuGemm final : public GemmOps {
     kernels::to_bf16(dpre32.data(), dpre, n);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const bf16* dout, const bf16* inp,
-                       const bf16* w, int N, int C, int OC, GradWrite dinp_write) override {
+                       const bf16* w, int N, int C, int OC, int ld,
+                       GradWrite dinp_write) override {
     const float beta = dinp_write == GradWrite::overwrite ? 0.0f : 1.0f;
-    if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout, OC, w, C, beta, dinp, C);
-    gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dinp != nullptr) gemm(false, false, N, C, OC, 1.0f, dout, ld, w, C, beta, dinp, C);
+    gemm(true, false, OC, C, N, 1.0f, dout, ld, inp, C, 1.0f, dw, C);
     if (dbias != nullptr) {
-      const std::vector<float> dout32 = widened(dout, Index(N) * OC);
-      kernels::column_sums_add(exec_, dbias, dout32.data(), N, OC);
+      const std::vector<float> dout32 = widened(dout, Index(N) * ld);
+      kernels::column_sums_add(exec_, dbias, dout32.data(), N, OC, ld);
       exec_.fence();
     }
   }
 
  private:
   static std::size_t sz(Index n) { return static_cast<std::size_t>(n); }
-  // The float values of n bf16 elements (empty for null).
-  static std::vector<float> widened(const bf16* p, Index n) {
-    std::vector<float> out(p != nullptr ? sz(n) : 0);
-    if (p != nullptr) kernels::to_float(p, out.data(), n);
-    return out;
-  }
 
   Exec exec_;
 };
@@ -247,11 +276,6 @@ class CpuAttention final : public AttentionOps {
  private:
   static Index square(const AttentionShape& s) { return Index(s.B) * s.NH * s.T * s.T; }
   static Index rows_by_channels(const AttentionShape& s) { return Index(s.B) * s.T * s.C; }
-  static std::vector<float> widened(const bf16* in, Index n) {
-    std::vector<float> out(static_cast<std::size_t>(n));
-    kernels::to_float(in, out.data(), n);
-    return out;
-  }
 };
 
 class CpuLoss final : public LossOps {
@@ -274,6 +298,31 @@ class CpuLoss final : public LossOps {
                              int ld) override {
     kernels::crossentropy_backward(exec_, logits, rowmax, stats, targets, dlosses, v0, N, V, ld);
     exec_.fence();
+  }
+  // bf16 logits: the fp32 phases above on their float values (exact), the max copied to
+  // stats[2N, 3N); the backward's dlogits rounded once.
+  void crossentropy_forward(float* rowmax, float* stats, const bf16* logits, const I32* targets,
+                            int v0, int N, int V, int ld) override {
+    const std::vector<float> z = widened(logits, Index(N) * ld);
+    crossentropy_rowmax(rowmax, z.data(), N, V, ld);
+    crossentropy_partials(stats, z.data(), rowmax, targets, v0, N, V, ld);
+    std::copy_n(rowmax, N, stats + 2 * Index(N));
+  }
+  void crossentropy_rescale(float* stats, const float* rowmax, const I32* targets, int v0, int N,
+                            int V) override {
+    for (Index n = 0; n < N; ++n) {
+      const float shift = stats[2 * Index(N) + n] - rowmax[n];
+      const I32 t = targets[n] - v0;
+      stats[n] *= std::exp(shift);
+      if (t >= 0 && t < V) stats[N + n] += shift;
+    }
+  }
+  void crossentropy_backward(bf16* logits, const float* rowmax, const float* stats,
+                             const I32* targets, const float* dlosses, int v0, int N, int V,
+                             int ld) override {
+    std::vector<float> z = widened(logits, Index(N) * ld);
+    crossentropy_backward(z.data(), rowmax, stats, targets, dlosses, v0, N, V, ld);
+    kernels::to_bf16(z.data(), logits, Index(N) * ld);
   }
   void sum_losses(double* sum, const float* losses, int n) override {
     double s = 0.0;

@@ -108,8 +108,11 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
       else
         alloc(s.lnf, N * C);
       alloc(s.lnf_mean, N), alloc(s.lnf_rstd, N);
-      alloc(s.logits, N * d.ld), alloc(s.losses, N);
-      alloc(s.rowmax, N), alloc(s.ce_stats, 2 * N);
+      if (d.gemm_io)
+        alloc(s.logits_h, N * d.ld), alloc(s.ce_stats, 3 * N);
+      else
+        alloc(s.logits, N * d.ld), alloc(s.ce_stats, 2 * N);
+      alloc(s.losses, N), alloc(s.rowmax, N);
     }
     if (d.layer_major) alloc(s.dresidual, N * C);
   }
@@ -130,7 +133,8 @@ void GptStage::allocate(const Dims& d, Activations& a, Alloc&& alloc) {
   else
     alloc(g.dfch, N * 4 * Cl);
   if (d.head) alloc(g.dlosses, N), alloc(a.loss_ledger, kLedgerSize);
-  if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head ? d.ld : 0}));
+  // (gemm_io: the head's dlogits are bf16 already, never rounded into dout_h)
+  if (d.bf16) alloc(g.dout_h, N * std::max({4 * Cl, C, d.head && !d.gemm_io ? d.ld : 0}));
 }
 
 std::int64_t GptStage::memory_bytes(const ModelShape& m, const StageSpec& s,
@@ -188,6 +192,11 @@ void GptStage::layernorm_forward(Buf<float>& out, Buf<bf16>& out_h, Buf<float>& 
   else
     k_.norm().layernorm_forward(out.data(), mean.data(), rstd.data(), inp, p_.param(w, l),
                                 p_.param(b, l), N, C);
+}
+
+const float* GptStage::logits(int slot) const {
+  PDT_CHECK(!dims_.gemm_io, "the stage's logits are bf16 (bf16 activations): no fp32 logits");
+  return acts_.slots[slot].logits.data();
 }
 
 const float* GptStage::output(int slot) const {
@@ -314,18 +323,23 @@ void GptStage::layer_forward(std::int64_t l, const float* residual, LayerActs& a
   layernorm_forward(a.ln1, a.ln1_h, a.ln1_mean, a.ln1_rstd, residual, Tid::ln1w, Tid::ln1b, l);
   qkv_and_attention_forward(l, a);
   // Row-parallel projection: partial sums over this shard's heads, summed across the tp group.
-  // Its bias is added once, after the sum.
+  // Its bias is added once, after the sum, in the same pass as the residual add (and ln2).
   linear_forward(a.attproj.data(), a.atty, a.atty_h, Tid::attprojw, l, nullptr, Cl, C);
   tp_.allreduce_sum(a.attproj.data(), N * C);
-  k_.elementwise().bias_add_forward(a.attproj.data(), p_.param(Tid::attprojb, l), iN, iC);
-  k_.elementwise().residual_forward(a.residual2.data(), residual, a.attproj.data(), N * C);
-  layernorm_forward(a.ln2, a.ln2_h, a.ln2_mean, a.ln2_rstd, a.residual2.data(), Tid::ln2w,
-                    Tid::ln2b, l);
+  const float *ln2w = p_.param(Tid::ln2w, l), *ln2b = p_.param(Tid::ln2b, l);
+  if (dims_.bf16)
+    k_.norm().residual_layernorm_forward(a.residual2.data(), a.ln2_h.data(), a.ln2_mean.data(),
+                                         a.ln2_rstd.data(), residual, a.attproj.data(),
+                                         p_.param(Tid::attprojb, l), ln2w, ln2b, iN, iC);
+  else
+    k_.norm().residual_layernorm_forward(a.residual2.data(), a.ln2.data(), a.ln2_mean.data(),
+                                         a.ln2_rstd.data(), residual, a.attproj.data(),
+                                         p_.param(Tid::attprojb, l), ln2w, ln2b, iN, iC);
   mlp_hidden_forward(l, a);
   linear_forward(a.fcproj.data(), a.fch_gelu, a.fch_gelu_h, Tid::fcprojw, l, nullptr, 4 * Cl, C);
   tp_.allreduce_sum(a.fcproj.data(), N * C);
-  k_.elementwise().bias_add_forward(a.fcproj.data(), p_.param(Tid::fcprojb, l), iN, iC);
-  k_.elementwise().residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(), N * C);
+  k_.elementwise().bias_residual_forward(a.residual3.data(), a.residual2.data(), a.fcproj.data(),
+                                         p_.param(Tid::fcprojb, l), iN, iC);
 }
 
 // The MLP's first layer and its GELU in one call (a GPU fuses them into the GEMM): fch and
@@ -353,7 +367,8 @@ void GptStage::qkv_and_attention_forward(std::int64_t l, LayerActs& a) {
   if (dims_.gemm_io) {
     k_.gemm().matmul_forward(a.qkv_h.data(), a.ln1_h.data(), p_.param_bf16(Tid::qkvw, l),
                              p_.param_bf16(Tid::qkvb, l), static_cast<int>(N),
-                             static_cast<int>(C), static_cast<int>(3 * Cl));
+                             static_cast<int>(C), static_cast<int>(3 * Cl),
+                             static_cast<int>(3 * Cl));
     k_.attention().forward(a.atty_h.data(), attn_saved_of(a), acts_.attn_scratch.data(),
                            a.qkv_h.data(), dims_.attn);
     return;
@@ -368,6 +383,7 @@ void GptStage::head_forward(SlotActs& s, const float* residual) {
   const std::int64_t N = dims_.B * dims_.T, V = dims_.V;
   const int iN = static_cast<int>(N), iV = static_cast<int>(V), ild = static_cast<int>(dims_.ld);
   layernorm_forward(s.lnf, s.lnf_h, s.lnf_mean, s.lnf_rstd, residual, Tid::lnfw, Tid::lnfb, 0);
+  if (dims_.gemm_io) return fused_classifier_forward(s);
   // Tied head over this rank's vocabulary shard, real tokens only: padded wte rows never enter
   // (llm.c masks them out of the softmax; skipping them is the same and cheaper). Rows of
   // logits are ld apart (padded for aligned tensor-core GEMMs).
@@ -380,6 +396,27 @@ void GptStage::head_forward(SlotActs& s, const float* residual) {
   k_.loss().crossentropy_partials(s.ce_stats.data(), s.logits.data(), s.rowmax.data(),
                                   s.targets.data(), static_cast<int>(dims_.v0), iN, iV, ild);
   tp_.allreduce_sum(s.ce_stats.data(), 2 * N);
+  k_.loss().crossentropy_losses(s.losses.data(), s.ce_stats.data(), iN);
+}
+
+// gemm_io (a GPU's bf16 runs): the head GEMM writes bf16 logits and one pass per row gives the
+// shard's statistics (online max and sum); with tensor parallelism they are moved to the
+// group's max before the same sum over the group as above.
+void GptStage::fused_classifier_forward(SlotActs& s) {
+  const std::int64_t N = dims_.B * dims_.T;
+  const int iN = static_cast<int>(N), iV = static_cast<int>(dims_.V),
+            ild = static_cast<int>(dims_.ld), v0 = static_cast<int>(dims_.v0);
+  if (iV > 0)
+    k_.gemm().matmul_forward(s.logits_h.data(), s.lnf_h.data(), p_.param_bf16(Tid::wte, 0),
+                             nullptr, iN, static_cast<int>(dims_.C), iV, ild);
+  k_.loss().crossentropy_forward(s.rowmax.data(), s.ce_stats.data(), s.logits_h.data(),
+                                 s.targets.data(), v0, iN, iV, ild);
+  if (tp_.size() > 1) {
+    tp_.allreduce_max(s.rowmax.data(), N);
+    k_.loss().crossentropy_rescale(s.ce_stats.data(), s.rowmax.data(), s.targets.data(), v0, iN,
+                                   iV);
+    tp_.allreduce_sum(s.ce_stats.data(), 2 * N);
+  }
   k_.loss().crossentropy_losses(s.losses.data(), s.ce_stats.data(), iN);
 }
 
@@ -420,9 +457,24 @@ void GptStage::encoder_backward(SlotActs& a) {
 
 void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
   GradScratch& g = acts_.grads;
-  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, V = dims_.V;
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C;
   const int iN = static_cast<int>(N), iC = static_cast<int>(C);
   k_.elementwise().fill(g.dlosses.data(), N, dloss);
+  if (dims_.gemm_io)
+    fused_classifier_backward(s);
+  else
+    classifier_backward(s);
+  tp_.allreduce_sum(g.dln.data(), N * C);  // partial over the vocabulary shards
+  k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::lnfw), p_.grad(Tid::lnfb),
+                               g.dln.data(), residual, p_.param(Tid::lnfw), s.lnf_mean.data(),
+                               s.lnf_rstd.data(), iN, iC, kernels::GradWrite::overwrite);
+}
+
+// The slot's logits become dlogits, then d(lnf) = dlogits wte (written) and dwte += dlogits^T lnf.
+void GptStage::classifier_backward(SlotActs& s) {
+  GradScratch& g = acts_.grads;
+  const std::int64_t N = dims_.B * dims_.T, C = dims_.C, V = dims_.V;
+  const int iN = static_cast<int>(N);
   // The slot's logits become dlogits (softmax, loss gradient and padding in one pass); input
   // gradients are written, not cleared and added to (GradWrite::overwrite: the same bits).
   k_.loss().crossentropy_backward(s.logits.data(), s.rowmax.data(), s.ce_stats.data(),
@@ -433,10 +485,23 @@ void GptStage::head_backward(SlotActs& s, const float* residual, float dloss) {
                     Tid::wte, 0, C, V, dims_.ld);
   else
     zero(g.dln);  // a shard of padding rows only: its part of the sum is 0
-  tp_.allreduce_sum(g.dln.data(), N * C);  // partial over the vocabulary shards
-  k_.norm().layernorm_backward(g.dresidual.data(), p_.grad(Tid::lnfw), p_.grad(Tid::lnfb),
-                               g.dln.data(), residual, p_.param(Tid::lnfw), s.lnf_mean.data(),
-                               s.lnf_rstd.data(), iN, iC, kernels::GradWrite::overwrite);
+}
+
+// gemm_io: one pass writes the bf16 dlogits over the bf16 logits, which both GEMMs read (no
+// rounding pass).
+void GptStage::fused_classifier_backward(SlotActs& s) {
+  GradScratch& g = acts_.grads;
+  const int iN = static_cast<int>(dims_.B * dims_.T), iC = static_cast<int>(dims_.C),
+            iV = static_cast<int>(dims_.V), ild = static_cast<int>(dims_.ld);
+  k_.loss().crossentropy_backward(s.logits_h.data(), s.rowmax.data(), s.ce_stats.data(),
+                                  s.targets.data(), g.dlosses.data(), static_cast<int>(dims_.v0),
+                                  iN, iV, ild);
+  if (iV > 0)
+    k_.gemm().matmul_backward(g.dln.data(), p_.grad(Tid::wte), nullptr, s.logits_h.data(),
+                              s.lnf_h.data(), p_.param_bf16(Tid::wte, 0), iN, iC, iV, ild,
+                              kernels::GradWrite::overwrite);
+  else
+    zero(g.dln);  // a shard of padding rows only: its part of the sum is 0
 }
 
 // The MLP's two GEMMs backward, leaving d(ln2) in g.dln: the projection's backward goes through
@@ -454,7 +519,7 @@ void GptStage::mlp_backward(std::int64_t l, LayerActs& a) {
                                    p_.param_bf16(Tid::fcprojw, l), iN, iH, iC);
     k_.gemm().matmul_backward(g.dln.data(), p_.grad(Tid::fcw, l), p_.grad(Tid::fcb, l),
                               g.dfch_h.data(), a.ln2_h.data(), p_.param_bf16(Tid::fcw, l), iN, iC,
-                              iH, kernels::GradWrite::overwrite);
+                              iH, iH, kernels::GradWrite::overwrite);
     return;
   }
   if (dims_.bf16)

@@ -18,9 +18,10 @@ namespace {
 constexpr double kAdamwBytes = 28;
 // Elementwise traffic of one layer's forward (forward_elementwise_bytes): every tensor-parallel
 // rank runs LayerNorm 1 and 2 (read x, write y) and the two residual adds (read 2, write 1)
-// over all C channels (the residual stream is replicated, as in Megatron); GELU over 4C (read,
-// write; in a GEMM's epilogue only its input written beside the GEMM's output) runs on the
-// rank's C/tp columns. The softmax's passes over the T x T scores are counted with attention
+// over all C channels (the residual stream is replicated, as in Megatron); fused (a GPU's
+// kernels) LayerNorm 2 makes its input in the same pass as the first residual add (read 2,
+// write 2), 7 r + 2 a instead of 8 r + 2 a; GELU over 4C (read, write; in a GEMM's epilogue only
+// its input written beside the GEMM's output) runs on the rank's C/tp columns. The softmax's passes over the T x T scores are counted with attention
 // (forward_pass). Backward moves twice the forward's.
 // Kernels of one layer: forward 12 (2 LayerNorms, 4 GEMMs, 2 attention products, softmax, GELU,
 // 2 residuals), backward twice as many.
@@ -278,8 +279,9 @@ double cores_shared(const NodeLoad& n, double pipe, double uncontended) {
 
 ActivationTraffic pdtrain_traffic(bool gpu, Precision precision) {
   if (!gpu) return {};
-  return {.residual = 4, .branch = precision == Precision::bf16 ? 2.0 : 4.0, .scores = 4,
-          .gelu_in_gemm = true};
+  const bool bf16 = precision == Precision::bf16;
+  return {.residual = 4, .branch = bf16 ? 2.0 : 4.0, .scores = 4, .gelu_in_gemm = true,
+          .fused_residual = true, .bf16_logits = bf16};
 }
 
 ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
@@ -289,13 +291,16 @@ ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec&
   const double heads = static_cast<double>(s.n_head) / tp;
   const double layers = static_cast<double>(spec.layer_end - spec.layer_begin);
   ElementwiseBytes e;
-  const double layernorms = 2 * (a.residual + a.branch), residual_adds = 2 * 3 * a.residual;
+  const double layernorms = 2 * (a.residual + a.branch),
+               residual_adds = (a.fused_residual ? 5 : 6) * a.residual;
   const double gelu = a.gelu_in_gemm ? 4 * a.branch : 2 * 4 * a.branch;
   e.layers = layers * N * ((layernorms + residual_adds) * C + gelu * Cl);
   // The softmax reads the scores and writes the probabilities and the zeroed upper half.
   e.softmax = layers * 3 * a.scores * B * heads * T * T;
   if (spec.has_embedding) e.embedding = 3 * a.residual * N * C;
-  if (spec.has_head) e.head = 4.0 * 3 * N * static_cast<double>(s.padded_vocab) / tp;  // fp32 logits: write, softmax, loss
+  // fp32 logits: write, max, partials; bf16 (fused): write, one pass.
+  const double logit_bytes = a.bf16_logits ? 2.0 * 2 : 4.0 * 3;
+  if (spec.has_head) e.head = logit_bytes * N * static_cast<double>(s.padded_vocab) / tp;
   return e;
 }
 

@@ -220,6 +220,28 @@ TEST_P(KernelOpsTest, BiasAddIsTheFp32Sum) {
     }
 }
 
+// bias_add then residual in one pass: the same two fp32 additions, bit for bit, on rows of C
+// (four columns at a time) and of C - 1 (odd: one at a time); the rows past N untouched.
+TEST_P(KernelOpsTest, BiasResidualIsTheFp32Sums) {
+  const int N = shape().B * shape().T;
+  for (const int C : {shape().C, shape().C - 1}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const std::int64_t n = std::int64_t(N) * C;
+    const auto r = randn(sz(n), 16), a = randn(sz(n), 17, 3.0), bias = randn(sz(C), 18);
+    const auto got = deterministic([&] {
+      auto dr = up(r), da = up(a), db = up(bias), out = up(std::vector<float>(sz(n + C), 7.0f));
+      elem_->bias_residual_forward(out.data(), dr.data(), da.data(), db.data(), N, C);
+      return Results{down(out)};
+    });
+    for (int row = 0; row < N; ++row)
+      for (int c = 0; c < C; ++c) {
+        const std::size_t i = sz(std::int64_t(row) * C + c);
+        ASSERT_EQ(got[0][i], r[i] + (a[i] + bias[sz(c)])) << row << "," << c;
+      }
+    for (std::int64_t i = n; i < n + C; ++i) ASSERT_EQ(got[0][sz(i)], 7.0f) << "past the end";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Encoder
 
@@ -298,6 +320,62 @@ TEST_P(KernelOpsTest, LayerNormForwardFp32AndBf16) {
   EXPECT_TRUE(same_bits(got[4], got[1])) << "bf16 variant changed the mean";
   EXPECT_TRUE(same_bits(got[5], got[2])) << "bf16 variant changed rstd";
   expect_bf16_close("bf16 out", got[3], out);
+}
+
+// LayerNorm fused with the residual add before it (and a projection's bias): the new residual
+// is the fp32 sums bit for bit, the LayerNorm of it as the reference's in double; and plain
+// LayerNorm on the same widths. Rows of C (four columns at a time) and C - 1 (odd: one at a
+// time).
+TEST_P(KernelOpsTest, ResidualLayerNormForward) {
+  const int N = shape().B * shape().T;
+  for (const int C : {shape().C, shape().C - 1}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const std::int64_t n = std::int64_t(N) * C;
+    const auto r = randn(sz(n), 25, 1.0, 2.0), a = randn(sz(n), 26), ab = randn(sz(C), 27);
+    const auto w = randn(sz(C), 28, 0.5, 1.0), b = randn(sz(C), 29);
+    const auto got = deterministic([&] {
+      auto dr = up(r), da = up(a), dab = up(ab), dw = up(w), db = up(b);
+      auto res = zeros<float>(n), out = zeros<float>(n), mean = zeros<float>(N),
+           rstd = zeros<float>(N), res_h = zeros<float>(n), mean_h = zeros<float>(N),
+           rstd_h = zeros<float>(N), plain = zeros<float>(n), pm = zeros<float>(N),
+           ps = zeros<float>(N);
+      auto out_h = zeros<bf16>(n);
+      norm_->residual_layernorm_forward(res.data(), out.data(), mean.data(), rstd.data(),
+                                        dr.data(), da.data(), dab.data(), dw.data(), db.data(), N,
+                                        C);
+      da = up(a);  // the branch is left unspecified
+      norm_->residual_layernorm_forward(res_h.data(), out_h.data(), mean_h.data(), rstd_h.data(),
+                                        dr.data(), da.data(), dab.data(), dw.data(), db.data(), N,
+                                        C);
+      norm_->layernorm_forward(plain.data(), pm.data(), ps.data(), dr.data(), dw.data(),
+                               db.data(), N, C);
+      return Results{down(res), down(out), down(mean), down(rstd), down(res_h), down(out_h),
+                     down(mean_h), down(rstd_h), down(plain)};
+    });
+    std::vector<float> residual(sz(n));
+    for (int row = 0; row < N; ++row)
+      for (int c = 0; c < C; ++c) {
+        const std::size_t i = sz(std::int64_t(row) * C + c);
+        residual[i] = r[i] + (a[i] + ab[sz(c)]);
+      }
+    EXPECT_TRUE(same_bits(got[0], residual)) << "the new residual is not the fp32 sums";
+    EXPECT_TRUE(same_bits(got[4], residual)) << "the new residual (bf16 out) is not the sums";
+    Vec out(sz(n)), mean(sz(N)), rstd(sz(N));
+    const Vec xd = widen(residual), wd = widen(w), bd = widen(b);
+    layernorm_forward(host(), out.data(), mean.data(), rstd.data(), xd.data(), wd.data(),
+                      bd.data(), N, C);
+    expect_close("out", got[1], out, kTol);
+    expect_close("mean", got[2], mean, kTol);
+    expect_close("rstd", got[3], rstd, kTol);
+    expect_is_rounded("bf16 out", got[5], got[1]);
+    EXPECT_TRUE(same_bits(got[6], got[2])) << "bf16 variant changed the mean";
+    EXPECT_TRUE(same_bits(got[7], got[3])) << "bf16 variant changed rstd";
+    Vec plain(sz(n)), pm(sz(N)), ps(sz(N));
+    const Vec rd = widen(r);
+    layernorm_forward(host(), plain.data(), pm.data(), ps.data(), rd.data(), wd.data(), bd.data(),
+                      N, C);
+    expect_close("plain LayerNorm", got[8], plain, kTol);
+  }
 }
 
 TEST_P(KernelOpsTest, LayerNormBackward) {
@@ -657,12 +735,19 @@ TEST_P(KernelOpsTest, MatmulForwardBf16Output) {
   const auto wh = rounded(randn(sz(std::int64_t(OC) * C), 62, 0.2));
   const auto bh = rounded(randn(sz(OC), 63));
   const auto garbage = rounded(std::vector<float>(sz(std::int64_t(N) * OC), 7.0f));
+  const int ld = OC + 3;  // rows ld apart (the classifier's logits): padding left alone
+  const auto garbage_ld = rounded(std::vector<float>(sz(std::int64_t(N) * ld), 7.0f));
   const auto got = deterministic([&] {
     auto x = up(xh), w = up(wh), b = up(bh), y = up(garbage), y_nb = up(garbage);
-    gemm_->matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
-    gemm_->matmul_forward(y_nb.data(), x.data(), w.data(), nullptr, N, C, OC);
-    return Results{down(y), down(y_nb)};
+    auto y_ld = up(garbage_ld);
+    gemm_->matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC, OC);
+    gemm_->matmul_forward(y_nb.data(), x.data(), w.data(), nullptr, N, C, OC, OC);
+    gemm_->matmul_forward(y_ld.data(), x.data(), w.data(), b.data(), N, C, OC, ld);
+    return Results{down(y), down(y_nb), down(y_ld)};
   });
+  for (int n = 0; n < N; ++n)
+    for (int c = OC; c < ld; ++c)
+      ASSERT_EQ(got[2][sz(std::int64_t(n) * ld + c)], 7.0f) << "padding " << n << ", " << c;
   const Vec xd = widen(xh), wd = widen(wh), bd = widen(bh);
   for (const bool bias : {true, false}) {
     Vec ref(sz(std::int64_t(N) * OC)), mag(ref.size());
@@ -673,6 +758,10 @@ TEST_P(KernelOpsTest, MatmulForwardBf16Output) {
                    bias ? abd.data() : nullptr, N, C, OC);
     expect_within(bias ? "with bias" : "without bias", got[bias ? 0 : 1], ref,
                   rounded_bounds(ref, sum_bounds(mag, C)));
+    // (another leading dimension may take another algorithm: held to the bound, not the bits)
+    if (bias)
+      expect_within("rows ld apart", dense_columns(got[2], N, OC, ld), ref,
+                    rounded_bounds(ref, sum_bounds(mag, C)));
   }
 }
 
@@ -763,14 +852,22 @@ TEST_P(KernelOpsTest, MatmulBackwardBf16Gradient) {
   const auto dx0 = randn(sz(std::int64_t(N) * C), 76), dw0 = randn(wh.size(), 77);
   const auto db0 = randn(sz(OC), 78);
   const std::vector<float> nan_x(dx0.size(), kNaN);
+  // The same gradient with rows ld apart and NaN padding (the classifier's dlogits): never read.
+  const int ld = OC + 5;
+  std::vector<bf16> gh_ld(sz(std::int64_t(N) * ld), to_bf16(kNaN));
+  for (int n = 0; n < N; ++n)
+    std::copy_n(gh.begin() + std::int64_t(n) * OC, OC, gh_ld.begin() + std::int64_t(n) * ld);
   const auto got = deterministic([&] {
-    auto g = up(gh), x = up(xh), w = up(wh);
+    auto g = up(gh), x = up(xh), w = up(wh), g_ld = up(gh_ld);
     auto dx = up(dx0), dw = up(dw0), db = up(db0), dxn = up(nan_x), dw2 = up(dw0);
+    auto dx3 = up(dx0), dw3 = up(dw0), db3 = up(db0);
     gemm_->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N, C, OC,
-                           GradWrite::accumulate);
+                           OC, GradWrite::accumulate);
     gemm_->matmul_backward(dxn.data(), dw2.data(), nullptr, g.data(), x.data(), w.data(), N, C,
-                           OC, GradWrite::overwrite);
-    return Results{down(dx), down(dw), down(db), down(dxn)};
+                           OC, OC, GradWrite::overwrite);
+    gemm_->matmul_backward(dx3.data(), dw3.data(), db3.data(), g_ld.data(), x.data(), w.data(), N,
+                           C, OC, ld, GradWrite::accumulate);
+    return Results{down(dx), down(dw), down(db), down(dxn), down(dx3), down(dw3), down(db3)};
   });
   const Vec gd = widen(gh), xd = widen(xh), wd = widen(wh);
   const auto reference = [&](const Vec& g, const Vec& x, const Vec& w, Vec dx, Vec dw, Vec db) {
@@ -785,6 +882,9 @@ TEST_P(KernelOpsTest, MatmulBackwardBf16Gradient) {
   expect_within("dinp", got[0], dx, sum_bounds(mx, OC));
   expect_within("dweight", got[1], dw, sum_bounds(mw, N));
   expect_within("dbias", got[2], db, sum_bounds(mb, N));
+  expect_within("dinp, rows ld apart", got[4], dx, sum_bounds(mx, OC));
+  expect_within("dweight, rows ld apart", got[5], dw, sum_bounds(mw, N));
+  expect_within("dbias, rows ld apart", got[6], db, sum_bounds(mb, N));
   const Vec zero(dx0.size(), 0.0);
   const auto [dxz, dwz, dbz] = reference(gd, xd, wd, zero, widen(dw0), widen(db0));
   const auto [mxz, mwz, mbz] = reference(absolute(gd), absolute(xd), absolute(wd), zero,
@@ -1029,6 +1129,142 @@ TEST_P(KernelOpsTest, CrossEntropyPhasesAndBackward) {
     for (int n = 0; n < N; ++n)
       for (int v = V; v < ld; ++v)
         ASSERT_EQ(got[3][sz(std::int64_t(n) * ld + v)], 0.0f) << "padding " << n << ", " << v;
+  }
+}
+
+// The fused classifier on bf16 logits (Bf16Activations::gemm_io): one forward pass giving the
+// shard's statistics relative to its own max, the tensor-parallel rescale, and the backward
+// writing bf16 dlogits over the logits. Rows ld apart with NaN padding (the forward must not
+// read it, the backward writes it 0): ld padded (the vector path) and ld = V + 3 (odd: the
+// one-column path). Each phase against the double reference of the bf16 values.
+TEST_P(KernelOpsTest, CrossEntropyBf16FusedShard) {
+  const Shape s = shape();
+  const int N = s.B * s.T;
+  const Tokens targets = random_tokens(sz(N), s.V, 53);
+  for (const Shard sh : {Shard{0, s.V}, Shard{3, s.V - 5}, Shard{s.V, 0}})
+    for (const bool padded : {true, false}) {
+      if (!padded && sh.begin != 0) continue;  // the one-column path: the whole row is enough
+      const int V = sh.width, ld = padded
+                                       ? static_cast<int>(logits_row_stride(V + 1, LogitsRows::padded))
+                                       : V + 3;
+      SCOPED_TRACE("shard [" + std::to_string(sh.begin) + ", +" + std::to_string(V) + "), ld " +
+                   std::to_string(ld));
+      std::vector<float> logits(sz(std::int64_t(N) * ld), kNaN);
+      const auto values = to_floats(rounded(randn(sz(std::int64_t(N) * V), 54, 3.0)));
+      for (int n = 0; n < N; ++n)
+        std::copy_n(values.begin() + std::int64_t(n) * V, V,
+                    logits.begin() + std::int64_t(n) * ld);
+      const auto logits_h = rounded(logits);
+      const auto dlosses = randn(sz(N), 55);
+      // The double reference: the shard's statistics relative to its max.
+      const Vec z = widen(logits);
+      Vec rowmax(sz(N)), stats(2 * sz(N));
+      crossentropy_rowmax(host(), rowmax.data(), z.data(), N, V, ld);
+      crossentropy_partials(host(), stats.data(), z.data(), rowmax.data(), targets.data(),
+                            sh.begin, N, V, ld);
+      Vec bstats = stats;  // the backward's statistics: as if other shards summed to 1
+      if (V == 0) std::fill(bstats.begin(), bstats.begin() + N, 1.0);
+      const std::vector<float> rowmax_f(rowmax.begin(), rowmax.end()),
+          bstats_f(bstats.begin(), bstats.end());
+      const auto got = deterministic([&] {
+        auto t = up(targets);
+        auto zl = up(logits_h);
+        auto dl = up(dlosses), m_in = up(rowmax_f), st_in = up(bstats_f);
+        auto m = zeros<float>(N), st = zeros<float>(3 * std::int64_t(N));
+        loss_->crossentropy_forward(m.data(), st.data(), zl.data(), t.data(), sh.begin, N, V, ld);
+        loss_->crossentropy_backward(zl.data(), m_in.data(), st_in.data(), t.data(), dl.data(),
+                                     sh.begin, N, V, ld);
+        return Results{down(m), down(st), down(zl)};
+      });
+      for (int n = 0; n < N; ++n) {  // the max is exact in any order; empty shard: lowest()
+        const float want = V > 0 ? static_cast<float>(rowmax[sz(n)]) : -FLT_MAX;
+        ASSERT_EQ(got[0][sz(n)], want) << n;
+        ASSERT_EQ(got[1][2 * sz(N) + sz(n)], want) << "the shard's max kept, " << n;
+      }
+      expect_close("sums", std::vector<float>(got[1].begin(), got[1].begin() + N),
+                   Vec(stats.begin(), stats.begin() + N), kTol);
+      expect_close("target logit - max",
+                   std::vector<float>(got[1].begin() + N, got[1].begin() + 2 * N),
+                   Vec(stats.begin() + N, stats.end()), kTol);
+      Vec dlogits = z;
+      const Vec dld = widen(dlosses);
+      crossentropy_backward(host(), dlogits.data(), rowmax.data(), bstats.data(), targets.data(),
+                            dld.data(), sh.begin, N, V, ld);
+      expect_bf16_close("dlogits (padding 0)", got[2], dlogits);
+      for (int n = 0; n < N; ++n)
+        for (int v = V; v < ld; ++v)
+          ASSERT_EQ(got[2][sz(std::int64_t(n) * ld + v)], 0.0f) << "padding " << n << ", " << v;
+    }
+}
+
+// Tensor parallelism: the vocabulary in three shards (one of padding only), each shard's fused
+// forward on the backend, the group's max, each shard rescaled on the backend, the sums over
+// the shards: the losses and the backward's dlogits of the whole vocabulary in double.
+TEST_P(KernelOpsTest, CrossEntropyBf16FusedShardsCombine) {
+  const Shape s = shape();
+  const int N = s.B * s.T, V = s.V;
+  const Tokens targets = random_tokens(sz(N), V, 56);
+  const std::vector<Shard> shards{{0, V / 3}, {V / 3, V - V / 3}, {V, 0}};
+  const auto values = to_floats(rounded(randn(sz(std::int64_t(N) * V), 57, 3.0)));
+  const auto dlosses = randn(sz(N), 58);
+  const auto shard_logits = [&](const Shard& sh, int ld) {
+    std::vector<float> z(sz(std::int64_t(N) * ld), kNaN);
+    for (int n = 0; n < N; ++n)
+      std::copy_n(values.begin() + std::int64_t(n) * V + sh.begin, sh.width,
+                  z.begin() + std::int64_t(n) * ld);
+    return rounded(z);
+  };
+  const auto ld_of = [](const Shard& sh) {
+    return static_cast<int>(logits_row_stride(sh.width + 1, LogitsRows::padded));
+  };
+  const auto got = deterministic([&] {
+    auto t = up(targets);
+    auto dl = up(dlosses), l = zeros<float>(N);
+    std::vector<Buffer<bf16>> z;
+    std::vector<Buffer<float>> m, st;
+    for (const Shard& sh : shards) {
+      z.push_back(up(shard_logits(sh, ld_of(sh))));
+      m.push_back(zeros<float>(N)), st.push_back(zeros<float>(3 * std::int64_t(N)));
+      loss_->crossentropy_forward(m.back().data(), st.back().data(), z.back().data(), t.data(),
+                                  sh.begin, N, sh.width, ld_of(sh));
+    }
+    std::vector<float> group_max(sz(N), -FLT_MAX), sums(2 * sz(N), 0.0f);  // the collectives
+    for (auto& mi : m) {
+      const auto h = down(mi);
+      for (int n = 0; n < N; ++n) group_max[sz(n)] = std::max(group_max[sz(n)], h[sz(n)]);
+    }
+    auto gm = up(group_max);
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      loss_->crossentropy_rescale(st[i].data(), gm.data(), t.data(), shards[i].begin, N,
+                                  shards[i].width);
+      const auto h = down(st[i]);
+      for (std::size_t j = 0; j < sums.size(); ++j) sums[j] += h[j];
+    }
+    auto sum = up(sums);
+    loss_->crossentropy_losses(l.data(), sum.data(), N);
+    Results out{down(l)};
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      loss_->crossentropy_backward(z[i].data(), gm.data(), sum.data(), t.data(), dl.data(),
+                                   shards[i].begin, N, shards[i].width, ld_of(shards[i]));
+      out.push_back(dense_columns(down(z[i]), N, shards[i].width, ld_of(shards[i])));
+    }
+    return out;
+  });
+  const Vec z = widen(values), dld = widen(dlosses);
+  Vec rowmax(sz(N)), stats(2 * sz(N)), losses(sz(N));
+  crossentropy_rowmax(host(), rowmax.data(), z.data(), N, V, V);
+  crossentropy_partials(host(), stats.data(), z.data(), rowmax.data(), targets.data(), 0, N, V, V);
+  crossentropy_losses(host(), losses.data(), stats.data(), N);
+  expect_close("losses", got[0], losses, kTol);
+  Vec dlogits = z;
+  crossentropy_backward(host(), dlogits.data(), rowmax.data(), stats.data(), targets.data(),
+                        dld.data(), 0, N, V, V);
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    Vec want(sz(std::int64_t(N) * shards[i].width));
+    for (int n = 0; n < N; ++n)
+      std::copy_n(dlogits.begin() + std::int64_t(n) * V + shards[i].begin, shards[i].width,
+                  want.begin() + std::int64_t(n) * shards[i].width);
+    expect_bf16_close("dlogits of shard " + std::to_string(i), got[1 + i], want);
   }
 }
 

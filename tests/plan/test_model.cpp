@@ -288,9 +288,18 @@ TEST(PlanModel, AGpusBf16ActivationsMoveFewerBytes) {
     return forward_elementwise_bytes(in.model, whole, 16, pdtrain_traffic(gpu, p)).layers;
   };
   EXPECT_DOUBLE_EQ(bytes(false, Precision::bf16), layers * 4 * N * 18 * C);  // the CPU: fp32
-  // LayerNorms 2 x (4 + 2), residual adds 2 x 12, GELU's input written 4 x 2 of 4C.
-  EXPECT_DOUBLE_EQ(bytes(true, Precision::bf16), layers * N * (12 + 24 + 8) * C);
-  EXPECT_DOUBLE_EQ(bytes(true, Precision::fp32), layers * N * (16 + 24 + 16) * C);
+  // LayerNorms 2 x (4 + 2), residual adds 5 x 4 (LayerNorm 2 reads its input in the residual
+  // add's pass), GELU's input written 4 x 2 of 4C.
+  EXPECT_DOUBLE_EQ(bytes(true, Precision::bf16), layers * N * (12 + 20 + 8) * C);
+  EXPECT_DOUBLE_EQ(bytes(true, Precision::fp32), layers * N * (16 + 20 + 16) * C);
+  // The logits: fp32 written and read twice; bf16 (the fused classifier) written and read once.
+  const double V = static_cast<double>(in.model.padded_vocab);
+  const auto head = [&](bool gpu, Precision p) {
+    return forward_elementwise_bytes(in.model, whole, 16, pdtrain_traffic(gpu, p)).head;
+  };
+  EXPECT_DOUBLE_EQ(head(false, Precision::bf16), 3 * 4 * N * V);
+  EXPECT_DOUBLE_EQ(head(true, Precision::fp32), 3 * 4 * N * V);
+  EXPECT_DOUBLE_EQ(head(true, Precision::bf16), 2 * 2 * N * V);
 }
 
 // On a CPU node the compute rank's own core receives its fetches (shared-memory MPI: the

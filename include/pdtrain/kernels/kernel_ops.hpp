@@ -63,6 +63,12 @@ class ElementwiseOps {
   virtual void residual_forward(float* out, const float* a, const float* b, Index n) = 0;
   // out[N,OC] += bias[OC] (a row-parallel layer's bias, added after the tensor-parallel sum).
   virtual void bias_add_forward(float* out, const float* bias, int N, int OC) = 0;
+  // The two above in one pass: out = residual + (branch + bias[col]) over [N,C] (a row-parallel
+  // projection's tensor-parallel sum, its bias and the residual add; the same two additions as
+  // bias_add_forward(branch) then residual_forward(out, residual, branch)). branch is left
+  // unspecified (the CPU adds the bias into it in place).
+  virtual void bias_residual_forward(float* out, const float* residual, float* branch,
+                                     const float* bias, int N, int C) = 0;
 };
 
 // LayerNorm (eps 1e-5): out[N,C] as fp32 or as bf16 (the input of a bf16 matmul); mean[N],
@@ -77,6 +83,16 @@ class NormOps {
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean,
                                   const float* rstd, int N, int C, GradWrite dinp_write) = 0;
+  // ElementwiseOps::bias_residual_forward(residual_out, residual, branch, branch_bias) and the
+  // LayerNorm of residual_out in one pass (the CPU: those ops in that order, the same bits).
+  virtual void residual_layernorm_forward(float* residual_out, float* out, float* mean,
+                                          float* rstd, const float* residual, float* branch,
+                                          const float* branch_bias, const float* weight,
+                                          const float* bias, int N, int C) = 0;
+  virtual void residual_layernorm_forward(float* residual_out, bf16* out, float* mean,
+                                          float* rstd, const float* residual, float* branch,
+                                          const float* branch_bias, const float* weight,
+                                          const float* bias, int N, int C) = 0;
 };
 
 // Matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null). fp32, or bf16
@@ -123,10 +139,11 @@ class GemmOps {
 
   // bf16 activations (ActivationLayout::bf16 = Bf16Activations::gemm_io; a GPU's bf16 runs):
   // the GEMMs above with their outputs in bf16, each value computed in fp32 and rounded once
-  // (core/bf16.hpp), dense rows. The bias is bf16 too (a bf16 run's parameters are bf16 values).
-  // out = inp weight^T + bias (may be null).
+  // (core/bf16.hpp), dense rows unless an ld is given. The bias is bf16 too (a bf16 run's
+  // parameters are bf16 values). out = inp weight^T + bias (may be null), out's rows ld apart
+  // (ld >= OC; the classifier's bf16 logits: logits_row_stride()), columns OC..ld-1 left alone.
   virtual void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
-                              int N, int C, int OC) = 0;
+                              int N, int C, int OC, int ld) = 0;
   // pre = inp weight^T + bias (may be null) and out = gelu(pre), both from the fp32 value.
   virtual void matmul_gelu_forward(bf16* pre, bf16* out, const bf16* inp, const bf16* weight,
                                    const bf16* bias, int N, int C, int OC) = 0;
@@ -135,11 +152,11 @@ class GemmOps {
   virtual void matmul_backward_gelu(bf16* dpre, float* dweight, float* dbias, const float* dout,
                                     bf16* dout_bf16, const bf16* pre, const bf16* inp,
                                     const bf16* weight, int N, int C, int OC) = 0;
-  // matmul_backward of a bf16 output gradient (what matmul_backward_gelu wrote): dinp (may be
-  // null) += (or =) dout weight; dweight += dout^T inp; dbias (may be null) += column sums of
-  // dout's values, in fp32.
+  // matmul_backward of a bf16 output gradient (what matmul_backward_gelu wrote; the classifier's
+  // bf16 dlogits, rows ld apart): dinp (may be null) += (or =) dout weight; dweight += dout^T
+  // inp; dbias (may be null) += column sums of dout's values, in fp32.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const bf16* dout,
-                               const bf16* inp, const bf16* weight, int N, int C, int OC,
+                               const bf16* inp, const bf16* weight, int N, int C, int OC, int ld,
                                GradWrite dinp_write) = 0;
 };
 
@@ -210,9 +227,12 @@ constexpr Index logits_row_stride(Index V, LogitsRows rows) {
 // (a GPU, llm.c's choice): also the GEMMs' outputs that are not summed into the residual stream,
 // written in bf16 by the GEMM itself: qkv, the MLP's pre-activation, the attention output (the
 // attention reads and writes bf16), and the MLP's hidden gradient (the DGELU GEMM's output).
-// Both keep fp32: the residual stream and what is added to it (the projections' outputs, summed
-// over the tensor-parallel group), the LayerNorm statistics, the logits, softmax and loss, the
-// other gradients, and every parameter and optimizer state.
+// gemm_io also keeps the classifier's logits in bf16 (the head GEMM writes them, LossOps' bf16
+// overloads read them in one pass and write the bf16 dlogits over them, which the head's
+// backward GEMMs read: llm.c's fused classifier). Both keep fp32: the residual stream and what
+// is added to it (the projections' outputs, summed over the tensor-parallel group), the
+// LayerNorm statistics, the softmax statistics and losses, the other gradients, and every
+// parameter and optimizer state.
 enum class Bf16Activations { matmul_inputs, gemm_io };
 
 // How a backend lays out the activations its kernels exchange.
@@ -241,6 +261,27 @@ class LossOps {
   // In place: logits become dlogits = (softmax - onehot(target)) * dlosses[n] (the target
   // counted on its shard only; columns V..ld-1 become 0: a bf16 GEMM rounds whole rows).
   virtual void crossentropy_backward(float* logits, const float* rowmax, const float* stats,
+                                     const std::int32_t* targets, const float* dlosses,
+                                     int vocab_begin, int N, int V, int ld) = 0;
+
+  // bf16 logits (Bf16Activations::gemm_io), the classifier fused: the forward in ONE pass per
+  // row with an online max and sum, its statistics relative to this shard's max:
+  // rowmax[n] = the shard's max; stats[n] = the shard's sum of exp(logits - rowmax[n]);
+  // stats[N+n] = target logit - rowmax[n] on the target's shard, else 0; stats[2N+n] = rowmax[n]
+  // again (stats holds 3N floats; crossentropy_rescale reads it after the group's max replaced
+  // rowmax). With one shard these are the statistics crossentropy_losses takes.
+  virtual void crossentropy_forward(float* rowmax, float* stats, const bf16* logits,
+                                    const std::int32_t* targets, int vocab_begin, int N, int V,
+                                    int ld) = 0;
+  // Tensor parallelism, between the group's max (rowmax, combined by max) and the sum of
+  // stats[0, 2N) over the group: the shard's statistics moved to the group's max, with
+  // shift = stats[2N+n] - rowmax[n]: stats[n] *= exp(shift); stats[N+n] += shift on the
+  // target's shard.
+  virtual void crossentropy_rescale(float* stats, const float* rowmax,
+                                    const std::int32_t* targets, int vocab_begin, int N,
+                                    int V) = 0;
+  // crossentropy_backward on bf16 logits: the bf16 dlogits (each rounded once) written over them.
+  virtual void crossentropy_backward(bf16* logits, const float* rowmax, const float* stats,
                                      const std::int32_t* targets, const float* dlosses,
                                      int vocab_begin, int N, int V, int ld) = 0;
   // *sum = losses[0] + losses[1] + ... + losses[n-1], in double, in that order (one micro-batch's

@@ -77,7 +77,8 @@ class GptStage {
   // Device memory: the last stage's logits of the forward in `slot`, B*T rows of this rank's
   // real vocabulary columns, logits_row_stride() floats apart (what a sampler reads; the loss has
   // been taken from them already; the slot's backward overwrites them with their gradient).
-  const float* logits(int slot) const { return acts_.slots[slot].logits.data(); }
+  // Not with bf16 activations (Bf16Activations::gemm_io: the logits are bf16 there).
+  const float* logits(int slot) const;
   std::int64_t logits_row_stride() const { return dims_.ld; }
   std::int64_t activation_numel() const { return dims_.B * dims_.T * dims_.C; }
   // Bytes of activations (all slots), backward scratch and loss ledger a stage allocates: the
@@ -111,8 +112,9 @@ class GptStage {
     std::vector<LayerActs> layers;
     Buf<float> lnf, lnf_mean, lnf_rstd, losses;
     Buf<float> logits;  // [B*T, ld]; the head's backward turns them into dlogits in place
+    Buf<bf16> logits_h;  // gemm_io: the logits in bf16 instead (dlogits in place too)
     Buf<bf16> lnf_h;
-    Buf<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp)
+    Buf<float> rowmax, ce_stats;  // cross-entropy row statistics (combined over tp; gemm_io: 3N)
     Buf<float> dresidual;  // layer-major: this micro-batch's residual gradient between units
   };
   struct GradScratch {
@@ -204,6 +206,11 @@ class GptStage {
   void mlp_backward(std::int64_t l, LayerActs& a);
   void head_forward(SlotActs& s, const float* residual);
   void head_backward(SlotActs& s, const float* residual, float dloss);
+  // The classifier after the final LayerNorm: logits, statistics and losses forward; dlogits,
+  // d(lnf) in grads.dln (this shard's part) and dwte backward. fused_*: bf16 logits (gemm_io).
+  void fused_classifier_forward(SlotActs& s);
+  void classifier_backward(SlotActs& s);
+  void fused_classifier_backward(SlotActs& s);
   void zero(Buf<float>& b) { dev_.zero(b.data(), b.bytes()); }
   void copy_in(void* dst, const void* src, std::size_t bytes) { dev_.copy(dst, src, bytes); }
   void flush_ledger();

@@ -22,6 +22,9 @@ struct ActivationTraffic {
   double branch = 4;    // LayerNorm outputs, GELU's input and output
   double scores = 4;    // the reference attention's T x T scores and probabilities
   bool gelu_in_gemm = false;  // GELU in the GEMM's epilogue: only its input written besides
+  // The projections' bias and residual add fused, the first with LayerNorm 2 (a GPU's kernels)
+  bool fused_residual = false;
+  bool bf16_logits = false;  // the fused classifier on bf16 logits (a GPU's bf16 runs)
 };
 
 // What the model needs to know of a run: the deck's settings as numbers.
@@ -69,7 +72,7 @@ struct PlanInput {
 
 // The bytes the model counts for a stage's elementwise kernels in the forward of one
 // micro-batch of B sequences (backward: twice these): the layers' LayerNorms, residual adds and
-// GELU, attention's softmax, the embedding lookup (first stage) and the fp32 logits' passes
+// GELU, attention's softmax, the embedding lookup (first stage) and the logits' passes
 // (last stage). --calibrate divides them by what the kernels take to measure
 // `device.elementwise_gbs`, so the two must count the same.
 struct ElementwiseBytes {
@@ -79,8 +82,9 @@ struct ElementwiseBytes {
 ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
                                            const ActivationTraffic& a);
 // pdtrain's activations (kernel_ops.hpp's ActivationLayout): fp32 everywhere on a CPU's
-// elementwise kernels; on a GPU the GELU in the GEMM's epilogue, and in bf16 runs the
-// LayerNorm outputs and the GELU's activations in bf16 (the residual stream stays fp32).
+// elementwise kernels; on a GPU the GELU in the GEMM's epilogue, the residual adds fused, and
+// in bf16 runs the LayerNorm outputs, the GELU's activations and the logits in bf16 (the
+// residual stream stays fp32).
 ActivationTraffic pdtrain_traffic(bool gpu, Precision precision);
 
 // The deck's run on `nodes` nodes with layout `shape` (resolved: dp known).

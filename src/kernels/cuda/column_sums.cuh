@@ -10,19 +10,35 @@
 namespace pdtrain::kernels::cuda {
 
 // Stage 1: partial[k][slab][c] = the sum over the slab's rows n, in order, of term k of (n, c),
-// which `rows(n, c, acc)` adds onto acc[k].
+// which `rows(n, c, acc)` adds onto acc[k]; one thread's (column c, slab) of `slabs`. A device
+// function, so a kernel with other work may run it in some of its blocks (layernorm.cu).
 template <int K, class Rows>
-__global__ void column_partials_kernel(float* __restrict__ partial, Index N, int C,
-                                       Index slab_rows, Rows rows) {
-  const Index c = Index(blockIdx.x) * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void column_partials(float* __restrict__ partial, Index N, int C,
+                                                Index slab_rows, Index slabs, Index c,
+                                                Index slab, const Rows& rows) {
   if (c >= C) return;
-  const Index slab = blockIdx.y;
   const Index begin = slab * slab_rows;
   const Index end = begin + slab_rows < N ? begin + slab_rows : N;
   float acc[K] = {};
   for (Index n = begin; n < end; ++n) rows(n, c, acc);
 #pragma unroll
-  for (int k = 0; k < K; ++k) partial[(k * Index(gridDim.y) + slab) * C + c] = acc[k];
+  for (int k = 0; k < K; ++k) partial[(k * slabs + slab) * C + c] = acc[k];
+}
+
+// Stage 1 alone: a grid of (column blocks, slabs).
+template <int K, class Rows>
+__global__ void column_partials_kernel(float* __restrict__ partial, Index N, int C,
+                                       Index slab_rows, Rows rows) {
+  column_partials<K>(partial, N, C, slab_rows, gridDim.y, Index(blockIdx.x) * blockDim.x + threadIdx.x,
+                     blockIdx.y, rows);
+}
+
+template <int K>
+ColumnSumsOut column_sums_out(const std::array<float*, K>& out) {
+  static_assert(K <= kMaxColumnSums, "column_sums_finish sums at most kMaxColumnSums arrays");
+  ColumnSumsOut o;
+  for (int k = 0; k < K; ++k) o.to[k] = out[k];
+  return o;
 }
 
 // Floats of scratch column_sums<K> needs for N rows of C columns.
@@ -38,8 +54,7 @@ void column_sums(cudaStream_t stream, float* scratch, const std::array<float*, K
   PDTRAIN_LAUNCH(column_partials_kernel<K>, grid, kBlock, 0, stream)(
       scratch, N, C, slabs.rows, rows);
   CUDA_CHECK_LAUNCH();
-  for (int k = 0; k < K; ++k)
-    column_sums_finish(stream, out[k], scratch + k * slabs.count * C, slabs.count, C);
+  column_sums_finish(stream, column_sums_out<K>(out), K, scratch, slabs.count, C);
 }
 
 }  // namespace pdtrain::kernels::cuda

@@ -114,6 +114,10 @@ class CudaElementwise final : public ElementwiseOps {
   void bias_add_forward(float* out, const float* bias, int N, int OC) override {
     cuda::bias_add(stream_, out, bias, N, OC);
   }
+  void bias_residual_forward(float* out, const float* residual, float* branch, const float* bias,
+                             int N, int C) override {
+    cuda::bias_residual_forward(stream_, out, residual, branch, bias, N, C);
+  }
 
  private:
   Context ctx_;
@@ -138,6 +142,18 @@ class CudaNorm final : public NormOps {
     cuda::layernorm_backward(stream_, ctx_->scratch(cuda::layernorm_backward_scratch(N, C)), dinp,
                              dw, db, dout, inp, w, mean, rstd, N, C,
                              dinp_write == GradWrite::overwrite);
+  }
+  void residual_layernorm_forward(float* residual_out, float* out, float* mean, float* rstd,
+                                  const float* residual, float* branch, const float* branch_bias,
+                                  const float* w, const float* b, int N, int C) override {
+    cuda::residual_layernorm_forward(stream_, residual_out, out, mean, rstd, residual, branch,
+                                     branch_bias, w, b, N, C);
+  }
+  void residual_layernorm_forward(float* residual_out, bf16* out, float* mean, float* rstd,
+                                  const float* residual, float* branch, const float* branch_bias,
+                                  const float* w, const float* b, int N, int C) override {
+    cuda::residual_layernorm_forward(stream_, residual_out, out, mean, rstd, residual, branch,
+                                     branch_bias, w, b, N, C);
   }
 
  private:
@@ -203,9 +219,9 @@ class CudaGemm final : public GemmOps {
 
   // bf16 activations: the GEMMs write bf16 (D and the GELU matrices of cuBLASLt's epilogues).
   void matmul_forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C,
-                      int OC) override {
+                      int OC, int ld) override {
     ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
-                      .A = inp, .lda = C, .B = w, .ldb = C, .C = out, .ldc = OC,
+                      .A = inp, .lda = C, .B = w, .ldb = C, .C = out, .ldc = ld,
                       .input = GemmType::bf16, .output = GemmType::bf16,
                       .epilogue = bias != nullptr ? cuda::GemmEpilogue::bias
                                                   : cuda::GemmEpilogue::none,
@@ -214,7 +230,7 @@ class CudaGemm final : public GemmOps {
   void matmul_gelu_forward(bf16* pre, bf16* out, const bf16* inp, const bf16* w, const bf16* bias,
                            int N, int C, int OC) override {
     if (bias == nullptr) {
-      matmul_forward(pre, inp, w, nullptr, N, C, OC);
+      matmul_forward(pre, inp, w, nullptr, N, C, OC, OC);
       return cuda::gelu_forward(stream_, out, pre, Index(N) * OC);
     }
     ctx_->gemm().run({.trans_b = true, .M = N, .N = OC, .K = C,
@@ -233,8 +249,9 @@ class CudaGemm final : public GemmOps {
     weight_and_bias_grads(dw, dbias, dout, dout_bf16, inp, N, C, OC, OC, GemmType::bf16);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const bf16* dout, const bf16* inp,
-                       const bf16* w, int N, int C, int OC, GradWrite dinp_write) override {
-    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, OC, GemmType::bf16, dinp_write);
+                       const bf16* w, int N, int C, int OC, int ld,
+                       GradWrite dinp_write) override {
+    backward(dinp, dw, dbias, dout, dout, inp, w, N, C, OC, ld, GemmType::bf16, dinp_write);
   }
 
  private:
@@ -407,6 +424,19 @@ class CudaLoss final : public LossOps {
     cuda::crossentropy_losses(stream_, losses, stats, N);
   }
   void crossentropy_backward(float* logits, const float* rowmax, const float* stats,
+                             const I32* targets, const float* dlosses, int v0, int N, int V,
+                             int ld) override {
+    cuda::crossentropy_backward(stream_, logits, rowmax, stats, targets, dlosses, v0, N, V, ld);
+  }
+  void crossentropy_forward(float* rowmax, float* stats, const bf16* logits, const I32* targets,
+                            int v0, int N, int V, int ld) override {
+    cuda::crossentropy_forward(stream_, rowmax, stats, logits, targets, v0, N, V, ld);
+  }
+  void crossentropy_rescale(float* stats, const float* rowmax, const I32* targets, int v0, int N,
+                            int V) override {
+    cuda::crossentropy_rescale(stream_, stats, rowmax, targets, v0, N, V);
+  }
+  void crossentropy_backward(bf16* logits, const float* rowmax, const float* stats,
                              const I32* targets, const float* dlosses, int v0, int N, int V,
                              int ld) override {
     cuda::crossentropy_backward(stream_, logits, rowmax, stats, targets, dlosses, v0, N, V, ld);

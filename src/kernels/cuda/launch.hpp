@@ -34,9 +34,15 @@ struct Slabs {
   Index rows = 0;   // rows per slab (the last may have fewer)
 };
 Slabs column_slabs(Index rows);
-// Stage 2 (column_sums.cu): out[c] += partial[c] + partial[cols + c] + ... (slabs in order).
-void column_sums_finish(cudaStream_t stream, float* out, const float* partial, Index slabs,
-                        int cols);
+// Stage 2 (column_sums.cu), every summed array in one launch: for k < sums,
+// out.to[k][c] += partial[k][0][c] + partial[k][1][c] + ... (slabs in order), partial[k] being
+// the slabs x cols floats at partial + k * slabs * cols.
+constexpr int kMaxColumnSums = 2;
+struct ColumnSumsOut {
+  float* to[kMaxColumnSums] = {};
+};
+void column_sums_finish(cudaStream_t stream, ColumnSumsOut out, int sums, const float* partial,
+                        Index slabs, int cols);
 
 // ---------------------------------------------------------------------------------------------
 // residual.cu: fill, conversions between fp32 and bf16, residual.
@@ -44,6 +50,9 @@ void fill(cudaStream_t stream, float* p, Index n, float value);
 void to_bf16(cudaStream_t stream, bf16* out, const float* in, Index n);  // core/bf16.hpp rounding
 void to_float(cudaStream_t stream, float* out, const bf16* in, Index n);  // exact
 void residual_forward(cudaStream_t stream, float* out, const float* a, const float* b, Index n);
+// out[N,C] = residual + (branch + bias[c]) in one pass.
+void bias_residual_forward(cudaStream_t stream, float* out, const float* residual,
+                           const float* branch, const float* bias, int N, int C);
 
 // gelu.cu
 void gelu_forward(cudaStream_t stream, float* out, const float* inp, Index n);
@@ -68,6 +77,16 @@ void layernorm_forward(cudaStream_t stream, float* out, float* mean, float* rstd
                        const float* weight, const float* bias, int N, int C);
 void layernorm_forward(cudaStream_t stream, bf16* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int N, int C);
+// bias_residual_forward(residual_out, residual, branch, branch_bias) and the LayerNorm of
+// residual_out in one kernel (residual_out is not read before the kernel writes it).
+void residual_layernorm_forward(cudaStream_t stream, float* residual_out, float* out, float* mean,
+                                float* rstd, const float* residual, const float* branch,
+                                const float* branch_bias, const float* weight, const float* bias,
+                                int N, int C);
+void residual_layernorm_forward(cudaStream_t stream, float* residual_out, bf16* out, float* mean,
+                                float* rstd, const float* residual, const float* branch,
+                                const float* branch_bias, const float* weight, const float* bias,
+                                int N, int C);
 // Floats of scratch layernorm_backward needs.
 Index layernorm_backward_scratch(int N, int C);
 void layernorm_backward(cudaStream_t stream, float* scratch, float* dinp, float* dweight,
@@ -182,6 +201,16 @@ void crossentropy_partials(cudaStream_t stream, float* stats, const float* logit
 void crossentropy_losses(cudaStream_t stream, float* losses, const float* stats, int N);
 // In place: the logits become dlogits (the padding columns V..ld-1 become 0).
 void crossentropy_backward(cudaStream_t stream, float* logits, const float* rowmax,
+                           const float* stats, const I32* targets, const float* dlosses,
+                           int vocab_begin, int N, int V, int ld);
+// bf16 logits (the fused classifier, LossOps' bf16 overloads): one pass per row with an online
+// max and sum (rowmax, stats[0, 3N) relative to the shard's max), the tensor-parallel rescale
+// (one thread per row), and the backward writing bf16 dlogits over the logits.
+void crossentropy_forward(cudaStream_t stream, float* rowmax, float* stats, const bf16* logits,
+                          const I32* targets, int vocab_begin, int N, int V, int ld);
+void crossentropy_rescale(cudaStream_t stream, float* stats, const float* rowmax,
+                          const I32* targets, int vocab_begin, int N, int V);
+void crossentropy_backward(cudaStream_t stream, bf16* logits, const float* rowmax,
                            const float* stats, const I32* targets, const float* dlosses,
                            int vocab_begin, int N, int V, int ld);
 // *sum = losses[0] + ... + losses[n-1] in double, in order, by one thread (the CPU's bits).

@@ -1,4 +1,5 @@
-// Residual (out = a + b; its backward passes the gradient through), fill and the bf16
+// Residual (out = a + b; its backward passes the gradient through; fused with a row-parallel
+// projection's bias: bias_residual_forward), fill and the bf16
 // conversions: element-wise grid-stride loops, four elements per vector load/store where the
 // pointers allow it. Every element is computed exactly as on the CPU (one fp32 addition, the
 // one bf16 rounding of core/bf16.hpp), so these match the CPU bit for bit. No __restrict__ on
@@ -37,7 +38,43 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
       [&](Index i) { out[i] = a[i] + b[i]; });
 }
 
+// out = residual + (branch + bias[c]) (bias_add then residual_forward's additions), one warp
+// per row (no index division), lanes over four columns at a time (kVec: C % 4 == 0 and the
+// arrays 16-byte aligned) or one.
+template <bool kVec>
+__global__ void bias_residual_kernel(float* __restrict__ out, const float* __restrict__ residual,
+                                     const float* __restrict__ branch,
+                                     const float* __restrict__ bias, int N, int C) {
+  constexpr int kRowsPerBlock = kBlock / kWarp;
+  const Index row = Index(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= N) return;
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  const float *r = residual + row * C, *a = branch + row * C;
+  float* y = out + row * C;
+  if (kVec) {
+    for (int j = lane; j < C / 4; j += kWarp) {
+      const float4 x = load4(r, j), u = load4(a, j), b = load4(bias, j);
+      store4(y, j, make_float4(x.x + (u.x + b.x), x.y + (u.y + b.y), x.z + (u.z + b.z),
+                               x.w + (u.w + b.w)));
+    }
+  } else {
+    for (int i = lane; i < C; i += kWarp) y[i] = r[i] + (a[i] + bias[i]);
+  }
+}
+
 }  // namespace
+
+void bias_residual_forward(cudaStream_t stream, float* out, const float* residual,
+                           const float* branch, const float* bias, int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  const bool vec = C % 4 == 0 && aligned(out, 16) && aligned(residual, 16) &&
+                   aligned(branch, 16) && aligned(bias, 16);
+  const auto kernel = vec ? bias_residual_kernel<true> : bias_residual_kernel<false>;
+  PDTRAIN_LAUNCH_AS("bias_residual_kernel", kernel,
+                    static_cast<unsigned>(ceil_div(N, kBlock / kWarp)), kBlock, 0, stream)(
+      out, residual, branch, bias, N, C);
+  CUDA_CHECK_LAUNCH();
+}
 
 void fill(cudaStream_t stream, float* p, Index n, float value) {
   launch_elementwise("fill_kernel", stream, n, aligned(p, 16), fill_kernel<true>,
