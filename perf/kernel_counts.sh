@@ -18,7 +18,7 @@
 #    counts of (3,1) (1,3) (3,3): a kernel that does not is named and marked "?"; 7 runs, about
 #    2 minutes).
 # 4. GPT-2 124M at its full T 1024, d_model 768, 12 heads and vocabulary at those four (L, B)
-#    (10 to 25 minutes each on 2 busy cores: about an hour), projected to the deck's 12 layers
+#    (11, 16, 21 and 27 minutes on 2 shared cores: about 80 minutes in all), projected to the deck's 12 layers
 #    and micro-batch of 16; one step of the deck is 32 such micro-batches and one optimizer step
 #    (the kernels marked *).
 # Each run is one step (--stop-after 1: no evaluation, and no kernel runs before the first step:

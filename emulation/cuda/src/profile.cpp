@@ -249,7 +249,13 @@ struct Inside {
 };
 
 const Range& static_shared_range() {
-  thread_local const Range r = executable_tls();
+  thread_local const Range r = [] {
+    const Range found = executable_tls();
+    if (found.lo == found.hi)
+      std::fprintf(stderr, "cuda emulation: kernel counts: the executable's TLS block was not "
+                           "found: static __shared__ accesses are not counted\n");
+    return found;
+  }();
   return r;
 }
 
