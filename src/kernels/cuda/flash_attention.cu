@@ -442,8 +442,9 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 // t ld: q, k or v of qkv, or dout) into dst [kRows x kLd] as bf16, zeros past T and past HS.
 // With `async` (bf16 elements, HS and ld multiples of 8, 16-byte aligned) each 16-byte chunk
 // is one cp.async, landing at the cp_async_wait that covers the caller's next commit; else
-// element by element (fp32 rounded to bf16), synchronous. The 8 threads of a phase take one
-// 16-byte column of 8 consecutive rows (conflict-free, above). kThreads threads call it.
+// element by element (fp32 rounded to bf16) and stored 16 bytes at a time, synchronous. The
+// 8 threads of a phase take one 16-byte column of 8 consecutive rows (conflict-free, above).
+// kThreads threads call it.
 template <int kHS, int kRows, int kThreads, class G>
 __device__ __forceinline__ void load_tile(bf16_t* dst, const G* src, Index ld, int row0,
                                           const BlockHead& hd, bool async) {
@@ -459,10 +460,13 @@ __device__ __forceinline__ void load_tile(bf16_t* dst, const G* src, Index ld, i
         continue;
       }
     }
-    for (int e = 0; e < 8; ++e) {
-      const int d = c * 8 + e;
-      to[e] = to_element<bf16_t>(t < hd.T && d < hd.HS ? load_value(src[Index(t) * ld + d]) : 0.0f);
-    }
+    const auto value = [&](int d) {
+      return t < hd.T && d < hd.HS ? load_value(src[Index(t) * ld + d]) : 0.0f;
+    };
+    u32 w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = pack_bf16x2(value(c * 8 + 2 * e), value(c * 8 + 2 * e + 1));
+    *reinterpret_cast<uint4*>(to) = make_uint4(w[0], w[1], w[2], w[3]);  // as one cp.async
   }
 }
 
