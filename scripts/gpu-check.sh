@@ -51,7 +51,7 @@
 #     1. the GPU tests: command
 #          GPU_CHECK_REQUIRE_GPU=1 GPU_CHECK_ONLY='^(gpu-info|bundle-libs|backend-cuda|gpu-training|gpu-nccl|sanitizer)' bash scripts/gpu-check.sh run
 #        carry ["gpu-bundle"], timeout_s 600 (worst case ~8 minutes; typical far less);
-#     2. the benchmarks, if time is left: GPU_CHECK_ONLY='^perf-(gemm-cuda|gpu|pytorch)'
+#     2. the benchmarks, if time is left: GPU_CHECK_ONLY='^perf-(attention|gemm-cuda|gpu|pytorch)'
 #        (budgets cap it near 6 minutes); then give the machine back.
 #   The CPU steps (cpu-smoke, unit-tests, mpi-tests, the CPU perf checks) prove the bundle on
 #   a bare machine and need no GPU: run them in the chroot here, not on device time.
