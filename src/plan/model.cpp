@@ -185,7 +185,8 @@ Pass forward_and_backward(const Costs& c, const StageSpec& spec, double B) {
   p.flops += layers * att;
   p.forward.elementwise = c.elementwise(bytes.layers + bytes.embedding) +
                           layers * kKernelsPerLayer * c.m.device.kernel_overhead_s;
-  p.backward.elementwise = 2 * p.forward.elementwise;
+  p.backward.elementwise = c.elementwise(bytes.layers_backward + 2 * bytes.embedding) +
+                           2 * layers * kKernelsPerLayer * c.m.device.kernel_overhead_s;
   p.tp_calls = 2 * static_cast<int>(layers);  // after attention projection and MLP down
   p.tp_bytes = c.in.message_bytes * N * C;
   if (spec.has_embedding) ++p.tp_calls;  // the vocabulary-parallel lookups are summed
@@ -280,8 +281,12 @@ double cores_shared(const NodeLoad& n, double pipe, double uncontended) {
 ActivationTraffic pdtrain_traffic(bool gpu, Precision precision) {
   if (!gpu) return {};
   const bool bf16 = precision == Precision::bf16;
+  // A bf16 layer's backward outside its GEMMs and attention moves 118 bytes per token and
+  // channel (perf/RESULTS.md, "Fused classifier and elementwise chain": each kernel's global
+  // reads and writes counted), more than twice its forward's 40: the gradients' bf16 copies and
+  // the LayerNorm backward's re-reads have no forward counterpart.
   return {.residual = 4, .branch = bf16 ? 2.0 : 4.0, .scores = 4, .gelu_in_gemm = true,
-          .fused_residual = true, .bf16_logits = bf16};
+          .fused_residual = true, .bf16_logits = bf16, .backward_per_channel = bf16 ? 118.0 : 0.0};
 }
 
 ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
@@ -295,6 +300,7 @@ ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec&
                residual_adds = (a.fused_residual ? 5 : 6) * a.residual;
   const double gelu = a.gelu_in_gemm ? 4 * a.branch : 2 * 4 * a.branch;
   e.layers = layers * N * ((layernorms + residual_adds) * C + gelu * Cl);
+  e.layers_backward = a.backward_per_channel > 0 ? layers * N * C * a.backward_per_channel : 2 * e.layers;
   // The softmax reads the scores and writes the probabilities and the zeroed upper half.
   e.softmax = layers * 3 * a.scores * B * heads * T * T;
   if (spec.has_embedding) e.embedding = 3 * a.residual * N * C;

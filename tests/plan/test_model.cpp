@@ -379,6 +379,18 @@ TEST(PlanModel, AttentionKernelsFollowPrecisionAndHeadSize) {
   EXPECT_NE(predict(input(ours, {0, 1, 1, 1}), h200).stages[0].attention_kernels.find("GEMMs"), std::string::npos);
 }
 
+// A GPU bf16 layer's backward elementwise traffic is what its kernels were counted to move (118
+// bytes per token and channel), not twice the forward's; a CPU's stays twice (--calibrate's).
+TEST(PlanModel, BackwardElementwiseBytesAreTheKernelsCounted) {
+  const PlanInput in = input(gpt2_124m_b16({"train.precision=\"bf16\""}), {0, 1, 1, 1});
+  const StageSpec whole = split_stage(12, 1, 0, 1, 0);
+  const ElementwiseBytes gpu = forward_elementwise_bytes(in.model, whole, 16, pdtrain_traffic(true, Precision::bf16));
+  EXPECT_DOUBLE_EQ(gpu.layers_backward, 12.0 * 16 * 1024 * 768 * 118);
+  EXPECT_GT(gpu.layers_backward, 2 * gpu.layers);
+  const ElementwiseBytes cpu = forward_elementwise_bytes(in.model, whole, 16, pdtrain_traffic(false, Precision::bf16));
+  EXPECT_DOUBLE_EQ(cpu.layers_backward, 2 * cpu.layers);
+}
+
 // The kinds of kernel add up to the stage's compute: forward and backward (no tensor or
 // pipeline parallelism, so nothing else is in them).
 TEST(PlanModel, KernelTimesAddUpToTheStagesCompute) {

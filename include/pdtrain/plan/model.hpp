@@ -25,6 +25,10 @@ struct ActivationTraffic {
   // The projections' bias and residual add fused, the first with LayerNorm 2 (a GPU's kernels)
   bool fused_residual = false;
   bool bf16_logits = false;  // the fused classifier on bf16 logits (a GPU's bf16 runs)
+  // Bytes per token and channel a layer's backward elementwise kernels move (LayerNorm and
+  // residual gradients, bias-gradient column sums, the bf16 copies of gradients), counted from
+  // the kernels' reads and writes; 0: twice the forward's (what --calibrate assumes on a CPU).
+  double backward_per_channel = 0;
 };
 
 // What the model needs to know of a run: the deck's settings as numbers.
@@ -78,6 +82,7 @@ struct PlanInput {
 struct ElementwiseBytes {
   double layers = 0, softmax = 0, embedding = 0, head = 0;
   double total() const { return layers + softmax + embedding + head; }
+  double layers_backward = 0;  // the layers' backward (not in total(): forward only)
 };
 ElementwiseBytes forward_elementwise_bytes(const ModelShape& s, const StageSpec& spec, double B,
                                            const ActivationTraffic& a);
