@@ -21,6 +21,8 @@
 #    (11, 16, 21 and 27 minutes on 2 shared cores: about 80 minutes in all), projected to the deck's 12 layers
 #    and micro-batch of 16; one step of the deck is 32 such micro-batches and one optimizer step
 #    (the kernels marked *).
+# The runs take pdtrain's own attention kernels (compute.attention = "pdtrain"): cuDNN's (the
+# default where it runs) are a library's, priced from its published figures, not counted here.
 # Each run is one step (--stop-after 1: no evaluation, and no kernel runs before the first step:
 # a 1-step run counts what the 2-step run less it counts, but for the embedding gathers' DRAM
 # bytes, which follow the batch's tokens).
@@ -54,6 +56,7 @@ count_run() {  # count_run NAME OVERRIDES...: one step's counts in $work/NAME.ts
   mkdir -p "$work/$name"
   if ! PDTRAIN_CUDA_EMU_PROFILE=$work/$name "$src/scripts/mpirun-local" -np 1 "$build/pdtrain" \
       "$deck" --set parallel.micro_batches=1 --set train.eval_every=0 --set run.steps=9 \
+      --set compute.attention='"pdtrain"' \
       --stop-after 1 --set run.out_dir="$work/run-$name" --set checkpoint.dir="$work/ckpt-$name" \
       "$@" > "$work/log-$name" 2>&1; then
     tail -20 "$work/log-$name"

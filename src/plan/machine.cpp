@@ -206,7 +206,7 @@ AttentionRates attention_table(const toml::value& t, const std::string& file) {
   r.library = text("library");
   if (std::find_if(std::begin(kAttentionLibraries), std::end(kAttentionLibraries),
                    [&](const char* l) { return r.library == l; }) == std::end(kAttentionLibraries))
-    fail(at(file, t.at("library")) + ": device.attention.library: expected \"cudnn\" or \"flash2\", got \"" +
+    fail(at(file, t.at("library")) + ": device.attention.library: expected \"cudnn\", \"flash2\" or \"pdtrain\", got \"" +
          r.library + "\"");
   r.source = text("source");
   if (!t.contains("head_dim")) fail(at(file, t) + ": missing key 'device.attention.head_dim'");

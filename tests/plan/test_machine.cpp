@@ -235,7 +235,7 @@ TEST(Machine, AttentionTablesReadBackAndTheirMistakesNameFileLineAndKey) {
     return error_of(t);
   };
   EXPECT_EQ(mistake("library = \"cudnn\"", "library = \"triton\""),
-            "m.toml:32: device.attention.library: expected \"cudnn\" or \"flash2\", got \"triton\"");
+            "m.toml:32: device.attention.library: expected \"cudnn\", \"flash2\" or \"pdtrain\", got \"triton\"");
   EXPECT_EQ(mistake("backward_tflops = [120, 220]", "backward_tflops = [120]"),
             "m.toml:38: device.attention.backward_tflops: expected 2 numbers (one per seq_len), got 1");
   EXPECT_EQ(mistake("head_dim = 64", "head_dim = 64\nheaddim = 64"),

@@ -19,7 +19,10 @@ struct GemmPoint {
 // (half of it causal), the backward 2.5 times its forward. Rates at head size `head_dim` by
 // sequence length, interpolated linearly in log(T) and held at the table's ends.
 struct AttentionRates {
-  std::string library;  // "cudnn" (cuDNN's fused SDPA) or "flash2" (FlashAttention-2)
+  // "cudnn" (cuDNN's fused SDPA), "flash2" (FlashAttention-2), or "pdtrain": the lower bound of
+  // pdtrain's own fused kernels' time counted in the emulation (perf/kernel_counts.sh) on this
+  // device, as the rate it allows (its tables are causal: forward = forward_causal).
+  std::string library;
   double head_dim = 0;
   std::string source;   // where the figures were published
   std::vector<double> seq_len;                            // ascending
@@ -36,8 +39,8 @@ struct AttentionRates {
   double head_factor(double hd) const { return hd < head_dim ? hd / head_dim : 1.0; }
 };
 
-// The published attention libraries a machine file knows.
-inline const char* const kAttentionLibraries[] = {"cudnn", "flash2"};
+// The attention tables a machine file knows.
+inline const char* const kAttentionLibraries[] = {"cudnn", "flash2", "pdtrain"};
 
 struct DeviceSpec {
   std::string name;
