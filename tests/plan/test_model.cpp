@@ -379,6 +379,27 @@ TEST(PlanModel, AttentionKernelsFollowPrecisionAndHeadSize) {
   EXPECT_NE(predict(input(ours, {0, 1, 1, 1}), h200).stages[0].attention_kernels.find("GEMMs"), std::string::npos);
 }
 
+// pdtrain's own kernels are priced at the slower of FlashAttention-2's published rates and the
+// lower bound counted of them in the emulation (the machine file's "pdtrain" table): never
+// faster than either.
+TEST(PlanModel, PdtrainsKernelsAreNoFasterThanTheirCountedBound) {
+  Machine h200 = machine("h200.toml");
+  const std::vector<std::string> sets = gpt2_124m_b16({"train.precision=\"bf16\"", "compute.attention=\"pdtrain\""});
+  const double layers = 12, forward_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;
+  const AttentionRates* counted = h200.device.attention_rates("pdtrain");
+  ASSERT_NE(counted, nullptr);
+  const StagePrediction s = predict(input(sets, {0, 1, 1, 1}), h200).stages[0];
+  EXPECT_GE(s.forward_kernels.attention, layers * forward_flops / counted->forward_causal_at(1024) * (1 - 1e-12));
+  EXPECT_GE(s.backward_kernels.attention, layers * 2.5 * forward_flops / counted->backward_causal_at(1024) * (1 - 1e-12));
+  // Where the count is the slower, it prices them.
+  for (AttentionRates& r : h200.device.attention)
+    if (r.library == "pdtrain") r.backward = {50e12}, r.forward = r.forward_causal = {100e12};
+  const StagePrediction slow = predict(input(sets, {0, 1, 1, 1}), h200).stages[0];
+  EXPECT_NEAR(slow.forward_kernels.attention, layers * forward_flops / 100e12, 1e-12);
+  EXPECT_NEAR(slow.backward_kernels.attention, layers * 2.5 * forward_flops / 50e12, 1e-12);
+  EXPECT_NE(slow.attention_kernels.find("counted lower bound"), std::string::npos) << slow.attention_kernels;
+}
+
 // A GPU bf16 layer's backward elementwise traffic is what its kernels were counted to move (118
 // bytes per token and channel), not twice the forward's; a CPU's stays twice (--calibrate's).
 TEST(PlanModel, BackwardElementwiseBytesAreTheKernelsCounted) {
