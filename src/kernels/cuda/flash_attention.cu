@@ -408,6 +408,12 @@ __global__ void __launch_bounds__(kQueryWarps<E>* kWarp)
 // column (ldmatrix: a matrix's 8 rows; the cp.async mapping of load_tile below), and the row
 // stride kLd * 2 bytes = 16 (kHS / 8 + 1) bytes is an odd number of 16-byte units (kHS is a
 // multiple of 16), so 8 consecutive rows land on 8 distinct 16-byte columns mod 128 bytes.
+// load_tile's fp32 path stores each chunk as one 16-byte store (not 2 or 4 narrower ones, whose
+// 16- or 32-lane phases would span rows and collide), in the cp.async mapping. The backward's
+// 4-byte reads of lse and D (probs_and_grads_mma) ask a warp for at most 8 distinct words in 8
+// distinct banks (the lanes of one word share it), and every lane reads them, seen or not: a
+// load skipped by some lanes would pair the others' next shared access with theirs in the
+// emulation's counts.
 namespace fa2 {
 
 constexpr int kWarps = 8;
@@ -438,11 +444,34 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
   return u32{pdtrain::to_bf16(lo).bits} | u32{pdtrain::to_bf16(hi).bits} << 16;
 }
 
+// Elements 8c .. 8c+7 of row t (at src + t ld) as 8 bf16, zeros past T and past HS: fp32 ones
+// by two 16-byte loads where the 8 are real and 16-byte aligned (one 32-byte sector, where 8
+// loads of 4 bytes each ask for a sector), else element by element.
+template <class G>
+__device__ __forceinline__ uint4 bf16_chunk(const G* src, Index ld, int t, int c,
+                                            const BlockHead& hd) {
+  if constexpr (std::is_same_v<G, float>) {
+    const float* from = t < hd.T && 8 * c + 8 <= hd.HS ? src + Index(t) * ld + 8 * c : nullptr;
+    if (from != nullptr && reinterpret_cast<std::uintptr_t>(from) % 16 == 0) {
+      const float4 lo = load4(from, 0), hi = load4(from, 1);
+      return make_uint4(pack_bf16x2(lo.x, lo.y), pack_bf16x2(lo.z, lo.w),
+                        pack_bf16x2(hi.x, hi.y), pack_bf16x2(hi.z, hi.w));
+    }
+  }
+  const auto value = [&](int d) {
+    return t < hd.T && d < hd.HS ? load_value(src[Index(t) * ld + d]) : 0.0f;
+  };
+  u32 w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) w[e] = pack_bf16x2(value(8 * c + 2 * e), value(8 * c + 2 * e + 1));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Rows row0 .. row0+kRows-1 of one head's [T x HS] slice of a global array (row t at src +
 // t ld: q, k or v of qkv, or dout) into dst [kRows x kLd] as bf16, zeros past T and past HS.
 // With `async` (bf16 elements, HS and ld multiples of 8, 16-byte aligned) each 16-byte chunk
 // is one cp.async, landing at the cp_async_wait that covers the caller's next commit; else
-// element by element (fp32 rounded to bf16) and stored 16 bytes at a time, synchronous. The
+// read by bf16_chunk (fp32 rounded to bf16) and stored 16 bytes at a time, synchronous. The
 // 8 threads of a phase take one 16-byte column of 8 consecutive rows (conflict-free, above).
 // kThreads threads call it.
 template <int kHS, int kRows, int kThreads, class G>
@@ -460,13 +489,9 @@ __device__ __forceinline__ void load_tile(bf16_t* dst, const G* src, Index ld, i
         continue;
       }
     }
-    const auto value = [&](int d) {
-      return t < hd.T && d < hd.HS ? load_value(src[Index(t) * ld + d]) : 0.0f;
-    };
-    u32 w[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) w[e] = pack_bf16x2(value(c * 8 + 2 * e), value(c * 8 + 2 * e + 1));
-    *reinterpret_cast<uint4*>(to) = make_uint4(w[0], w[1], w[2], w[3]);  // as one cp.async
+    const uint4 chunk = bf16_chunk(src, ld, t, c, hd);
+    PDTRAIN_CUDA_EMU_VECTOR_ACCESS(to, 16, true);  // one 16-byte store, as one cp.async
+    *reinterpret_cast<uint4*>(to) = chunk;
   }
 }
 
@@ -708,7 +733,10 @@ __device__ __forceinline__ void probs_and_grads_mma(float (&s)[kKeys / 8][4],
       const int r = row0 + g + 8 * (i / 2), c = col0 + 8 * n + pair + i % 2;
       const int query = kKeyRows ? c : r, key = kKeyRows ? r : c;
       const bool seen = key <= query && query < T;
-      const float p = seen ? exp2f(s[n][i] * scale_log2 - lse[query - first] * kLog2e) : 0.0f;
+      // exp2f(-inf) = +0 where the key is not seen: a select, not a branch that would skip the
+      // read of lse in some lanes (the conflict-free argument above the forward kernel).
+      const float x = s[n][i] * scale_log2 - lse[query - first] * kLog2e;
+      const float p = exp2f(seen ? x : -INFINITY);
       s[n][i] = p;
       dp[n][i] = scale * (p * (dp[n][i] - D[query - first]));
     }

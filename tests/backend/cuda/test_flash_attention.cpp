@@ -152,6 +152,7 @@ const AttnShape kShapes[] = {
     {2, 40, 2, 64},  // GPT-2's head size
     {2, 5, 3, 16},   // T shorter than one WMMA tile
     {1, 45, 2, 40},  // HS padded to 48 (the one padded head size left)
+    {1, 19, 2, 10},  // head 1's fp32 rows not 16-byte aligned (the tiles' element loads)
 };
 
 // The inputs as the bf16 variant's tiles hold them: q, k, v and dout rounded to bf16 (dqkv0 is
