@@ -301,9 +301,12 @@ TEST(GptStage, Bf16ActivationsOnAGpuKeepHalfTheGemmOutputs) {
     const std::int64_t saved = bytes(Precision::bf16, Bf16Activations::matmul_inputs, mode) -
                                bytes(Precision::bf16, Bf16Activations::gemm_io, mode);
     // Per layer: qkv 3C and fch 4C from 4 to 2 bytes, atty's 4 bytes of fp32 gone; the hidden
-    // gradient 4C from 4 to 2 bytes; attention recompute: its scratch output from 4 to 2 bytes.
+    // gradient 4C from 4 to 2 bytes; attention recompute: its scratch output from 4 to 2 bytes;
+    // the classifier's logits (dense rows of the vocabulary) from 4 to 2 bytes, its row
+    // statistics one float more per row (the shard's own max, for the tp rescale).
     const std::int64_t scratch = mode == Recompute::attention ? N * C * 2 : 0;
-    EXPECT_EQ(saved, layers * N * C * (3 * 2 + 4 + 4 * 2) + N * 4 * C * 2 + scratch);
+    const std::int64_t logits = N * shape.vocab_size * 2 - N * 4;  // the shard's real rows
+    EXPECT_EQ(saved, layers * N * C * (3 * 2 + 4 + 4 * 2) + N * 4 * C * 2 + scratch + logits);
     EXPECT_EQ(bytes(Precision::fp32, Bf16Activations::matmul_inputs, mode),
               bytes(Precision::fp32, Bf16Activations::gemm_io, mode));
   }
